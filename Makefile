@@ -1,0 +1,46 @@
+# One virtual environment at .venv for everything. The CPU build of torch is pinned
+# for this install only (the package itself asks for torch>=2.4 so GPU users keep theirs).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench lint format soak clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_PIN)"
+	$(PIP) install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/pitstop demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --durations=15
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -m "not slow"
+
+$(VENV)/.bench-installed: $(STAMP)
+	$(PIP) install --quiet -e ".[dev,bench]" "$(TORCH_PIN)"
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(PY) -m bench.run_all
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

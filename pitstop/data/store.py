@@ -1,0 +1,205 @@
+"""The token store: a prepared dataset as flat, memory-mappable arrays.
+
+Layout of a store directory (all little-endian, no pickles)::
+
+    manifest.json   format version, dtype, counts, inputs, tokenizer, options, statistics
+    tokens.bin      every sequence's token ids back to back (uint16 if the vocabulary fits, else uint32)
+    mask.bin        uint8 per token: 1 where the token is a loss target, 0 where it is context only
+    offsets.bin     int64 [n_sequences + 1]: sequence i is tokens[offsets[i]:offsets[i+1]]
+    doc_ids.bin     int64 [n_sequences]: the source document of each sequence (split chunks share it)
+
+A *sequence* is at most `max_seq_len` tokens: documents longer than that were split
+into consecutive chunks (or truncated or dropped) at prepare time, so batching only
+ever arranges sequences. A document's first token never carries loss (nothing
+before it in the document predicts it); `mask` marks targets only.
+
+Atomicity: a writer fills `<dest>.partial-<random>/`, writes the manifest last,
+fsyncs, and renames the directory into place. A directory without a manifest, or
+whose files do not match the manifest's counts, is never opened as a store.
+
+Written by hand because no library offers a streaming, append-only, memory-mappable
+token array with a loss mask; numpy's memmap does the reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pitstop.errors import DataError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+FILES = ("tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 halves the store (and reading time) whenever every id fits."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def is_store(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+class StoreWriter:
+    """Appends sequences to a store being built; `finish()` publishes it atomically."""
+
+    def __init__(self, dest: str | Path, vocab_size: int) -> None:
+        self.dest = Path(dest)
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.dest.parent / f"{self.dest.name}.partial-{secrets.token_hex(4)}"
+        self.tmp.mkdir()
+        self.dtype = token_dtype(vocab_size)
+        self._files = {name: open(self.tmp / name, "wb") for name in FILES}  # noqa: SIM115
+        self.n_tokens = 0
+        self.n_sequences = 0
+        self._files["offsets.bin"].write(np.zeros(1, dtype=np.int64).tobytes())
+
+    def append(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        lengths: Sequence[int] | np.ndarray,
+        doc_ids: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Append sequences given as one flat token array split by `lengths`."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens) or len(tokens) != len(mask):
+            raise ValueError("tokens, mask and lengths disagree")  # a bug, not user error
+        self._files["tokens.bin"].write(np.asarray(tokens, dtype=self.dtype).tobytes())
+        self._files["mask.bin"].write(np.asarray(mask, dtype=np.uint8).tobytes())
+        ends = self.n_tokens + np.cumsum(lengths)
+        self._files["offsets.bin"].write(ends.astype(np.int64).tobytes())
+        self._files["doc_ids.bin"].write(np.asarray(doc_ids, dtype=np.int64).tobytes())
+        self.n_tokens += int(lengths.sum())
+        self.n_sequences += len(lengths)
+
+    def finish(self, manifest: dict[str, Any]) -> Path:
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        manifest = {
+            **manifest,
+            "format_version": FORMAT_VERSION,
+            "dtype": self.dtype.name,
+            "n_tokens": self.n_tokens,
+            "n_sequences": self.n_sequences,
+        }
+        with open(self.tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if self.dest.exists():  # a concurrent prepare of the same key finished first
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return self.dest
+        os.replace(self.tmp, self.dest)
+        _fsync_dir(self.dest.parent)
+        return self.dest
+
+    def abort(self) -> None:
+        for f in self._files.values():
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class TokenStore:
+    """Read-only view of a finished store; arrays are memory-mapped, nothing is loaded eagerly."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        mpath = self.path / MANIFEST
+        if not mpath.is_file():
+            raise DataError(
+                f"{self.path} is not a pitstop token store (no {MANIFEST}); "
+                "give a dataset file or run `pitstop prepare` first"
+            )
+        try:
+            self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{mpath} is damaged ({e}); delete {self.path} and prepare again") from None
+        if self.manifest.get("format_version") != FORMAT_VERSION:
+            raise DataError(
+                f"{self.path} was written by another pitstop version "
+                f"(store format {self.manifest.get('format_version')}, this one reads {FORMAT_VERSION}); "
+                "prepare the data again"
+            )
+        self.dtype = np.dtype(self.manifest["dtype"])
+        n_tok, n_seq = int(self.manifest["n_tokens"]), int(self.manifest["n_sequences"])
+        expected = {
+            "tokens.bin": n_tok * self.dtype.itemsize,
+            "mask.bin": n_tok,
+            "offsets.bin": (n_seq + 1) * 8,
+            "doc_ids.bin": n_seq * 8,
+        }
+        for name, size in expected.items():
+            p = self.path / name
+            actual = p.stat().st_size if p.is_file() else None
+            if actual != size:
+                raise DataError(
+                    f"{p} has {actual} bytes, the manifest says {size}: the store is incomplete "
+                    f"or damaged; delete {self.path} and prepare again"
+                )
+        self.tokens = _memmap(self.path / "tokens.bin", self.dtype, n_tok)
+        self.mask = _memmap(self.path / "mask.bin", np.uint8, n_tok)
+        self.offsets = _memmap(self.path / "offsets.bin", np.int64, n_seq + 1)
+        self.doc_ids = _memmap(self.path / "doc_ids.bin", np.int64, n_seq)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Length of every sequence, int64 [n_sequences]."""
+        return np.diff(np.asarray(self.offsets))
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.manifest["max_seq_len"])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.manifest["n_tokens"])
+
+    def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids as int64, loss mask as bool) of sequence i."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[a:b].astype(np.int64), self.mask[a:b].astype(bool)
+
+    def target_counts(self) -> np.ndarray:
+        """Loss-carrying tokens per sequence, int64 [n_sequences]."""
+        csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, dtype=np.int64))])
+        off = np.asarray(self.offsets)
+        return csum[off[1:]] - csum[off[:-1]]
+
+
+def _memmap(path: Path, dtype: Any, n: int) -> np.ndarray:
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
