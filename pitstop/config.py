@@ -49,7 +49,9 @@ class RunConfig:
 
     # --- inputs -------------------------------------------------------------
     data: list[str] = _f([], "dataset file(s) or a prepared token store (repeatable)")
-    model: str | None = _f(None, "local Hugging Face model directory (config, safetensors, tokenizer)")
+    model: str | None = _f(
+        None, "local Hugging Face model directory (config, safetensors, tokenizer)"
+    )
     tokenizer: str | None = _f(
         None, "tokenizer directory, when it differs from --model", cmds=(PREPARE, *RUNNERS)
     )
@@ -69,7 +71,9 @@ class RunConfig:
         "alpaca",
         "prompt template for instruction records: 'alpaca' or a string with {instruction} and {input}",
     )
-    max_seq_len: int = _f(1024, "longest row in tokens; longer documents are handled by --long-docs")
+    max_seq_len: int = _f(
+        1024, "longest row in tokens; longer documents are handled by --long-docs"
+    )
     workers: int = _f(0, "tokenizer processes for prepare (0 = one per CPU core)")
     on_bad_record: Literal["error", "skip"] = _f(
         "error", "what to do with a record that cannot be read"
@@ -82,7 +86,9 @@ class RunConfig:
 
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(
-        "auto", "pack documents into full rows, bucket by length, or pad to max length", cmds=RUNNERS
+        "auto",
+        "pack documents into full rows, bucket by length, or pad to max length",
+        cmds=RUNNERS,
     )
     tokens_per_step: int | None = _f(
         None, "tokens per optimizer step (the unit of the training math)", cmds=RUNNERS
@@ -99,23 +105,37 @@ class RunConfig:
     pin_memory: OnOffAuto = _f("auto", "page-locked host batches (only with CUDA)", cmds=RUNNERS)
 
     # --- training -----------------------------------------------------------
-    epochs: float | None = _f(None, "passes over the data (default 1 when --max-steps is unset)", cmds=RUNNERS)
+    epochs: float | None = _f(
+        None, "passes over the data (default 1 when --max-steps is unset)", cmds=RUNNERS
+    )
     max_steps: int | None = _f(None, "stop after this many optimizer steps", cmds=RUNNERS)
     lr: float = _f(3e-4, "peak learning rate", cmds=RUNNERS)
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr", cmds=RUNNERS)
-    warmup_steps: int | None = _f(None, "linear warm-up steps (default: 5% of the run)", cmds=RUNNERS)
-    schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warm-up", cmds=RUNNERS)
-    weight_decay: float = _f(0.0, "AdamW weight decay (never applied to norms and biases)", cmds=RUNNERS)
+    warmup_steps: int | None = _f(
+        None, "linear warm-up steps (default: 5% of the run)", cmds=RUNNERS
+    )
+    schedule: Literal["cosine", "linear", "constant"] = _f(
+        "cosine", "decay after warm-up", cmds=RUNNERS
+    )
+    weight_decay: float = _f(
+        0.0, "AdamW weight decay (never applied to norms and biases)", cmds=RUNNERS
+    )
     max_grad_norm: float = _f(1.0, "gradient clipping threshold (0 disables)", cmds=RUNNERS)
     seed: int = _f(0, "seed for data order, initialisation and dropout", cmds=RUNNERS)
-    precision: Precision = _f("auto", "bf16 where supported, fp16 on older GPUs, fp32 on CPU", cmds=RUNNERS)
+    precision: Precision = _f(
+        "auto", "bf16 where supported, fp16 on older GPUs, fp32 on CPU", cmds=RUNNERS
+    )
     attention: Attention = _f("auto", "attention kernel", cmds=RUNNERS)
     compile: OnOffAuto = _f("auto", "torch.compile the model", cmds=RUNNERS)
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory", cmds=RUNNERS)
+    gradient_checkpointing: bool = _f(
+        False, "recompute activations in backward to save memory", cmds=RUNNERS
+    )
     lora_r: int | None = _f(None, "train a LoRA adapter of this rank (needs peft)", cmds=RUNNERS)
     lora_alpha: float | None = _f(None, "LoRA alpha (default 2 x rank)", cmds=RUNNERS)
     lora_dropout: float = _f(0.0, "LoRA dropout", cmds=RUNNERS)
-    lora_target_modules: list[str] = _f([], "modules to adapt (default: all linear layers)", cmds=RUNNERS)
+    lora_target_modules: list[str] = _f(
+        [], "modules to adapt (default: all linear layers)", cmds=RUNNERS
+    )
     load_in_4bit: bool = _f(False, "4-bit base weights (CUDA + bitsandbytes only)", cmds=RUNNERS)
     device: Device = _f("auto", "where to train", cmds=RUNNERS)
     strategy: Literal["ddp", "fsdp"] = _f("ddp", "data parallelism across processes", cmds=RUNNERS)
@@ -127,10 +147,14 @@ class RunConfig:
     save_total_limit: int = _f(2, "checkpoints kept (the newest K)", cmds=RUNNERS)
     eval_data: str | None = _f(None, "held-out data file or store, or 'auto'", cmds=RUNNERS)
     eval_steps: int | None = _f(None, "evaluate every N optimizer steps", cmds=RUNNERS)
-    log_steps: int = _f(10, "progress/metrics sync every N steps (the only host-device syncs)", cmds=RUNNERS)
+    log_steps: int = _f(
+        10, "progress/metrics sync every N steps (the only host-device syncs)", cmds=RUNNERS
+    )
     report_to: list[str] = _f(["tensorboard"], "tensorboard, wandb or none", cmds=RUNNERS)
     max_bad_steps: int = _f(5, "stop after this many NaN/Inf steps in a row", cmds=RUNNERS)
-    resume: bool = _f(False, "continue from the newest complete checkpoint in --output", cmds=RUNNERS)
+    resume: bool = _f(
+        False, "continue from the newest complete checkpoint in --output", cmds=RUNNERS
+    )
     overwrite: bool = _f(False, "replace an existing run in --output", cmds=RUNNERS)
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,7 +172,7 @@ def field_type(name: str) -> Any:
     return _HINTS[name]
 
 
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -158,7 +182,7 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 
 def describe_type(name: str) -> str:
-    tp, optional = _unwrap_optional(field_type(name))
+    tp, optional = unwrap_optional(field_type(name))
     if typing.get_origin(tp) is Literal:
         desc = "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     elif typing.get_origin(tp) is list:
@@ -174,7 +198,7 @@ _FALSE = {"false", "no", "off", "0"}
 
 def coerce(name: str, value: Any, *, from_string: bool = False) -> Any:
     """Convert `value` to the declared type of field `name`; raise ValueError with a reason."""
-    tp, optional = _unwrap_optional(field_type(name))
+    tp, optional = unwrap_optional(field_type(name))
     if value is None or (from_string and optional and value in ("none", "null")):
         if optional:
             return None
@@ -260,11 +284,15 @@ def build_config(
     *,
     source: str = "config",
     command: str = TRAIN,
+    extra_problems: list[str] | None = None,
 ) -> RunConfig:
     """Merge YAML values, then CLI values (which win), coerce and validate everything at once."""
-    problems: list[str] = []
+    problems: list[str] = list(extra_problems or [])
     values: dict[str, Any] = {}
-    for origin, raw, from_string in ((source, yaml_values or {}, False), ("flag", cli_values or {}, True)):
+    for origin, raw, from_string in (
+        (source, yaml_values or {}, False),
+        ("flag", cli_values or {}, True),
+    ):
         for key, val in raw.items():
             if key not in FIELDS:
                 problems.append(f"{origin}: unknown option {key!r}{_key_hint(key)}")
@@ -296,8 +324,17 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
         p.append(f"--max-seq-len is {cfg.max_seq_len}; it must be at least 8")
     if cfg.workers < 0:
         p.append("--workers must be 0 (one per core) or more")
-    for name in ("micro_batch_size", "grad_accum", "tokens_per_step", "tokens_per_micro_batch",
-                 "max_steps", "save_steps", "eval_steps", "lora_r", "loader_workers"):  # fmt: skip
+    for name in (
+        "micro_batch_size",
+        "grad_accum",
+        "tokens_per_step",
+        "tokens_per_micro_batch",
+        "max_steps",
+        "save_steps",
+        "eval_steps",
+        "lora_r",
+        "loader_workers",
+    ):
         v = getattr(cfg, name)
         if v is not None and (v < 0 or (v == 0 and name != "loader_workers")):
             p.append(f"--{name.replace('_', '-')} must be positive, got {v}")
@@ -306,7 +343,9 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
     if cfg.epochs is not None and cfg.max_steps is not None:
         p.append("give --epochs or --max-steps, not both")
     if cfg.tokens_per_step is not None and cfg.grad_accum is not None:
-        p.append("give --tokens-per-step or --grad-accum, not both (tokens per step fixes the accumulation)")
+        p.append(
+            "give --tokens-per-step or --grad-accum, not both (tokens per step fixes the accumulation)"
+        )
     if cfg.micro_batch_size is not None and cfg.tokens_per_micro_batch is not None:
         p.append("give --micro-batch-size (rows) or --tokens-per-micro-batch, not both")
     if cfg.tokens_per_micro_batch is not None and cfg.tokens_per_micro_batch < cfg.max_seq_len:
@@ -319,7 +358,11 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
             f"--tokens-per-step {cfg.tokens_per_step} is below --max-seq-len {cfg.max_seq_len}: "
             "one full row must fit in an optimizer step"
         )
-    if cfg.batching == "pack" and cfg.tokens_per_step is not None and cfg.tokens_per_step % cfg.max_seq_len:
+    if (
+        cfg.batching == "pack"
+        and cfg.tokens_per_step is not None
+        and cfg.tokens_per_step % cfg.max_seq_len
+    ):
         p.append(
             f"--tokens-per-step {cfg.tokens_per_step} is not a whole number of packed rows of "
             f"{cfg.max_seq_len} tokens; use a multiple of --max-seq-len"

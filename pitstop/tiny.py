@@ -96,8 +96,15 @@ def build_model_dir(
     from pitstop.corpus import sample_texts
 
     dest = Path(dest)
-    spec = {"vocab_size": vocab_size, "layers": layers, "hidden": hidden, "heads": heads,
-            "intermediate": intermediate, "seed": seed, "texts": texts is None}  # fmt: skip
+    spec = {
+        "vocab_size": vocab_size,
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "intermediate": intermediate,
+        "seed": seed,
+        "texts": texts is None,
+    }
     marker = dest / "pitstop_tiny.json"
     if marker.is_file() and json.loads(marker.read_text()) == spec:
         return dest

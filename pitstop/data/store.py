@@ -143,7 +143,9 @@ class TokenStore:
         try:
             self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{mpath} is damaged ({e}); delete {self.path} and prepare again") from None
+            raise DataError(
+                f"{mpath} is damaged ({e}); delete {self.path} and prepare again"
+            ) from None
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{self.path} was written by another pitstop version "
