@@ -1,0 +1,300 @@
+"""The epoch plan: which sequences form which rows, which rows form which optimizer step.
+
+Hand-written because no library plans at the level of the optimizer step: samplers
+in torch, HF and TRL batch by micro-batch, so changing the micro-batch size changes
+which documents share a step (and the tuner would be comparing different training
+math). Here a plan depends only on (sequence lengths, seed, epoch, strategy,
+max_seq_len, tokens_per_step); micro-batches and ranks are cut from each step
+afterwards (`step_micro_batches`).
+
+Strategies:
+
+- ``pack``: best-fit-decreasing of the whole epoch into rows of max_seq_len, rows
+  shuffled, ``tokens_per_step // max_seq_len`` rows per step (the last step of the
+  epoch may be smaller). Rows are padded to max_seq_len: static shapes for
+  torch.compile and CUDA graphs, at the cost of the ~1% BFD leaves empty.
+- ``bucket``: sequences shuffled, windows of ~64 steps sorted by length, cut greedily
+  into steps of ≈ tokens_per_step real tokens, step order shuffled; one sequence per
+  row, rows padded to the longest row of their micro-batch.
+- ``pad``: sequences shuffled, the same greedy step cut, every row padded to max_seq_len.
+
+Every sequence appears exactly once per epoch in every strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pitstop.batching.pack import bfd_arrays
+from pitstop.batching.settings import BatchSettings, Strategy
+
+__all__ = [
+    "Efficiency",
+    "MicroBatchSpec",
+    "Plan",
+    "build_plan",
+    "measure_efficiency",
+    "plan_efficiency",
+    "step_micro_batches",
+]
+
+# Bucket windows span this many steps: large enough that sorting inside a window
+# gives near-uniform lengths per step, small enough that steps still mix the corpus.
+BUCKET_WINDOW_STEPS = 64
+_STRATEGY_CODE = {"pack": 1, "bucket": 2, "pad": 3}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch, as flat arrays (cheap to build, pickle and index for millions of sequences).
+
+    Row r holds sequences ``seqs[row_bounds[r]:row_bounds[r+1]]``; step s holds rows
+    ``step_bounds[s]:step_bounds[s+1]``. ``row_tokens[r]`` is row r's real token count.
+    """
+
+    strategy: Strategy
+    epoch: int
+    seed: int
+    max_seq_len: int
+    tokens_per_step: int
+    seqs: np.ndarray  # int64 [n_sequences]
+    row_bounds: np.ndarray  # int64 [n_rows + 1]
+    step_bounds: np.ndarray  # int64 [n_steps + 1]
+    row_tokens: np.ndarray  # int64 [n_rows]
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_bounds) - 1
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_bounds) - 1
+
+    def step_rows(self, step: int) -> list[np.ndarray]:
+        """Sequence ids of each row of `step`."""
+        r0, r1 = int(self.step_bounds[step]), int(self.step_bounds[step + 1])
+        b = self.row_bounds
+        return [self.seqs[b[r] : b[r + 1]] for r in range(r0, r1)]
+
+    def step_seq_bounds(self) -> np.ndarray:
+        """int64 [n_steps + 1]: step s holds ``seqs[out[s]:out[s+1]]``."""
+        return self.row_bounds[self.step_bounds]
+
+    def per_step_sums(self, per_seq: np.ndarray) -> np.ndarray:
+        """Sum of a per-sequence quantity (e.g. target tokens) over each step: int64 [n_steps]."""
+        vals = np.asarray(per_seq, dtype=np.int64)[self.seqs]
+        csum = np.concatenate([[0], np.cumsum(vals)])
+        return np.diff(csum[self.step_seq_bounds()])
+
+
+def _rng(seed: int, epoch: int, strategy: Strategy) -> np.random.Generator:
+    # Seeded by (seed, epoch, strategy): epoch e of a run is reproducible on its own,
+    # which is what makes resuming mid-run exact without saving any RNG state.
+    return np.random.default_rng([seed, epoch, _STRATEGY_CODE[strategy]])
+
+
+def _gather(flat: np.ndarray, bounds: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder the segments ``flat[bounds[i]:bounds[i+1]]`` into `order`; returns (flat, bounds)."""
+    sizes = np.diff(bounds)[order]
+    new_bounds = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_bounds[1:])
+    idx = np.repeat(bounds[:-1][order] - new_bounds[:-1], sizes) + np.arange(new_bounds[-1])
+    return flat[idx], new_bounds
+
+
+def _greedy_cut(lens: np.ndarray, budget: int) -> np.ndarray:
+    """Step boundaries over `lens` (in order): each step takes sequences while its total ≤ budget.
+
+    A sequence longer than the budget alone forms a step (settings keep max_seq_len ≤
+    tokens_per_step, so that does not happen in practice).
+    """
+    csum = np.cumsum(lens)
+    ends = [0]
+    base = 0
+    n = len(lens)
+    while ends[-1] < n:
+        end = int(np.searchsorted(csum, base + budget, side="right"))
+        end = max(end, ends[-1] + 1)
+        ends.append(end)
+        base = int(csum[end - 1])
+    return np.asarray(ends, dtype=np.int64)
+
+
+def build_plan(
+    lengths: np.ndarray,
+    *,
+    strategy: Strategy,
+    max_seq_len: int,
+    tokens_per_step: int,
+    seed: int,
+    epoch: int,
+) -> Plan:
+    """The deterministic plan of one epoch (same arguments, same plan, on every rank)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n and lengths.max() > max_seq_len:
+        raise ValueError(
+            f"a sequence has {int(lengths.max())} tokens, above max_seq_len {max_seq_len}"
+        )  # the store was prepared for a longer max length: a caller bug, the loader checks first
+    rng = _rng(seed, epoch, strategy)
+    if strategy == "pack":
+        # Shuffle first so BFD's ties (equal lengths) fall differently each epoch.
+        items, bounds = bfd_arrays(lengths, max_seq_len, order=rng.permutation(n))
+        seqs, row_bounds = _gather(items, bounds, rng.permutation(len(bounds) - 1))
+        rows_per_step = tokens_per_step // max_seq_len
+        n_rows = len(row_bounds) - 1
+        step_bounds = np.r_[np.arange(0, n_rows, rows_per_step), n_rows].astype(np.int64)
+        if n_rows == 0:
+            step_bounds = np.zeros(1, np.int64)
+    elif strategy == "bucket":
+        perm = rng.permutation(n)
+        window = BUCKET_WINDOW_STEPS * tokens_per_step
+        csum = np.cumsum(lengths[perm])
+        cuts = np.searchsorted(csum, np.arange(window, int(csum[-1]) if n else 0, window), side="right")
+        chunks = np.split(perm, cuts)
+        parts: list[np.ndarray] = []
+        step_sizes: list[np.ndarray] = []
+        carry = np.zeros(0, np.int64)
+        for i, chunk in enumerate(chunks):
+            items = np.concatenate([carry, chunk])
+            items = items[np.argsort(-lengths[items], kind="stable")]
+            ends = _greedy_cut(lengths[items], tokens_per_step)
+            if i < len(chunks) - 1 and len(ends) > 2:
+                # The window's last step is usually short: its sequences join the next window.
+                carry, ends = items[ends[-2] :], ends[:-1]
+                items = items[: ends[-1]]
+            else:
+                carry = np.zeros(0, np.int64)
+            parts.append(items)
+            step_sizes.append(np.diff(ends))
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        sizes = np.concatenate(step_sizes) if step_sizes else np.zeros(0, np.int64)
+        step_seq_bounds = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        seqs, step_bounds = _gather(flat, step_seq_bounds, rng.permutation(len(sizes)))
+        row_bounds = np.arange(n + 1, dtype=np.int64)
+    elif strategy == "pad":
+        seqs = rng.permutation(n).astype(np.int64)
+        step_bounds = _greedy_cut(lengths[seqs], tokens_per_step) if n else np.zeros(1, np.int64)
+        row_bounds = np.arange(n + 1, dtype=np.int64)
+    else:
+        raise ValueError(f"unknown batching strategy {strategy!r}")
+    seqs = np.asarray(seqs, dtype=np.int64)
+    csum = np.concatenate([[0], np.cumsum(lengths[seqs])])
+    return Plan(
+        strategy=strategy,
+        epoch=epoch,
+        seed=seed,
+        max_seq_len=max_seq_len,
+        tokens_per_step=tokens_per_step,
+        seqs=seqs,
+        row_bounds=row_bounds,
+        step_bounds=np.asarray(step_bounds, dtype=np.int64),
+        row_tokens=np.diff(csum[row_bounds]),
+    )
+
+
+@dataclass(frozen=True)
+class MicroBatchSpec:
+    """One micro-batch before reading: rows of sequence ids, padded to `width` positions.
+
+    A *filler* has no rows: a rank that got no rows of a step computes one row of
+    padding only (zero targets), so every rank runs the same steps in lockstep.
+    """
+
+    rows: tuple[np.ndarray, ...]
+    width: int  # T, positions per row
+
+    @property
+    def filler(self) -> bool:
+        return not self.rows
+
+    @property
+    def n_positions(self) -> int:
+        return max(1, len(self.rows)) * self.width
+
+
+def step_micro_batches(
+    plan: Plan, step: int, settings: BatchSettings, rank: int = 0
+) -> list[MicroBatchSpec]:
+    """Rank `rank`'s micro-batches of `step`: rows dealt round-robin, then split by the micro setting.
+
+    Round-robin dealing keeps ranks balanced when bucket rows are sorted by length.
+    A rank left without rows (a step with fewer rows than ranks, e.g. the last one of
+    an epoch) gets a single filler micro-batch: no data is dropped or repeated, and
+    the step's loss normaliser (its target count) is unchanged.
+    """
+    world = settings.world_size
+    r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
+    rows_idx = list(range(r0 + rank, r1, world))
+    fixed = plan.strategy in ("pack", "pad")
+    msl = plan.max_seq_len
+    if not rows_idx:
+        width = msl if fixed else int(plan.row_tokens[r0:r1].min())
+        return [MicroBatchSpec((), width)]
+    b = plan.row_bounds
+    rows = [plan.seqs[b[r] : b[r + 1]] for r in rows_idx]
+    lens = [int(plan.row_tokens[r]) for r in rows_idx]
+    groups: list[tuple[int, int]] = []  # [start, end) into rows
+    if settings.micro_batch_size is not None:
+        k = settings.micro_batch_size
+        groups = [(i, min(i + k, len(rows))) for i in range(0, len(rows), k)]
+    else:
+        budget = settings.tokens_per_micro_batch
+        assert budget is not None
+        start, longest = 0, 0
+        for i, length in enumerate(lens):
+            w = msl if fixed else max(longest, length)
+            if i > start and (i - start + 1) * w > budget:
+                groups.append((start, i))
+                start, w = i, (msl if fixed else length)
+            longest = w
+        groups.append((start, len(rows)))
+    return [
+        MicroBatchSpec(tuple(rows[a:e]), msl if fixed else max(lens[a:e])) for a, e in groups
+    ]
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Real tokens vs positions computed for a plan under a micro-batch setting."""
+
+    seen_tokens: int  # non-padding input tokens
+    positions: int  # every position computed, padding and filler rows included
+    steps: int
+    micro_batches: int
+
+    @property
+    def packing_efficiency(self) -> float:
+        return self.seen_tokens / self.positions if self.positions else 1.0
+
+    @property
+    def padding_waste(self) -> float:
+        return 1.0 - self.packing_efficiency
+
+
+def plan_efficiency(plan: Plan, settings: BatchSettings) -> Efficiency:
+    """Efficiency of `plan` over all ranks' micro-batches, without reading tokens or running a model."""
+    positions = micro = 0
+    for step in range(plan.n_steps):
+        for rank in range(settings.world_size):
+            specs = step_micro_batches(plan, step, settings, rank)
+            micro += len(specs)
+            positions += sum(s.n_positions for s in specs)
+    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro)
+
+
+def measure_efficiency(
+    lengths: np.ndarray, settings: BatchSettings, *, seed: int = 0, epoch: int = 0
+) -> Efficiency:
+    """Packing efficiency and padding waste of a strategy for these sequence lengths."""
+    plan = build_plan(
+        lengths,
+        strategy=settings.strategy,
+        max_seq_len=settings.max_seq_len,
+        tokens_per_step=settings.tokens_per_step,
+        seed=seed,
+        epoch=epoch,
+    )
+    return plan_efficiency(plan, settings)

@@ -1,0 +1,125 @@
+"""How a run is cut into optimizer steps and micro-batches, resolved once from the RunConfig.
+
+The optimizer step is the unit of the training math: `tokens_per_step` fixes which
+documents train together. The micro-batch setting (rows, or a padded-token budget)
+only says how a step is split for memory, so the tuner can change it without
+changing what is learned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pitstop.config import RunConfig
+from pitstop.errors import ConfigError
+
+Strategy = Literal["pack", "bucket", "pad"]
+STRATEGIES: tuple[Strategy, ...] = ("pack", "bucket", "pad")
+
+# Default step: 8 full rows (or one per rank when there are more ranks), a common
+# small fine-tuning batch; the tuner and the user move it, never silently.
+DEFAULT_ROWS_PER_STEP = 8
+# Default micro-batch: two full rows of padded tokens, small enough for a 7B model
+# at 2k context on a 24 GB card with gradient checkpointing, big enough for a tiny model.
+DEFAULT_MICRO_ROWS = 2
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Plan-defining numbers (strategy, max_seq_len, tokens_per_step) plus the micro-batch split.
+
+    Exactly one of `micro_batch_size` (rows) and `tokens_per_micro_batch` (padded
+    positions = rows x longest row) is set.
+    """
+
+    strategy: Strategy
+    max_seq_len: int
+    tokens_per_step: int
+    micro_batch_size: int | None = None
+    tokens_per_micro_batch: int | None = None
+    world_size: int = 1
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        problems = check_settings(self)
+        if problems:
+            raise ConfigError(problems, header=f"invalid batching ({len(problems)} problem(s)):")
+
+    @property
+    def rows_per_step(self) -> int | None:
+        """Rows of a packed step (pack only; bucket/pad steps hold a varying number of rows)."""
+        return self.tokens_per_step // self.max_seq_len if self.strategy == "pack" else None
+
+    @classmethod
+    def from_config(
+        cls, cfg: RunConfig, *, world_size: int = 1, strategy: Strategy | None = None
+    ) -> BatchSettings:
+        """Resolve the config's batching options; `strategy` replaces `cfg.batching` (needed for auto)."""
+        strat = strategy or cfg.batching
+        if strat == "auto":
+            raise ValueError(
+                "batching='auto' must be resolved first (pitstop.batching.auto.choose_batching), "
+                "then passed as strategy="
+            )  # a bug in the caller, not a user error
+        msl = cfg.max_seq_len
+        why: list[str] = []
+        if cfg.tokens_per_step is not None:
+            tps = cfg.tokens_per_step
+            why.append(f"tokens_per_step {tps} (set)")
+        elif cfg.grad_accum is not None or cfg.micro_batch_size is not None:
+            rows = (cfg.micro_batch_size or 1) * (cfg.grad_accum or 1)
+            tps = rows * msl * world_size
+            why.append(
+                f"tokens_per_step {tps} = micro_batch_size {cfg.micro_batch_size or 1} x grad_accum "
+                f"{cfg.grad_accum or 1} x max_seq_len {msl} x {world_size} rank(s)"
+            )
+        else:
+            tps = max(DEFAULT_ROWS_PER_STEP, world_size) * msl
+            why.append(f"tokens_per_step {tps} = {tps // msl} rows of {msl} (default)")
+        mbs, tpmb = cfg.micro_batch_size, cfg.tokens_per_micro_batch
+        if mbs is None and tpmb is None:
+            if cfg.grad_accum is not None:
+                mbs = 1
+                why.append("micro_batch_size 1 (grad_accum given without it)")
+            else:
+                per_rank_rows = max(1, tps // msl // world_size)
+                tpmb = min(DEFAULT_MICRO_ROWS, per_rank_rows) * msl
+                why.append(f"tokens_per_micro_batch {tpmb} (default: {tpmb // msl} full row(s))")
+        return cls(strat, msl, tps, mbs, tpmb, world_size, "; ".join(why))
+
+
+def check_settings(s: BatchSettings) -> list[str]:
+    p: list[str] = []
+    if s.strategy not in STRATEGIES:
+        p.append(f"batching {s.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if s.max_seq_len < 1:
+        p.append(f"max_seq_len must be positive, got {s.max_seq_len}")
+    if s.world_size < 1:
+        p.append(f"world size must be at least 1, got {s.world_size}")
+    if s.tokens_per_step < s.max_seq_len:
+        p.append(
+            f"tokens_per_step {s.tokens_per_step} is below max_seq_len {s.max_seq_len}: "
+            "one full row must fit in an optimizer step"
+        )
+    if s.strategy == "pack" and s.tokens_per_step % s.max_seq_len:
+        p.append(
+            f"tokens_per_step {s.tokens_per_step} is not a whole number of packed rows of "
+            f"{s.max_seq_len} tokens; use a multiple of max_seq_len"
+        )
+    elif s.strategy == "pack" and s.tokens_per_step // s.max_seq_len < s.world_size:
+        p.append(
+            f"tokens_per_step {s.tokens_per_step} makes {s.tokens_per_step // s.max_seq_len} packed "
+            f"row(s) per step for {s.world_size} ranks: every step would leave a rank idle; use at "
+            f"least {s.world_size * s.max_seq_len}"
+        )
+    if (s.micro_batch_size is None) == (s.tokens_per_micro_batch is None):
+        p.append("give exactly one of micro_batch_size and tokens_per_micro_batch")
+    if s.micro_batch_size is not None and s.micro_batch_size < 1:
+        p.append(f"micro_batch_size must be positive, got {s.micro_batch_size}")
+    if s.tokens_per_micro_batch is not None and s.tokens_per_micro_batch < s.max_seq_len:
+        p.append(
+            f"tokens_per_micro_batch {s.tokens_per_micro_batch} is below max_seq_len "
+            f"{s.max_seq_len}: one full row must fit in a micro-batch"
+        )
+    return p

@@ -1,0 +1,379 @@
+"""Reading input files as a stream of raw-record chunks for the tokenizer workers.
+
+The parent process only splits files into chunks of a bounded size (about
+`chunk_bytes` of input each); parsing, validation and tokenization happen in the
+workers, so reading stays cheap and memory stays bounded whatever the file size.
+
+Formats, detected from the extension unless `--format` says otherwise:
+
+- JSON Lines (`.jsonl`, `.ndjson`): one record per line. Blank lines, a UTF-8 BOM
+  and CRLF line ends are fine. Lines travel to the workers as raw bytes.
+- JSON (`.json`): one array of records. The array is parsed whole in the parent
+  (the standard library cannot stream it), so use JSON Lines for big data.
+- Parquet (`.parquet`, `.pq`): read in row batches of only the record columns.
+- CSV (`.csv`): a header row names the fields; streamed row by row.
+- Plain text (`.txt`, `.text`, `.md`): **one document per file** — splitting prose
+  at blank lines would cut documents into paragraphs and teach the model to end
+  text after every paragraph. A file over `TEXT_SPLIT_BYTES` (a corpus dump rather
+  than a document) is split at blank lines into documents of about
+  `TEXT_PIECE_BYTES`, so memory stays bounded; each piece is then a document.
+
+`.gz` and `.zst` may follow any of the text-based extensions (`data.jsonl.zst`).
+Everything wrong with a file as a whole (missing, a directory, empty, not the
+format its extension says, a truncated archive) raises `DataError` naming the file
+and the fix, whatever `--on-bad-record` says: those are not one bad record.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pitstop.data.records import Fields
+from pitstop.errors import DataError
+
+TEXT_SPLIT_BYTES = 64 << 20
+TEXT_PIECE_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
+
+EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+}
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
+@dataclass
+class Chunk:
+    """A slice of one input file, sent to a worker.
+
+    kind "lines": items are (line number, raw bytes of one JSONL line)
+    kind "rows":  items are (location, decoded record object)
+    kind "arrow": items is [(first row number, pyarrow.RecordBatch)]
+    kind "text":  items are (location, raw bytes of one document)
+    """
+
+    kind: str
+    path: str
+    items: list[Any]
+
+
+def detect(path: Path, fmt: str = "auto") -> tuple[str, str | None]:
+    """(format, compression) of `path`; `fmt` other than "auto" overrides the extension."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
+    if compression:
+        suffixes = suffixes[:-1]
+    if fmt != "auto":
+        return fmt, compression
+    ext = suffixes[-1] if suffixes else ""
+    if ext not in EXTENSIONS:
+        known = ", ".join(sorted(EXTENSIONS))
+        raise DataError(
+            f"{path}: cannot tell the format from the extension {ext or '(none)'!r}; "
+            f"use one of {known} (optionally + .gz/.zst) or pass --format jsonl|json|parquet|csv|text"
+        )
+    if EXTENSIONS[ext] == "parquet" and compression:
+        raise DataError(f"{path}: Parquet files are compressed internally; remove the {suffixes[-1]} layer")
+    return EXTENSIONS[ext], compression
+
+
+def check_file(path: Path) -> None:
+    if not path.exists():
+        raise DataError(f"{path}: no such file; check the --data path")
+    if path.is_dir():
+        raise DataError(
+            f"{path} is a directory, not a dataset file (nor a token store: it has no manifest.json); "
+            "give the data file(s) inside it"
+        )
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty; give a file with records")
+
+
+class _ZstdReader(io.RawIOBase):
+    """Streaming zstd decompression that notices a truncated frame.
+
+    zstandard's own stream_reader ends silently at a truncated frame; a dataset
+    quietly missing its tail is worse than an error, so frames are tracked here.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._buf = b""
+        self._started = False
+        self._error = zstandard.ZstdError
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            data = self._raw.read(1 << 20)
+            if not data:
+                if self._started and not self._obj.eof:
+                    raise EOFError("zstd stream ended in the middle of a frame")
+                return 0
+            while data:
+                self._started = True
+                try:
+                    self._buf += self._obj.decompress(data)
+                except self._error as e:
+                    raise zlib.error(f"zstd: {e}") from None
+                if self._obj.eof:  # the next frame, if any, needs a fresh decompressor
+                    data = self._obj.unused_data
+                    self._obj = self._dctx.decompressobj()
+                    self._started = False
+                else:
+                    data = b""
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def open_binary(path: Path, compression: str | None) -> BinaryIO:
+    """Open `path` for reading, decompressing as its extension says (checked by magic bytes)."""
+    f = open(path, "rb")  # noqa: SIM115 - handed to the caller
+    if compression is None:
+        return f
+    head = f.read(4)
+    f.seek(0)
+    if not head.startswith(_MAGIC[compression]):
+        f.close()
+        ext = path.suffix
+        raise DataError(
+            f"{path}: the extension says {compression} ({ext}) but the file is not {compression}-"
+            f"compressed; decompress it properly or rename it without {ext}"
+        )
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return io.BufferedReader(_ZstdReader(f), buffer_size=1 << 20)  # type: ignore[return-value]
+
+
+def _archive_error(path: Path, e: BaseException, where: str) -> DataError:
+    if isinstance(e, EOFError):
+        return DataError(
+            f"{path}: the compressed file is truncated ({where}); the download or copy was "
+            "probably cut short, fetch it again"
+        )
+    return DataError(f"{path}: the compressed data is corrupt ({where}: {e}); fetch the file again")
+
+
+def iter_chunks(
+    path: Path, fmt: str, compression: str | None, fields: Fields, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[Chunk]:
+    """Chunks of raw records of one file, in file order."""
+    check_file(path)
+    reader = {"jsonl": _jsonl, "json": _json, "parquet": _parquet, "csv": _csv, "text": _text}[fmt]
+    n = 0
+    for chunk in reader(path, compression, fields, chunk_bytes):
+        n += len(chunk.items)
+        yield chunk
+    if n == 0:
+        raise DataError(f"{path}: no records found (only blank lines?); give a file with records")
+
+
+def _jsonl(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+    items: list[tuple[int, bytes]] = []
+    size = 0
+    lineno = 0
+    with open_binary(path, compression) as f:
+        try:
+            for lineno, line in enumerate(f, 1):  # noqa: B007 - lineno is used after the loop
+                if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]
+                if not line.strip():
+                    continue
+                items.append((lineno, line))
+                size += len(line)
+                if size >= chunk_bytes:
+                    yield Chunk("lines", str(path), items)
+                    items, size = [], 0
+        except (EOFError, OSError, zlib.error) as e:
+            raise _archive_error(path, e, f"after line {lineno}") from None
+    if items:
+        yield Chunk("lines", str(path), items)
+
+
+def _read_text(path: Path, compression: str | None) -> str:
+    with open_binary(path, compression) as f:
+        try:
+            raw = f.read()
+        except (EOFError, OSError, zlib.error) as e:
+            raise _archive_error(path, e, "while reading") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8 (byte {e.start}); re-encode the file as UTF-8") from None
+
+
+def _json(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+    text = _read_text(path, compression)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        hint = "fix the syntax"
+        if getattr(e, "msg", "") == "Extra data":
+            hint = "it looks like JSON Lines (one record per line): rename it to .jsonl or pass --format jsonl"
+        raise DataError(
+            f"{path}:{getattr(e, 'lineno', '?')}: invalid JSON at column {getattr(e, 'colno', '?')} "
+            f"({getattr(e, 'msg', e)}); {hint}"
+        ) from None
+    if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+        data = next(iter(data.values()))  # {"data": [...]} is a common wrapper
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: a .json file must hold an array of records, got a {type(data).__name__}; "
+            "use JSON Lines (.jsonl) for one record per line"
+        )
+    del text
+    per_chunk = 1024
+    for start in range(0, len(data), per_chunk):
+        items = [(f"record {i + 1}", data[i]) for i in range(start, min(start + per_chunk, len(data)))]
+        yield Chunk("rows", str(path), items)
+
+
+def _parquet(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"{path}: not a readable Parquet file ({e}); check the file or pass the right --format"
+        ) from None
+    names = pf.schema_arrow.names
+    columns = [c for c in dict.fromkeys(fields.all()) if c in names]
+    if not columns:
+        raise DataError(
+            f"{path}: none of the record columns are present: found columns {names}; "
+            f"expected {fields.expected()}"
+        )
+    meta = pf.metadata
+    row_bytes = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+                    // max(1, meta.num_rows))  # fmt: skip
+    batch_rows = max(16, min(65536, chunk_bytes // row_bytes))
+    row = 1
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+            yield Chunk("arrow", str(path), [(row, batch)])
+            row += batch.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: row {row}: the Parquet data is damaged ({e})") from None
+
+
+def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+    csv.field_size_limit(1 << 30)
+    lineno = 0
+
+    def lines(f: BinaryIO) -> Iterator[str]:
+        nonlocal lineno
+        for lineno, raw in enumerate(f, 1):  # noqa: B007
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: invalid UTF-8 (byte {e.start} of the line); re-encode the file as UTF-8"
+                ) from None
+
+    with open_binary(path, compression) as f:
+        try:
+            reader = csv.reader(lines(f))
+            try:
+                header = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise DataError(f"{path}:1: cannot parse the CSV header ({e})") from None
+            if not any(c in header for c in fields.all()):
+                raise DataError(
+                    f"{path}:1: the CSV header names none of the record fields: found {header}; "
+                    f"expected {fields.expected()}"
+                )
+            items: list[tuple[str, Any]] = []
+            size = 0
+            while True:
+                start = lineno + 1
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as e:
+                    raise DataError(f"{path}:{start}: cannot parse the CSV row ({e})") from None
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    rec: Any = {"__csv_columns__": (len(row), len(header))}
+                else:
+                    rec = {h: v for h, v in zip(header, row) if h in fields.all()}
+                items.append((str(start), rec))
+                size += sum(len(c) for c in row)
+                if size >= chunk_bytes:
+                    yield Chunk("rows", str(path), items)
+                    items, size = [], 0
+        except (EOFError, OSError, zlib.error) as e:
+            raise _archive_error(path, e, f"after line {lineno}") from None
+    if items:
+        yield Chunk("rows", str(path), items)
+
+
+def _text(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+    with open_binary(path, compression) as f:
+        try:
+            buf = f.read(TEXT_SPLIT_BYTES + 1)
+            if len(buf) <= TEXT_SPLIT_BYTES:
+                yield Chunk("text", str(path), [(None, buf)])
+                return
+            # A corpus dump, not a document: pieces of about TEXT_PIECE_BYTES cut at blank lines.
+            eof, line, span = False, 1, 2 * TEXT_PIECE_BYTES
+            while buf or not eof:
+                if not eof and len(buf) < span:
+                    more = f.read(TEXT_PIECE_BYTES)
+                    eof = not more
+                    buf += more
+                    continue
+                if len(buf) <= span:
+                    cut = len(buf)
+                else:
+                    cut = buf.rfind(b"\n\n", 0, span) + 2
+                    if cut < 2:
+                        cut = buf.rfind(b"\n", 0, span) + 1
+                    if cut < 1:
+                        cut = span
+                        while cut > 0 and (buf[cut] & 0xC0) == 0x80:  # not inside a UTF-8 character
+                            cut -= 1
+                piece, buf = buf[:cut], buf[cut:]
+                if piece.strip():
+                    yield Chunk("text", str(path), [(line, piece)])
+                line += piece.count(b"\n")
+        except (EOFError, OSError, zlib.error) as e:
+            raise _archive_error(path, e, "while reading") from None

@@ -1,0 +1,321 @@
+"""Atomic, asynchronous checkpoints with retention and newest-complete discovery.
+
+Layout of `OUT_DIR/checkpoints/step-N/`:
+
+    config.json, model.safetensors (or a LoRA adapter), tokenizer files
+                        a Hugging Face model directory (from_pretrained loads it)
+    optimizer.pt        {"optimizer": ..., "scaler": ...}: torch.save, read with weights_only=True
+    trainer_state.json  step, epoch, token counters, cumulative seconds, loss scale...
+    rng.json            torch CPU/CUDA, numpy and python RNG states
+    loader_state.json   the batching loader's state_dict (loader_state.pt if not JSON-able)
+    COMPLETE.json       written last: the step and every file's size
+
+Atomicity: everything is written into `checkpoints/.step-N.partial-<hex>/`, fsynced,
+the marker last, and the directory renamed to `step-N` in one `os.replace`.
+Discovery only accepts directories whose marker exists and whose files have the
+sizes it lists, so a crash at any moment leaves the previous checkpoint valid.
+
+Asynchrony: the loop pauses only for `snapshot()` (state copied to host memory);
+a background thread writes. A new save, and the end of the run, first wait for
+the previous write. A failed write (disk full...) raises `CheckpointError` at the
+next wait: the run stops cleanly (policy: a run that can no longer save would
+otherwise keep spending money on work it cannot keep), the previous checkpoint
+stays valid, and the partial directory is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pitstop.errors import PitstopError
+
+MARKER = "COMPLETE.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(PitstopError):
+    """A checkpoint could not be written or read."""
+
+    exit_code = 1
+
+
+# --- discovery ---------------------------------------------------------------
+
+
+def _is_complete(path: Path) -> bool:
+    marker = path / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        rec = json.loads(marker.read_text(encoding="utf-8"))
+        for name, size in rec["files"].items():
+            p = path / name
+            if not p.is_file() or p.stat().st_size != size:
+                return False
+    except (ValueError, KeyError, OSError):
+        return False
+    return True
+
+
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir() and _is_complete(p):
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root` (an OUT_DIR/checkpoints dir), or None."""
+    found = complete_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def remove_debris(root: str | Path) -> None:
+    """Delete partial and half-deleted checkpoint directories a dead process left."""
+    root = Path(root)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith((".step-", ".trash-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+# --- host snapshots ------------------------------------------------------------
+
+
+def to_host(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """Deep-copy every tensor in `obj` to CPU memory (clones: training may go on mutating).
+
+    Tensors sharing storage (tied weights) stay shared in the copy.
+    """
+    memo = {} if memo is None else memo
+    if isinstance(obj, torch.Tensor):
+        key = id(obj)
+        if key not in memo:
+            memo[key] = obj.detach().to("cpu", copy=True)
+        return memo[key]
+    if isinstance(obj, dict):
+        return {k: to_host(v, memo) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_host(v, memo) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_host(v, memo) for v in obj)
+    return obj
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the run uses, as JSON-able values."""
+    np_state = np.random.get_state()
+    st: dict[str, Any] = {
+        "torch_cpu": torch.get_rng_state().tolist(),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["torch_cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return st
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.tensor(st["torch_cpu"], dtype=torch.uint8))
+    n = st["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = st["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+    if "torch_cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in st["torch_cuda"]])
+
+
+@dataclass
+class Snapshot:
+    """A checkpoint's content in host memory, ready for the writer thread."""
+
+    step: int
+    model_state: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    trainer_state: dict[str, Any]
+    rng: dict[str, Any]
+    loader_state: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- writing -------------------------------------------------------------------
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj), encoding="utf-8")
+
+
+def _test_hook(step: int, tmp: Path) -> None:
+    """Test-only fault injection, read in the writer thread (never the training loop).
+
+    PITSTOP_TEST_CKPT_DELAY="STEP:SECONDS" sleeps before the marker of step STEP is
+    written (so a test can SIGKILL mid-write); PITSTOP_TEST_CKPT_FAIL="STEP" makes
+    that step's write fail as if the disk were full.
+    """
+    delay = os.environ.get("PITSTOP_TEST_CKPT_DELAY")
+    if delay:
+        s, sec = delay.split(":")
+        if int(s) == step:
+            (tmp / "WRITING").write_text("")
+            time.sleep(float(sec))
+    fail = os.environ.get("PITSTOP_TEST_CKPT_FAIL")
+    if fail and int(fail) == step:
+        raise OSError(28, "No space left on device (injected by PITSTOP_TEST_CKPT_FAIL)")
+
+
+class CheckpointWriter:
+    """Writes snapshots in a background thread, one at a time, keeping the newest `keep`."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep: int,
+        save_model: Callable[[Path, dict[str, torch.Tensor]], None],
+        enabled: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.keep = keep
+        self.save_model = save_model
+        self.enabled = enabled  # False on ranks other than 0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_written: Path | None = None
+        self.write_seconds = 0.0
+
+    def submit(self, snap: Snapshot, *, blocking: bool = False) -> None:
+        """Start writing `snap` (after the previous write has finished)."""
+        self.wait()
+        if not self.enabled:
+            return
+        self._thread = threading.Thread(
+            target=self._run, args=(snap,), name=f"pitstop-ckpt-{snap.step}", daemon=True
+        )
+        self._thread.start()
+        if blocking:
+            self.wait()
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until the current write ends; raise `CheckpointError` if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(
+                f"writing a checkpoint under {self.root} failed: {err}. The run stopped so no "
+                "more unsaved work is paid for; the previous complete checkpoint "
+                f"({self.last_written or 'none'}) is intact: free space or fix the cause, then "
+                "rerun with --resume"
+            ) from err
+
+    def _run(self, snap: Snapshot) -> None:
+        t0 = time.perf_counter()
+        tmp = self.root / f".step-{snap.step}.partial-{secrets.token_hex(4)}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            self.save_model(tmp, snap.model_state)
+            torch.save(snap.optimizer, tmp / "optimizer.pt")
+            _write_json(tmp / "trainer_state.json", snap.trainer_state)
+            _write_json(tmp / "rng.json", snap.rng)
+            try:
+                _write_json(tmp / "loader_state.json", snap.loader_state)
+            except TypeError:
+                torch.save(snap.loader_state, tmp / "loader_state.pt")
+            _test_hook(snap.step, tmp)
+            (tmp / "WRITING").unlink(missing_ok=True)
+            files = {
+                str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
+            }
+            _fsync_tree(tmp)
+            marker = tmp / MARKER
+            _write_json(marker, {"step": snap.step, "files": files, "time": time.time()})
+            with open(marker, "rb") as f:
+                os.fsync(f.fileno())
+            dest = self.root / f"step-{snap.step}"
+            if dest.exists():  # a stale copy of this step (e.g. re-saved after a resume)
+                trash = self.root / f".trash-{dest.name}-{secrets.token_hex(4)}"
+                os.replace(dest, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, dest)
+            _fsync_dir(self.root)
+            self.last_written = dest
+            self._retain()
+        except BaseException as e:  # reported to the training thread by wait()
+            self._error = e
+            shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            self.write_seconds += time.perf_counter() - t0
+
+    def _retain(self) -> None:
+        found = complete_checkpoints(self.root)
+        for _, path in found[: max(0, len(found) - self.keep)]:
+            trash = self.root / f".trash-{path.name}-{secrets.token_hex(4)}"
+            try:
+                os.replace(path, trash)  # atomic: discovery never sees half a deletion
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+# --- reading -------------------------------------------------------------------
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Everything but the model weights: optimizer, trainer state, RNG, loader state."""
+    try:
+        out: dict[str, Any] = {
+            "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
+            "trainer_state": json.loads((path / "trainer_state.json").read_text(encoding="utf-8")),
+            "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
+        }
+        if (path / "loader_state.json").is_file():
+            out["loader_state"] = json.loads((path / "loader_state.json").read_text(encoding="utf-8"))
+        else:
+            out["loader_state"] = torch.load(path / "loader_state.pt", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({e}); delete it to resume from an older one") from e
+    return out
