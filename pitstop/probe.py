@@ -86,7 +86,11 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInf
             "use --device cpu or install a CUDA build of torch"
         )
     if requested == "cpu" or not has_cuda:
-        why = "asked for with --device cpu" if requested == "cpu" else "no CUDA device visible to torch"
+        why = (
+            "asked for with --device cpu"
+            if requested == "cpu"
+            else "no CUDA device visible to torch"
+        )
         info = DeviceInfo(type="cpu", name=cpu_name(), bf16=False, cpu_count=cpus)
         return info, Choice("cpu", why)
     props = torch.cuda.get_device_properties(index)
@@ -101,7 +105,9 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInf
         index=index,
     )
     why = "asked for with --device cuda" if requested == "cuda" else "a CUDA device is visible"
-    return info, Choice(f"cuda:{index}", f"{why}: {props.name}, compute capability {cap[0]}.{cap[1]}")
+    return info, Choice(
+        f"cuda:{index}", f"{why}: {props.name}, compute capability {cap[0]}.{cap[1]}"
+    )
 
 
 def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
@@ -113,7 +119,11 @@ def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
                 "trains in fp32 (CPU autocast is slower than fp32 on most CPUs); "
                 "use --precision fp32 or auto"
             )
-        why = "asked for" if requested == "fp32" else "CPU: fp32 (reduced-precision autocast is not faster on CPUs)"
+        why = (
+            "asked for"
+            if requested == "fp32"
+            else "CPU: fp32 (reduced-precision autocast is not faster on CPUs)"
+        )
         return Choice("fp32", why)
     if requested == "bf16":
         if not dev.bf16:
@@ -166,12 +176,16 @@ def choose_attention(requested: str, dev: DeviceInfo, precision: str) -> Choice:
     ok, why = flash_attn_status(dev, precision)
     if requested == "flash_attention_2":
         if not ok:
-            raise ConfigError(f"--attention flash_attention_2 is not possible: {why}; use sdpa or auto")
+            raise ConfigError(
+                f"--attention flash_attention_2 is not possible: {why}; use sdpa or auto"
+            )
         return Choice("flash_attention_2", "asked for; " + why)
     if requested in ("sdpa", "eager"):
         return Choice(requested, "asked for")
     if ok:
-        return Choice("flash_attention_2", why + "; varlen kernels skip padding and cross-document work")
+        return Choice(
+            "flash_attention_2", why + "; varlen kernels skip padding and cross-document work"
+        )
     return Choice("sdpa", f"PyTorch scaled-dot-product attention ({why})")
 
 

@@ -95,7 +95,9 @@ def _rng(seed: int, epoch: int, strategy: Strategy) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, _STRATEGY_CODE[strategy]])
 
 
-def _gather(flat: np.ndarray, bounds: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gather(
+    flat: np.ndarray, bounds: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Reorder the segments ``flat[bounds[i]:bounds[i+1]]`` into `order`; returns (flat, bounds)."""
     sizes = np.diff(bounds)[order]
     new_bounds = np.zeros(len(order) + 1, dtype=np.int64)
@@ -152,7 +154,9 @@ def build_plan(
         perm = rng.permutation(n)
         window = BUCKET_WINDOW_STEPS * tokens_per_step
         csum = np.cumsum(lengths[perm])
-        cuts = np.searchsorted(csum, np.arange(window, int(csum[-1]) if n else 0, window), side="right")
+        cuts = np.searchsorted(
+            csum, np.arange(window, int(csum[-1]) if n else 0, window), side="right"
+        )
         chunks = np.split(perm, cuts)
         parts: list[np.ndarray] = []
         step_sizes: list[np.ndarray] = []
@@ -251,9 +255,7 @@ def step_micro_batches(
                 start, w = i, (msl if fixed else length)
             longest = w
         groups.append((start, len(rows)))
-    return [
-        MicroBatchSpec(tuple(rows[a:e]), msl if fixed else max(lens[a:e])) for a, e in groups
-    ]
+    return [MicroBatchSpec(tuple(rows[a:e]), msl if fixed else max(lens[a:e])) for a, e in groups]
 
 
 @dataclass(frozen=True)

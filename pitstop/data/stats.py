@@ -63,7 +63,7 @@ def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[floa
 
 
 def _q(a: np.ndarray, p: float) -> int:
-    return int(np.quantile(a, p, method="higher")) if len(a) else 0
+    return int(np.quantile(a, p, method="inverted_cdf")) if len(a) else 0
 
 
 def padding_waste(doc_lengths: np.ndarray, max_len: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ Masking rules (store semantics: mask[i] = 1 iff token i is a loss target):
   targets, the prompt is context, unless --train-on-prompt. A token straddling the
   prompt/completion boundary is a target (it carries completion text).
 - chat: each assistant message's content and what the template puts after it up to
-  the next message (its end-of-turn token(s)) are targets; everything else is
+  the next message (its end-of-turn token(s), not trailing whitespace) are targets; everything else is
   context. Prefixes of the conversation are rendered with the chat template and each
   rendering must extend the previous one, else the record is rejected with a reason.
 - EOS is appended unless the rendered document already ends with it (templates that
@@ -123,7 +123,12 @@ class Worker:
     # --- records -------------------------------------------------------------
     def records(self, chunk: Chunk) -> list[tuple[str, Record | BadRecord]]:
         path, fields, out = chunk.path, self.s.fields, []
-        if chunk.kind == "lines":
+        if chunk.kind == "block":
+            for start, block in chunk.items:
+                for k, line in enumerate(block.split(b"\n")):
+                    if line.strip():
+                        out.append((f"{path}:{start + k}", _try(parse_json_line, line, fields)))
+        elif chunk.kind == "lines":
             for ln, raw in chunk.items:
                 out.append((f"{path}:{ln}", _try(parse_json_line, raw, fields)))
         elif chunk.kind == "rows":
@@ -203,7 +208,8 @@ class Worker:
                     k = cur.find(body, start) if body else -1
                     if k >= 0:
                         start = k
-                    spans.append((start, len(cur)))
+                    # Up to the end of the turn, without the template's trailing newline(s).
+                    spans.append((start, max(start, len(cur.rstrip()))))
                 prev = cur
             text = prev
         stripped = text.rstrip()

@@ -57,7 +57,9 @@ def flops_model(model: Any) -> FlopsModel:
     return FlopsModel(n_trainable=trainable, n_frozen=frozen, n_layers=layers, d_model=width)
 
 
-def mfu(positions_per_second: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+def mfu(
+    positions_per_second: float, flops_per_token: float, peak_flops: float | None
+) -> float | None:
     """Achieved model FLOP/s over the device's peak; None when the peak is unknown."""
     if not peak_flops or peak_flops <= 0:
         return None

@@ -100,7 +100,9 @@ def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
     return flops, "measured fp32 1024x1024 matmul peak on this CPU"
 
 
-def device_peak(dev: Any, precision: str, tf32: bool, cache_dir: str | Path | None) -> tuple[float | None, str]:
+def device_peak(
+    dev: Any, precision: str, tf32: bool, cache_dir: str | Path | None
+) -> tuple[float | None, str]:
     """Peak FLOP/s for MFU on the device described by a `pitstop.probe.DeviceInfo`."""
     if dev.type == "cpu":
         return cpu_peak(cache_dir)

@@ -1,0 +1,38 @@
+"""The training run: `run(cfg)` trains, writes OUT_DIR and returns the summary.
+
+OUT_DIR receives summary.json, metrics.jsonl (one line per optimizer step),
+TensorBoard events (when installed and asked for), checkpoints/step-N/ and final/
+(loadable with AutoModelForCausalLM.from_pretrained, or a PEFT adapter for LoRA).
+See `pitstop.train.trainer` for the loop and the metrics.jsonl fields, and
+`pitstop.train.checkpoint` for the checkpoint layout and its guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.config import RunConfig
+
+__all__ = ["RunInterrupted", "Trainer", "TrainingDiverged", "run"]
+
+
+def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """Train as `cfg` says and return the summary (also written to OUT_DIR/summary.json).
+
+    Raises ConfigError (exit 2) before writing anything when the request is impossible,
+    RunInterrupted (exit 130/143) after saving a checkpoint on SIGINT/SIGTERM,
+    TrainingDiverged after cfg.max_bad_steps non-finite steps in a row, and
+    CheckpointError when a checkpoint cannot be written. Keyword arguments go to
+    `Trainer` (device=..., loader=..., rank=..., world_size=...).
+    """
+    from pitstop.train.trainer import Trainer
+
+    return Trainer(cfg, **kwargs).fit()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Trainer", "RunInterrupted", "TrainingDiverged"):
+        from pitstop.train import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'pitstop.train' has no attribute {name!r}")

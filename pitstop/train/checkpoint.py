@@ -127,7 +127,13 @@ def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     st: dict[str, Any] = {
         "torch_cpu": torch.get_rng_state().tolist(),
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "numpy": [
+            np_state[0],
+            np_state[1].tolist(),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -268,7 +274,9 @@ class CheckpointWriter:
             _test_hook(snap.step, tmp)
             (tmp / "WRITING").unlink(missing_ok=True)
             files = {
-                str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
+                str(p.relative_to(tmp)): p.stat().st_size
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file()
             }
             _fsync_tree(tmp)
             marker = tmp / MARKER
@@ -313,9 +321,13 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
         }
         if (path / "loader_state.json").is_file():
-            out["loader_state"] = json.loads((path / "loader_state.json").read_text(encoding="utf-8"))
+            out["loader_state"] = json.loads(
+                (path / "loader_state.json").read_text(encoding="utf-8")
+            )
         else:
             out["loader_state"] = torch.load(path / "loader_state.pt", weights_only=True)
     except (OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} cannot be read ({e}); delete it to resume from an older one") from e
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({e}); delete it to resume from an older one"
+        ) from e
     return out

@@ -61,9 +61,15 @@ def load_model(
         )
     except (ValueError, ImportError) as e:
         if attention.value == "eager" or cfg.attention != "auto":
-            raise ConfigError(f"cannot load {model_dir} with attention {attention.value}: {e}") from None
-        model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", **kwargs)
-        attention = Choice("eager", f"the model does not support {attention.value} ({e}); eager attention")
+            raise ConfigError(
+                f"cannot load {model_dir} with attention {attention.value}: {e}"
+            ) from None
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation="eager", **kwargs
+        )
+        attention = Choice(
+            "eager", f"the model does not support {attention.value} ({e}); eager attention"
+        )
     if not cfg.load_in_4bit:
         model.to(dev.torch_device)
     model.config.use_cache = False
@@ -78,7 +84,9 @@ def load_model(
 
 def _four_bit_config(dev: DeviceInfo, precision: str) -> Any:
     if dev.type != "cuda":
-        raise ConfigError("--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU")
+        raise ConfigError(
+            "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
+        )
     try:
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig
@@ -139,7 +147,9 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def save_model_dir(model: Any, tokenizer: Any, dest: Path, state: dict[str, torch.Tensor] | None) -> None:
+def save_model_dir(
+    model: Any, tokenizer: Any, dest: Path, state: dict[str, torch.Tensor] | None
+) -> None:
     """Save weights (safetensors) + config + tokenizer into `dest` (an existing directory)."""
     model.save_pretrained(dest, state_dict=state, safe_serialization=True)
     if tokenizer is not None:

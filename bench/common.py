@@ -1,0 +1,171 @@
+"""Helpers every benchmark shares: the machine description, medians, Markdown tables.
+
+A benchmark prints its table and writes it, with the machine it ran on and the
+exact command that produced it, to ``bench/results/NAME.md`` so the README can
+quote numbers that anyone can reproduce with one command.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+REPO_ROOT = BENCH_DIR.parent
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (platform's guess elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the host's total)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores, memory, GPU (if any), library versions."""
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": cpu_cores(),
+        "memory_gib": memory_gib(),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    for lib in ("transformers", "trl", "accelerate", "datasets"):
+        try:
+            mod = __import__(lib)
+            info[lib] = getattr(mod, "__version__", "?")
+        except ImportError:
+            continue
+    return info
+
+
+def describe_machine(info: dict[str, Any] | None = None) -> str:
+    """One line naming the machine, e.g. ``Intel Xeon … (2 cores, 24 GiB), torch 2.13.0``."""
+    m = info or machine()
+    mem = f", {m['memory_gib']:.0f} GiB" if m.get("memory_gib") else ""
+    parts = [f"{m['cpu']} ({m['cores']} cores{mem})"]
+    if m.get("gpu"):
+        parts.append(f"GPU {m['gpu']} (CUDA {m.get('cuda')})")
+    libs = [f"{k} {m[k]}" for k in ("torch", "transformers", "trl", "accelerate") if k in m]
+    return ", ".join(parts + libs) + f", Python {m['python']}, {m['os']}"
+
+
+def median(values: Iterable[float]) -> float:
+    """The median; raises ValueError on no values (a benchmark that measured nothing)."""
+    vals = list(values)
+    if not vals:
+        raise ValueError("median of no measurements")
+    return statistics.median(vals)
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces this run, as a user would type it from the repo root."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    module = sys.modules["__main__"].__spec__
+    head = f"python -m {module.name}" if module is not None else f"python {sys.argv[0]}"
+    return " ".join([head, *(shlex.quote(a) for a in args)])
+
+
+def fmt(value: Any, spec: str = "", *, na: str = "n/a") -> str:
+    """Format a table cell; None becomes ``n/a``."""
+    if value is None:
+        return na
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; numbers right-aligned, text left-aligned."""
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    def numeric(col: int) -> bool:
+        vals = [str(r[col]) for r in rows if str(r[col]) not in ("n/a", "", "—")]
+        return bool(vals) and all(
+            v.replace(".", "", 1).replace("%", "").replace("×", "").replace(",", "").lstrip("-+").isdigit()
+            for v in vals
+        )
+
+    align = ["---:" if numeric(i) else ":---" for i in range(len(headers))]
+    lines = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "| " + " | ".join(align) + " |",
+    ]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_result(
+    name: str,
+    title: str,
+    body: str,
+    *,
+    command: str | None = None,
+    machine_info: dict[str, Any] | None = None,
+    path: Path | None = None,
+) -> Path:
+    """Write ``bench/results/NAME.md`` (or `path`): title, machine, command, date, body.
+
+    Written to a temporary file first and renamed, so a crash never leaves half a table.
+    """
+    out = path or RESULTS_DIR / f"{name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- machine: {describe_machine(machine_info)}",
+            f"- command: `{command or command_line()}`",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+            "",
+            body.rstrip(),
+            "",
+        ]
+    )
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out

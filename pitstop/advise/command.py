@@ -1,0 +1,128 @@
+"""`pitstop doctor`: the command layer over `pitstop.advise.doctor`.
+
+Wire it into the CLI with `register(sub)` where `sub` is the parser's subparsers
+object; the handler is set as the `func` default, like the other commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pitstop.errors import ConfigError
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `doctor` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "doctor",
+        allow_abbrev=False,
+        help="audit the environment and a pitstop config or HF TrainingArguments -> ranked findings",
+        description=(
+            "Audit this machine and a training setup (a pitstop config, or Hugging Face "
+            "TrainingArguments / TRL SFTConfig fields as JSON or YAML), optionally with the data's "
+            "length statistics and a measured profile, and print ranked findings: each with its "
+            "evidence, expected effect, the basis of that number, and the exact fix."
+        ),
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--config", metavar="RUN_YAML", help="a pitstop run config (YAML)")
+    src.add_argument(
+        "--hf-args",
+        metavar="FILE",
+        help="TrainingArguments / SFTConfig fields as a JSON or YAML mapping (e.g. args.to_dict())",
+    )
+    p.add_argument(
+        "--hf-class",
+        choices=("auto", "TrainingArguments", "SFTConfig"),
+        default="auto",
+        help="which class the --hf-args fields belong to (default: SFTConfig if an SFT-only "
+        "field such as packing or max_length is present)",
+    )
+    p.add_argument("--model", metavar="DIR", help="model directory (shape for FLOPs and memory)")
+    p.add_argument(
+        "--data",
+        metavar="FILE_OR_STORE",
+        help="a token store, or a dataset file (tokenized with --model's tokenizer)",
+    )
+    p.add_argument("--profile", metavar="PROFILE_JSON", help="a profile from `pitstop profile`")
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="an earlier config of the same kind, to check that the effective batch is unchanged",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--cache-dir", metavar="DIR", help="cache for the compile check and data")
+    p.add_argument(
+        "--no-compile-check",
+        action="store_true",
+        help="skip test-compiling a tiny function (the check runs once and is cached)",
+    )
+    p.set_defaults(func=cmd_doctor)
+    return p
+
+
+def _load_config(path: str) -> Any:
+    from pitstop.config import build_config, load_yaml
+
+    values = load_yaml(path)
+    # The doctor audits configs that may not name their data yet; validate everything else.
+    placeholder = not values.get("data")
+    cfg = build_config({**values, "data": values.get("data") or ["-"]}, source=path, command="doctor")
+    if placeholder:
+        cfg.data = []
+    return cfg
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from pitstop.advise.doctor import doctor
+    from pitstop.advise.environment import format_environment
+    from pitstop.advise.finding import format_findings
+    from pitstop.advise.hf_args import load_hf_args
+    from pitstop.measure.schema import load_profile
+    from pitstop.measure.verdict import Verdict, format_verdict
+
+    cache_dir = args.cache_dir
+    if cache_dir is None:
+        from pitstop.data.cache import cache_root
+
+        try:
+            cache_dir = str(cache_root(None))
+        except Exception:  # the cache location is a convenience for the compile check
+            cache_dir = None
+    config = _load_config(args.config) if args.config else None
+    hf = load_hf_args(args.hf_args) if args.hf_args else None
+    baseline = None
+    if args.baseline:
+        if config is None and hf is None:
+            raise ConfigError("--baseline needs --config or --hf-args to compare with")
+        baseline = _load_config(args.baseline) if config is not None else load_hf_args(args.baseline)
+    profile = load_profile(args.profile) if args.profile else None
+    report = doctor(
+        config=config,
+        hf_args=hf,
+        hf_class=args.hf_class,
+        model=args.model,
+        data=args.data,
+        profile=profile,
+        baseline=baseline,
+        cache_dir=cache_dir,
+        compile_check=not args.no_compile_check,
+    )
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+        return 0
+    print(format_environment(report["environment"]))
+    if report.get("verdict"):
+        v = report["verdict"]
+        print()
+        print(format_verdict(Verdict(**{**v, "also": [Verdict(**a) for a in v.get("also", [])]})))
+    print()
+    print(format_findings(report["findings"]))
+    fields = report.get("fields") or {}
+    if fields.get("unknown"):
+        print("\nunknown fields (ignored): " + ", ".join(fields["unknown"]))
+    if fields.get("not_checked"):
+        print("not checked (no rule reads them): " + ", ".join(fields["not_checked"]))
+    return 0

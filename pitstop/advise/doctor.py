@@ -1,0 +1,169 @@
+"""`doctor`: environment + setup + data + profile -> ranked findings.
+
+The setup is a pitstop RunConfig, Hugging Face TrainingArguments / SFTConfig
+fields (a plain mapping), or, when neither is given, the config recorded in the
+profile. The device the rules judge is the profile's (where the run was measured)
+when there is one, else this machine's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pitstop.advise import hf_args as H
+from pitstop.advise.environment import environment as probe_environment
+from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
+from pitstop.advise.finding import Finding, rank
+from pitstop.advise.rules import Context, run_rules
+from pitstop.advise.setup import Setup, from_run_config
+from pitstop.config import FIELDS, RunConfig
+from pitstop.errors import ConfigError
+from pitstop.measure.verdict import verdict as profile_verdict
+from pitstop.probe import DeviceInfo
+
+
+def device_from_dict(d: dict[str, Any] | None) -> DeviceInfo | None:
+    """A DeviceInfo from its `to_dict()` (as stored in profiles and environment reports)."""
+    if not d or "type" not in d:
+        return None
+    cap = d.get("capability")
+    return DeviceInfo(
+        type=str(d["type"]),
+        name=str(d.get("name", "")),
+        capability=tuple(cap) if cap else None,  # type: ignore[arg-type]
+        bf16=bool(d.get("bf16", False)),
+        total_memory_bytes=d.get("total_memory_bytes"),
+        cpu_count=int(d.get("cpu_count") or 1),
+        index=int(d.get("index") or 0),
+    )
+
+
+def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
+    """A RunConfig from a stored dict (a profile's "config"), ignoring unknown keys."""
+    return RunConfig(**{k: v for k, v in d.items() if k in FIELDS})
+
+
+def make_setup(
+    config: RunConfig | None = None,
+    hf_args: dict[str, Any] | None = None,
+    hf_class: str = "auto",
+    profile: dict[str, Any] | None = None,
+) -> Setup:
+    if config is not None and hf_args is not None:
+        raise ConfigError("give a pitstop config or Hugging Face arguments, not both")
+    if config is not None:
+        return from_run_config(config)
+    if hf_args is not None:
+        return H.from_hf_args(hf_args, hf_class)
+    if profile and isinstance(profile.get("config"), dict) and profile["config"]:
+        if profile.get("source") == "hf":
+            return H.from_hf_args(profile["config"], hf_class)
+        return from_run_config(run_config_from_dict(profile["config"]))
+    return from_run_config(RunConfig())
+
+
+def load_data_facts(
+    path: str | Path,
+    *,
+    model: str | Path | None = None,
+    max_seq_len: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> DataFacts:
+    """Length facts of a token store, or of a dataset file prepared with the model's tokenizer."""
+    from pitstop.data.store import is_store
+
+    if is_store(path):
+        return data_facts_from_store(path)
+    if not Path(path).exists():
+        raise ConfigError(f"--data {path} does not exist")
+    if not model:
+        raise ConfigError(
+            f"--data {path} is a dataset file; give --model DIR so its tokenizer can count the "
+            "tokens, or give a prepared token store (`pitstop prepare`)"
+        )
+    try:
+        from pitstop.data.prepare import prepare_data
+    except ImportError as e:  # the data stage is optional for the doctor
+        raise ConfigError(f"cannot prepare {path} here ({e}); give a prepared token store") from None
+    cfg = RunConfig(data=[str(path)], model=str(model), cache_dir=str(cache_dir) if cache_dir else None)
+    if max_seq_len:
+        cfg.max_seq_len = max_seq_len
+    prepared = prepare_data(cfg, progress=False)
+    facts = data_facts_from_store(prepared.store_path)
+    if not facts.stats:
+        facts.stats = dict(prepared.stats or {})
+    return facts
+
+
+def doctor(
+    *,
+    config: RunConfig | None = None,
+    hf_args: dict[str, Any] | None = None,
+    hf_class: str = "auto",
+    model: str | Path | None = None,
+    data: DataFacts | str | Path | None = None,
+    profile: dict[str, Any] | None = None,
+    baseline: RunConfig | dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
+    device: DeviceInfo | None = None,
+    cache_dir: str | Path | None = None,
+    compile_check: bool = True,
+    disk_check: bool = True,
+) -> dict[str, Any]:
+    """Audit a setup; returns {"environment", "findings", "verdict", "setup", "fields"}.
+
+    `device` pretends a machine (tests); `environment` skips the probe when given.
+    `baseline` (a RunConfig or HF mapping of the same kind) enables the effective-batch check.
+    """
+    setup = make_setup(config, hf_args, hf_class, profile)
+    data_path = data if isinstance(data, (str, Path)) else None
+    if environment is None:
+        environment = probe_environment(
+            data=data_path if disk_check else None,
+            loader_workers=setup.loader_workers,
+            cache_dir=cache_dir,
+            compile_check=compile_check,
+            device=device,
+        )
+    dev = (
+        device_from_dict((profile or {}).get("device"))
+        or device
+        or device_from_dict(environment.get("device"))
+        or DeviceInfo(type="cpu", name="cpu")
+    )
+    model_dir = model or (config.model if config is not None else None)
+    if isinstance(data, (str, Path)):
+        data = load_data_facts(data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir)
+    elif data is None and config is not None and len(config.data) == 1:
+        from pitstop.data.store import is_store
+
+        if is_store(config.data[0]):
+            data = data_facts_from_store(config.data[0])
+    base_setup = None
+    if baseline is not None:
+        base_setup = (
+            from_run_config(baseline)
+            if isinstance(baseline, RunConfig)
+            else H.from_hf_args(baseline, hf_class)
+        )
+    ctx = Context(
+        setup=setup,
+        device=dev,
+        env=environment,
+        data=data,
+        model=model_facts(model_dir),
+        profile=profile,
+        baseline=base_setup,
+    )
+    findings: list[Finding] = rank(run_rules(ctx))
+    out: dict[str, Any] = {
+        "environment": environment,
+        "findings": [f.to_dict() for f in findings],
+        "verdict": profile_verdict(profile).to_dict() if profile else None,
+        "setup": {"source": setup.source, "hf_class": setup.hf_class, "device": dev.to_dict()},
+    }
+    if hf_args is not None:
+        unknown, unchecked = H.classify_fields(hf_args)
+        out["fields"] = {"unknown": unknown, "not_checked": unchecked}
+    return out

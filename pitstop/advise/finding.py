@@ -1,0 +1,78 @@
+"""A doctor finding, how findings are ranked, and the terminal table they print as."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("high", "medium", "low")
+# Where an effect's number comes from; a finding never quotes a multiplier without one.
+BASES = ("measured in this profile", "computed from the data", "FLOPs arithmetic", "documented")
+
+
+@dataclass
+class Finding:
+    """One thing to change (or to stop believing), with the numbers behind it."""
+
+    id: str
+    severity: str  # high | medium | low
+    title: str
+    evidence: dict[str, Any]  # the numbers the rule saw
+    effect: str  # expected gain or cost, with its arithmetic
+    basis: str  # one of BASES
+    fix: str  # the exact pitstop option or Hugging Face field and value
+    gain: float = 0.0  # estimated fraction of step time saved; used for ranking only
+    reference: str | None = None  # where a documented basis is documented
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} not in {SEVERITIES}")  # a bug
+        if self.basis not in BASES:
+            raise ValueError(f"basis {self.basis!r} not in {BASES}")  # a bug
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gain"] = round(self.gain, 4)
+        return d
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Severity first, then the estimated gain (largest first), then id for a stable order."""
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: (order[f.severity], -f.gain, f.id))
+
+
+def format_findings(findings: list[Finding | dict[str, Any]], width: int | None = None) -> str:
+    """A terminal table: one block per finding, severity and title first, then why and how."""
+    if not findings:
+        return "no findings: nothing in the configuration, data or profile needs changing"
+    width = width or min(110, shutil.get_terminal_size((100, 20)).columns)
+    rows = [f.to_dict() if isinstance(f, Finding) else f for f in findings]
+    head = f"{'#':>2}  {'severity':<8}  finding"
+    out = [head, "-" * min(width, 100)]
+    indent = " " * 14
+    for i, f in enumerate(rows, 1):
+        out.append(f"{i:>2}  {f['severity']:<8}  {f['title']}  [{f['id']}]")
+        ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f["evidence"].items() if v is not None)
+        for label, text in (
+            ("evidence", ev),
+            ("effect", f"{f['effect']} ({f['basis']})"),
+            ("fix", f["fix"]),
+        ):
+            wrapped = textwrap.wrap(
+                text, width=max(40, width - len(indent) - 10), break_on_hyphens=False
+            )
+            for j, line in enumerate(wrapped or [""]):
+                out.append(f"{indent}{label + ':' if j == 0 else '':<10}{line}")
+    return "\n".join(out)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items() if x is not None) + "}"
+    return str(v)

@@ -1,0 +1,201 @@
+"""Hugging Face TrainingArguments / TRL SFTConfig fields, read from a JSON or YAML mapping.
+
+The file is a plain mapping of field: value (what `TrainingArguments.to_dict()` or a
+TRL YAML config holds). It is never used to instantiate TrainingArguments: that
+would validate against this machine (e.g. refuse `bf16=True` without a GPU) while
+the user may be auditing a config for another one. Fields not given take the
+defaults of the installed transformers (read from the dataclass declaration), with
+SFTConfig's own defaults where it overrides them (TRL documents: logging_steps 10,
+gradient_checkpointing True, bf16 True unless fp16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pitstop.advise.setup import Setup
+from pitstop.errors import ConfigError
+
+# SFTConfig fields that TrainingArguments lacks (TRL 1.x, plus older names); their presence
+# marks a file as an SFTConfig. Kept here so the doctor works without TRL installed.
+SFT_FIELDS = frozenset({
+    "activation_offloading", "assistant_only_loss", "chat_template_path", "completion_only_loss",
+    "dataset_kwargs", "dataset_num_proc", "dataset_text_field", "eos_token", "eval_packing",
+    "loss_type", "max_length", "model_init_kwargs", "packing", "packing_strategy",
+    "pad_to_multiple_of", "pad_token", "padding_free", "router_aux_loss_coef", "shuffle_dataset",
+    "truncation_mode", "trust_remote_code", "max_seq_length", "dataset_batch_size", "num_of_sequences",
+    "chars_per_token", "use_liger", "neftune_noise_alpha",
+})  # fmt: skip
+# Field names of older transformers releases that a saved config may still hold.
+LEGACY_FIELDS = frozenset({
+    "group_by_length", "evaluation_strategy", "no_cuda", "per_gpu_train_batch_size",
+    "per_gpu_eval_batch_size", "overwrite_output_dir", "logging_dir", "push_to_hub_token",
+    "use_mps_device", "fp16_backend", "half_precision_backend", "use_ipex",
+})  # fmt: skip
+# SFTConfig's overrides of TrainingArguments defaults (TRL's SFTConfig docstring).
+SFT_DEFAULTS = {"logging_steps": 10, "gradient_checkpointing": True, "max_length": 1024,
+                "packing": False, "padding_free": False}  # fmt: skip
+# Fields the rules read; every other given field is reported as "not checked".
+CHECKED = frozenset({
+    "dataloader_num_workers", "packing", "padding_free", "group_by_length",
+    "train_sampling_strategy", "max_length", "max_seq_length", "bf16", "fp16", "tf32",
+    "gradient_checkpointing", "activation_checkpointing", "optim", "torch_compile",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "save_strategy", "save_steps",
+    "logging_strategy", "logging_steps", "eval_strategy", "evaluation_strategy", "eval_steps",
+    "torch_empty_cache_steps", "logging_nan_inf_filter", "use_cpu", "no_cuda",
+})  # fmt: skip
+
+
+@cache
+def training_args_defaults() -> dict[str, Any]:
+    """{field: default} of the installed TrainingArguments, without instantiating it."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:  # transformers is a pitstop dependency; stay usable without it anyway
+        return {}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainingArguments):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = getattr(f.default, "value", f.default)  # enums -> their string
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = None
+    return out
+
+
+def transformers_major() -> int:
+    try:
+        from importlib.metadata import version
+
+        return int(version("transformers").split(".")[0])
+    except Exception:
+        return 5
+
+
+def load_hf_args(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or YAML mapping of TrainingArguments / SFTConfig fields."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"--hf-args {p} does not exist; give a JSON or YAML file of TrainingArguments fields"
+        )
+    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)  # YAML is a superset of JSON, so .yaml/.yml/other
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
+        raise ConfigError(f"--hf-args {p}: not valid {kind} ({e}); fix the syntax") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"--hf-args {p}: must be a mapping of field: value "
+            f"(e.g. the output of TrainingArguments.to_dict()), got {type(data).__name__}"
+        )
+    return data
+
+
+def detect_class(values: dict[str, Any], requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
+    return "SFTConfig" if SFT_FIELDS & set(values) else "TrainingArguments"
+
+
+def classify_fields(values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(unknown fields with a did-you-mean, known fields no rule checks) among those given."""
+    known = set(training_args_defaults()) | SFT_FIELDS | LEGACY_FIELDS
+    unknown, unchecked = [], []
+    for k in values:
+        if known and k not in known:
+            close = difflib.get_close_matches(k, sorted(known), n=1, cutoff=0.75)
+            unknown.append(f"{k} (did you mean {close[0]}?)" if close else k)
+        elif k not in CHECKED:
+            unchecked.append(k)
+    return unknown, unchecked
+
+
+def _int(v: Any) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f >= 1 and f.is_integer() else None  # HF: a float < 1 is a ratio of the run
+
+
+def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
+    """HF TrainingArguments / SFTConfig values (a mapping) as a Setup."""
+    cls = detect_class(values, hf_class)
+    defaults = dict(training_args_defaults())
+    if cls == "SFTConfig":
+        defaults.update(SFT_DEFAULTS)
+        defaults["bf16"] = None  # resolved below: TRL makes it `not fp16`
+    v = {**defaults, **values}
+
+    def get(*names: str, default: Any = None) -> Any:
+        for n in names:
+            if n in values:
+                return values[n]
+        for n in names:
+            if n in v and v[n] is not None:
+                return v[n]
+        return default
+
+    fp16 = bool(get("fp16", default=False))
+    bf16 = get("bf16")
+    if bf16 is None:
+        bf16 = (not fp16) if cls == "SFTConfig" else False
+    precision = "bf16" if bf16 else ("fp16" if fp16 else "fp32")
+
+    if cls == "SFTConfig" and (get("packing", default=False) or get("padding_free", default=False)):
+        batching = "pack"
+    elif get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length":
+        batching = "bucket"
+    else:
+        batching = "dynamic"  # the default collators pad each batch to its longest row
+
+    max_key = "max_seq_length" if "max_seq_length" in values else "max_length"
+    max_len = _int(get("max_length", "max_seq_length")) if cls == "SFTConfig" else None
+
+    def every(strategy_keys: tuple[str, ...], steps_key: str, fallback: Any = None) -> int | None:
+        raw = get(*strategy_keys, default="no")
+        strategy = str(getattr(raw, "value", raw))  # an IntervalStrategy enum or its string
+        if strategy != "steps":
+            return None
+        return _int(get(steps_key, default=fallback))
+
+    log_steps = every(("logging_strategy",), "logging_steps")
+    tf32 = get("tf32")
+    return Setup(
+        source="hf",
+        raw=dict(values),
+        hf_class=cls,
+        loader_workers=_int(get("dataloader_num_workers", default=0)) or 0,
+        batching=batching,
+        max_len=max_len,
+        max_len_key=max_key,
+        precision=precision,
+        tf32=None if tf32 is None else bool(tf32),
+        gradient_checkpointing=bool(
+            get("activation_checkpointing", "gradient_checkpointing", default=False)
+        ),
+        optimizer=str(getattr(get("optim"), "value", get("optim")) or "adamw_torch"),
+        compile="on" if get("torch_compile", default=False) else "off",
+        micro_batch_rows=_int(get("per_device_train_batch_size", default=8)),
+        grad_accum=_int(get("gradient_accumulation_steps", default=1)),
+        world=1,
+        save_steps=every(("save_strategy",), "save_steps"),
+        log_steps=log_steps,
+        eval_steps=every(("eval_strategy", "evaluation_strategy"), "eval_steps", log_steps),
+        empty_cache_steps=_int(get("torch_empty_cache_steps")),
+        nan_inf_filter=bool(get("logging_nan_inf_filter", default=True)),
+        transformers_major=transformers_major(),
+    )

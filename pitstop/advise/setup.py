@@ -1,0 +1,99 @@
+"""One view of a training setup, whether it came from a pitstop RunConfig or HF arguments.
+
+The rules read a `Setup` so each rule is written once; `fix()` renders the remedy
+in the vocabulary of the source (a pitstop flag, or a TrainingArguments / SFTConfig
+field and value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.config import RunConfig
+
+
+@dataclass
+class Setup:
+    source: str  # "pitstop" | "hf"
+    raw: dict[str, Any]  # the values as given (HF: given fields only; pitstop: the whole config)
+    hf_class: str | None = None  # "TrainingArguments" | "SFTConfig" (HF only)
+    loader_workers: int | None = None  # None: pitstop picks from the CPU count
+    batching: str = "auto"  # pack | bucket | pad | dynamic (HF: pad to the longest row of a random batch) | auto
+    max_len: int | None = None
+    max_len_key: str = "max_length"  # HF: the key this file uses for the max length
+    precision: str = "auto"  # bf16 | fp16 | fp32 | auto
+    tf32: bool | None = None
+    gradient_checkpointing: bool = False
+    optimizer: str | None = None  # HF optim name; None for pitstop (it picks fused AdamW on CUDA)
+    compile: str = "auto"  # on | off | auto
+    attention: str | None = None
+    micro_batch_rows: int | None = None
+    tokens_per_micro_batch: int | None = None
+    grad_accum: int | None = None
+    tokens_per_step: int | None = None
+    world: int = 1
+    save_steps: int | None = None
+    log_steps: int | None = None
+    eval_steps: int | None = None
+    empty_cache_steps: int | None = None
+    nan_inf_filter: bool | None = None
+    lora: bool = False
+    # The transformers release whose field names `fix()` should use (HF only).
+    transformers_major: int = 5
+
+    def fix(self, pitstop: str, hf: str) -> str:
+        return pitstop if self.source == "pitstop" else hf
+
+    @property
+    def rows_per_step(self) -> int | None:
+        """Rows per optimizer step across all processes (the effective batch), when fixed."""
+        if self.micro_batch_rows is None or self.grad_accum is None:
+            return None
+        return self.micro_batch_rows * self.grad_accum * self.world
+
+    @property
+    def effective_tokens_per_step(self) -> int | None:
+        """Positions per optimizer step across all processes, when the config fixes it."""
+        if self.tokens_per_step is not None:
+            return self.tokens_per_step * (self.world if self.source == "hf" else 1)
+        if self.rows_per_step is not None and self.max_len:
+            return self.rows_per_step * self.max_len
+        return None
+
+    @property
+    def group_by_length_fix(self) -> str:
+        """transformers 5 replaced `group_by_length=True` with a sampling strategy."""
+        if self.transformers_major >= 5 and "group_by_length" not in self.raw:
+            return 'train_sampling_strategy="group_by_length"'
+        return "group_by_length=True"
+
+    @property
+    def batching_is_padded(self) -> bool:
+        return self.batching in ("pad", "dynamic")
+
+
+def from_run_config(cfg: RunConfig) -> Setup:
+    """A pitstop RunConfig as a Setup. `auto` values stay `auto`: the probe decides them."""
+    compile_ = cfg.compile
+    # pitstop's tokens_per_step is the global count (all processes); grad_accum may be derived.
+    return Setup(
+        source="pitstop",
+        raw=cfg.to_dict(),
+        loader_workers=cfg.loader_workers,
+        batching=cfg.batching,
+        max_len=cfg.max_seq_len,
+        precision=cfg.precision,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        compile=compile_,
+        attention=cfg.attention,
+        micro_batch_rows=cfg.micro_batch_size,
+        tokens_per_micro_batch=cfg.tokens_per_micro_batch,
+        grad_accum=cfg.grad_accum,
+        tokens_per_step=cfg.tokens_per_step,
+        world=cfg.nproc,
+        save_steps=cfg.save_steps,
+        log_steps=cfg.log_steps,
+        eval_steps=cfg.eval_steps if cfg.eval_data else None,
+        lora=cfg.lora_r is not None,
+    )

@@ -1,0 +1,377 @@
+"""`MicroBatchLoader`: the run's micro-batches, read from the memory-mapped token store.
+
+Built on torch's DataLoader (``batch_size=None`` over a map-style dataset) so worker
+processes, pinning and prefetching are torch's. The sampler runs in the main process
+and yields *keys* that already name the sequence ids of every row, so workers only
+read and collate: no plan is rebuilt in a worker and no tokenizer is involved.
+
+Position and resume: the loader counts what it has *handed to the caller*, not what
+workers have prefetched. `state_dict()` after the last micro-batch of step k says
+"next: step k+1"; after a partial step it says "that step again from its first
+micro-batch". Because every epoch's plan is a pure function of (seed, epoch, lengths,
+strategy, max_seq_len, tokens_per_step), the state is just two ints, and a resumed run
+continues with exactly the next batch, even with a different micro-batch size or
+world size (those never change step composition).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from pitstop.batching.collate import collate
+from pitstop.batching.plan import (
+    Efficiency,
+    MicroBatchSpec,
+    Plan,
+    build_plan,
+    plan_efficiency,
+    step_micro_batches,
+)
+from pitstop.batching.settings import BatchSettings, Strategy
+from pitstop.config import RunConfig
+from pitstop.data.store import TokenStore
+from pitstop.errors import PitstopError
+
+__all__ = ["LoaderError", "MicroBatchLoader", "default_loader_workers", "sequence_targets"]
+
+# Below this many tokens the whole store is a few MB: reading a micro-batch in the main
+# process takes microseconds, and starting worker processes would cost more than it saves.
+TINY_STORE_TOKENS = 2_000_000
+
+
+class LoaderError(PitstopError):
+    """Batches could not be produced (a worker died, or the store does not fit the run)."""
+
+    exit_code = 1
+
+
+def default_loader_workers(n_tokens: int, cpu_count: int | None = None) -> tuple[int, str]:
+    """(workers, reason): 0 for tiny data, else min(4, cores - 1) so the main process keeps a core."""
+    cores = cpu_count or os.cpu_count() or 1
+    if n_tokens < TINY_STORE_TOKENS:
+        return 0, f"0 (the store is {n_tokens:,} tokens: reading in the main process is cheaper)"
+    n = max(0, min(4, cores - 1))
+    return n, f"{n} (min(4, {cores} cores - 1): overlaps reading with compute)"
+
+
+def sequence_targets(store: TokenStore) -> np.ndarray:
+    """Loss targets per sequence, int64 [n_sequences], never counting a sequence's first token."""
+    offsets = np.asarray(store.offsets)
+    if len(offsets) <= 1:
+        return np.zeros(0, np.int64)
+    first = np.asarray(store.mask[offsets[:-1]], dtype=np.int64)
+    return store.target_counts() - first
+
+
+class _Key(NamedTuple):
+    """What the sampler sends a worker: everything needed to build one micro-batch."""
+
+    epoch: int
+    step: int  # global optimizer step index in the run
+    epoch_step: int
+    micro_index: int
+    micro_count: int
+    step_targets: int
+    spec: MicroBatchSpec
+
+
+class _MicroBatchDataset(Dataset):
+    """Map-style dataset indexed by `_Key`; opens the store lazily in each process."""
+
+    def __init__(self, store_path: Path, pad_id: int) -> None:
+        self.store_path = store_path
+        self.pad_id = pad_id
+        self._store: TokenStore | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Never pickle memmaps into workers (that copies the data); each worker maps the files.
+        return {**self.__dict__, "_store": None}
+
+    def __getitem__(self, key: _Key) -> dict[str, Any]:
+        if self._store is None:
+            self._store = TokenStore(self.store_path)
+        s = self._store
+        batch = collate(s.tokens, s.mask, s.offsets, key.spec, self.pad_id)
+        labels = batch["labels"]
+        batch["meta"] = {
+            "epoch": key.epoch,
+            "step": key.step,
+            "epoch_step": key.epoch_step,
+            "micro_index": key.micro_index,
+            "micro_count": key.micro_count,
+            "n_positions": int(labels.numel()),
+            "n_seen": _seen_tokens(s.offsets, key.spec),
+            "n_targets": int((labels != -100).sum()),
+            "step_targets": key.step_targets,
+            "filler": int(key.spec.filler),
+        }
+        return batch
+
+
+def _seen_tokens(offsets: np.ndarray, spec: MicroBatchSpec) -> int:
+    if spec.filler:
+        return 0
+    seqs = np.concatenate(spec.rows)
+    return int((np.asarray(offsets[seqs + 1]) - np.asarray(offsets[seqs])).sum())
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _KeySampler(Sampler):
+    """Yields the keys from the loader's current position to the end of the run."""
+
+    def __init__(self, loader: MicroBatchLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[_Key]:
+        return self.loader._keys(self.loader._next_step)
+
+
+class MicroBatchLoader:
+    """Iterates the run's micro-batches for one rank, across epochs, resumably.
+
+    Each item is a dict: ``input_ids``, ``labels``, ``position_ids`` (Long [B, T], CPU),
+    ``cu_seqlens`` (Int32 [n_segments + 1]), ``max_seqlen`` (int) and ``meta`` (ints:
+    epoch, step, epoch_step, micro_index, micro_count, n_positions, n_seen, n_targets,
+    step_targets, filler). Divide the summed loss of a micro-batch by
+    ``meta["step_targets"]`` (the step's targets over all ranks) and sum gradients over
+    micro-batches and ranks: that is the mean over the step with no extra communication.
+    """
+
+    def __init__(
+        self,
+        store: TokenStore | str | Path,
+        cfg: RunConfig,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        strategy: Strategy | None = None,
+        settings: BatchSettings | None = None,
+        pad_id: int | None = None,
+    ) -> None:
+        self.store = store if isinstance(store, TokenStore) else TokenStore(store)
+        self.settings = settings or BatchSettings.from_config(
+            cfg, world_size=world_size, strategy=strategy
+        )
+        if not 0 <= rank < self.settings.world_size:
+            raise ValueError(f"rank {rank} outside world size {self.settings.world_size}")
+        self.rank = rank
+        self.seed = cfg.seed
+        self.lengths = np.asarray(self.store.lengths, dtype=np.int64)
+        self.targets = sequence_targets(self.store)
+        problems = []
+        if len(self.lengths) == 0:
+            problems.append(
+                f"the token store {self.store.path} holds no sequences; prepare non-empty data"
+            )
+        elif int(self.lengths.max()) > self.settings.max_seq_len:
+            problems.append(
+                f"the token store {self.store.path} holds sequences of up to {int(self.lengths.max())} "
+                f"tokens but max_seq_len is {self.settings.max_seq_len}; prepare it again with "
+                f"--max-seq-len {self.settings.max_seq_len} or raise --max-seq-len"
+            )
+        if problems:
+            raise LoaderError(problems)
+        self.pad_id = pad_id if pad_id is not None else _pad_id(self.store)
+        self.epochs = cfg.epochs
+        self.max_steps = cfg.max_steps
+        if cfg.loader_workers is not None:
+            self.num_workers, why_workers = cfg.loader_workers, f"{cfg.loader_workers} (set)"
+        else:
+            self.num_workers, why_workers = default_loader_workers(self.store.n_tokens)
+        cuda = torch.cuda.is_available()
+        self.pin_memory = cuda and cfg.pin_memory != "off"
+        why_pin = (
+            "on (CUDA available)" if self.pin_memory
+            else "off (no CUDA: pinned host memory only helps copies to a GPU)" if not cuda
+            else "off (set)"
+        )  # fmt: skip
+        self.prefetch_factor = cfg.prefetch_factor
+        # Shown in the run banner: each choice with its reason.
+        self.choices = {
+            "batching": f"{self.settings.strategy} ({self.settings.reason})",
+            "loader_workers": why_workers,
+            "pin_memory": why_pin,
+        }
+        self._plans: dict[int, Plan] = {}
+        self._epoch_steps: list[int] = []  # steps of epochs 0, 1, ... as far as computed
+        self._step_targets: dict[int, np.ndarray] = {}
+        self._next_step = 0  # global index of the first step not fully handed out
+        self._dataset = _MicroBatchDataset(self.store.path, self.pad_id)
+        self._dataloader: DataLoader | None = None
+
+    # --- the plan ---------------------------------------------------------------
+    def plan(self, epoch: int) -> Plan:
+        """The plan of `epoch` (the two most recent are cached)."""
+        if epoch not in self._plans:
+            s = self.settings
+            self._plans[epoch] = build_plan(
+                self.lengths,
+                strategy=s.strategy,
+                max_seq_len=s.max_seq_len,
+                tokens_per_step=s.tokens_per_step,
+                seed=self.seed,
+                epoch=epoch,
+            )
+            for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
+                del self._plans[old]
+                self._step_targets.pop(old, None)
+        return self._plans[epoch]
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """Optimizer steps of `epoch` (bucket and pad may differ by a step between epochs)."""
+        while len(self._epoch_steps) <= epoch:
+            self._epoch_steps.append(self.plan(len(self._epoch_steps)).n_steps)
+        return self._epoch_steps[epoch]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps of the first epoch."""
+        return self.steps_in_epoch(0)
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the run: max_steps, else `epochs` (default 1; a fraction rounds up)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        epochs = 1.0 if self.epochs is None else self.epochs
+        whole = math.floor(epochs)
+        total = sum(self.steps_in_epoch(e) for e in range(whole))
+        if epochs > whole:
+            total += math.ceil((epochs - whole) * self.steps_in_epoch(whole))
+        return total
+
+    def locate(self, global_step: int) -> tuple[int, int]:
+        """(epoch, step within the epoch) of a global step index."""
+        epoch = 0
+        while global_step >= self.steps_in_epoch(epoch):
+            global_step -= self.steps_in_epoch(epoch)
+            epoch += 1
+        return epoch, global_step
+
+    def micro_batches(self, global_step: int) -> list[MicroBatchSpec]:
+        """This rank's micro-batch specs of a step (no data read)."""
+        epoch, s = self.locate(global_step)
+        return step_micro_batches(self.plan(epoch), s, self.settings, self.rank)
+
+    def efficiency(self, epoch: int = 0) -> Efficiency:
+        """Packing efficiency and padding waste of an epoch, over all ranks, without running a model."""
+        return plan_efficiency(self.plan(epoch), self.settings)
+
+    def _keys(self, start: int) -> Iterator[_Key]:
+        total = self.total_steps
+        g = start
+        while g < total:
+            epoch, s = self.locate(g)
+            plan = self.plan(epoch)
+            if epoch not in self._step_targets:
+                self._step_targets[epoch] = plan.per_step_sums(self.targets)
+            step_targets = int(self._step_targets[epoch][s])
+            specs = step_micro_batches(plan, s, self.settings, self.rank)
+            for i, spec in enumerate(specs):
+                yield _Key(epoch, g, s, i, len(specs), step_targets, spec)
+            g += 1
+
+    # --- iteration ----------------------------------------------------------------
+    def _make_dataloader(self) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            self._dataset,
+            batch_size=None,
+            sampler=_KeySampler(self),
+            collate_fn=_identity,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            persistent_workers=workers > 0,
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches from the current position to the end of the run."""
+        if self._dataloader is None:
+            self._dataloader = self._make_dataloader()
+        it = iter(self._dataloader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except PitstopError:
+                raise
+            except Exception as e:
+                if self.num_workers == 0:
+                    raise
+                raise LoaderError(
+                    f"a DataLoader worker failed while reading batches from {self.store.path}: "
+                    f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}. "
+                    "Rerun with --loader-workers 0 to see the error in the main process; if a "
+                    "worker was killed (out of memory), lower --loader-workers or --prefetch-factor"
+                ) from e
+            m = batch["meta"]
+            self._next_step = m["step"] + (1 if m["micro_index"] == m["micro_count"] - 1 else 0)
+            yield batch
+
+    # --- resume -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run stands: the next step to hand out (as global and as epoch, step)."""
+        epoch, step = self.locate(self._next_step)
+        s = self.settings
+        return {
+            "global_step": self._next_step,
+            "epoch": epoch,
+            "step": step,
+            "seed": self.seed,
+            "strategy": s.strategy,
+            "max_seq_len": s.max_seq_len,
+            "tokens_per_step": s.tokens_per_step,
+            "n_sequences": len(self.lengths),
+            "n_tokens": int(self.lengths.sum()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()`; refuses if the plan-defining inputs changed."""
+        s = self.settings
+        now = {
+            "seed": self.seed,
+            "strategy": s.strategy,
+            "max_seq_len": s.max_seq_len,
+            "tokens_per_step": s.tokens_per_step,
+            "n_sequences": len(self.lengths),
+            "n_tokens": int(self.lengths.sum()),
+        }
+        changed = [
+            f"{k}: {state[k]!r} then, {v!r} now"
+            for k, v in now.items()
+            if k in state and state[k] != v
+        ]
+        if changed:
+            raise LoaderError(
+                changed,
+                header="cannot resume: these change which documents form each step, so the "
+                "resumed run would not continue the same data order (restore them, or start a "
+                "new run):",
+            )
+        epoch, step = int(state["epoch"]), int(state["step"])
+        self._next_step = sum(self.steps_in_epoch(e) for e in range(epoch)) + step
+
+
+def _pad_id(store: TokenStore) -> int:
+    """Padding never reaches the loss or a real token's attention; any valid id works."""
+    m = store.manifest
+    for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
+        v = m.get(key)
+        if v is None and isinstance(m.get("tokenizer"), dict):
+            v = m["tokenizer"].get(key)
+        if isinstance(v, int):
+            return v
+    return 0

@@ -1,0 +1,100 @@
+"""The content-addressed token-store cache.
+
+A store lives at `<cache>/stores/<key>/`, where the key hashes everything that
+changes the tokens: the bytes of every input file, the tokenizer files (the chat
+template is among them), and every option that reaches the tokens. Changing any
+of them gives a new key; a repeated prepare finds the store and skips all work.
+
+Hashing a multi-GB file takes seconds, so a file's digest is memoised under
+`<cache>/fingerprints/` by (real path, size, mtime_ns): an unchanged file is not
+read again, which is what makes a cache hit take well under a second. (An edit
+that keeps the size and the nanosecond mtime would go unnoticed; no editor or
+copy tool does that.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+PREP_VERSION = 1  # bump when the pipeline changes the tokens it writes for the same inputs
+STALE_PARTIAL_SECONDS = 24 * 3600
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
+_NOT_TOKENIZER = {"generation_config.json", "pitstop_tiny.json"}
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("PITSTOP_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "pitstop"
+
+
+def _digest_file(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_fingerprint(path: str | Path, root: Path) -> str:
+    """blake2b of the file's bytes, memoised by (realpath, size, mtime_ns)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    memo_key = hashlib.blake2b(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode(), digest_size=16)
+    memo = root / "fingerprints" / memo_key.hexdigest()
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    digest = _digest_file(Path(real))
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.tmp{os.getpid()}")
+        tmp.write_text(digest)
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return digest
+
+
+def tokenizer_fingerprint(tok_dir: str | Path, root: Path) -> str:
+    """Hash of every tokenizer-relevant file in the directory (weights excluded)."""
+    h = hashlib.blake2b(digest_size=20)
+    d = Path(tok_dir)
+    for p in sorted(d.iterdir()):
+        if not p.is_file() or p.name in _NOT_TOKENIZER or p.suffix in _WEIGHT_SUFFIXES:
+            continue
+        h.update(p.name.encode() + b"\0" + file_fingerprint(p, root).encode() + b"\0")
+    return h.hexdigest()
+
+
+def store_key(parts: dict[str, Any]) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def clean_stale_partials(stores: Path) -> None:
+    """Remove `.partial-*` directories left by prepares that were killed long ago.
+
+    Recent ones may belong to a prepare running now, so only those untouched for a
+    day go. None of them is ever opened as a store (no manifest at a store's name).
+    """
+    if not stores.is_dir():
+        return
+    now = time.time()
+    for p in stores.glob("*.partial-*"):
+        try:
+            newest = max([p.stat().st_mtime] + [c.stat().st_mtime for c in p.iterdir()])
+        except OSError:
+            continue
+        if now - newest > STALE_PARTIAL_SECONDS:
+            shutil.rmtree(p, ignore_errors=True)

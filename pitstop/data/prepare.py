@@ -1,0 +1,268 @@
+"""`prepare_data`: dataset files -> a cached token store, in parallel and in bounded memory.
+
+The parent process streams raw record chunks from the readers to tokenizer
+processes through a bounded window of futures (multiprocessing.Pool.imap would
+read the whole input ahead; a window keeps only ~2 chunks per worker in flight),
+and writes the returned arrays to the store in input order. Only per-document
+and per-sequence lengths are kept for the statistics, so memory does not grow
+with the size of the input.
+
+The store is written to a temporary directory and renamed into place under its
+content key (see cache.py), so a killed prepare leaves nothing that opens as a
+store, and a repeated one is a cache hit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pitstop.config import RunConfig
+from pitstop.data import tokenize
+from pitstop.data.cache import (
+    PREP_VERSION,
+    cache_root,
+    clean_stale_partials,
+    file_fingerprint,
+    store_key,
+    tokenizer_fingerprint,
+)
+from pitstop.data.readers import CHUNK_BYTES, Chunk, check_file, detect, iter_chunks
+from pitstop.data.records import Fields
+from pitstop.data.stats import compute_stats, format_stats
+from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
+from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
+from pitstop.errors import ConfigError, DataError
+
+__all__ = ["Prepared", "format_stats", "open_store", "prepare_data"]
+
+
+@dataclass
+class Prepared:
+    """Where the store is, whether it came from the cache, its statistics, and the time taken."""
+
+    store_path: Path
+    cache_hit: bool
+    stats: dict
+    seconds: float
+
+
+def prepare_data(
+    cfg: RunConfig, *, data: list[str] | None = None, progress: bool = True
+) -> Prepared:
+    """Tokenize `data` (default `cfg.data`) into a token store in the cache, or find it there.
+
+    A single existing token store directory is returned as is.
+    """
+    t0 = time.perf_counter()
+    inputs = list(cfg.data if data is None else data)
+    if not inputs:
+        raise ConfigError("no data: give --data FILE (a dataset file or a prepared token store)")
+    if len(inputs) == 1 and is_store(inputs[0]):
+        store = TokenStore(inputs[0])
+        return Prepared(Path(inputs[0]), True, store.manifest.get("stats", {}), time.perf_counter() - t0)
+    for d in inputs:
+        if is_store(d):
+            raise DataError(f"{d} is a token store; a store can only be given alone, not with other --data")
+    tok_dir = cfg.tokenizer or cfg.model
+    if not tok_dir:
+        raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
+    if not Path(tok_dir).is_dir():
+        raise ConfigError(f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory")
+
+    paths = [Path(d) for d in inputs]
+    formats = []
+    for p in paths:
+        check_file(p)
+        formats.append(detect(p, cfg.format))
+    root = cache_root(cfg.cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    fields = Fields.from_config(cfg)
+    options = {
+        "fields": fields.__dict__,
+        "template": cfg.template,
+        "max_seq_len": cfg.max_seq_len,
+        "long_docs": cfg.long_docs,
+        "train_on_prompt": cfg.train_on_prompt,
+        "on_bad_record": cfg.on_bad_record,
+    }
+    input_info = [
+        {"path": str(p), "fingerprint": file_fingerprint(p, root), "format": f, "compression": c,
+         "bytes": p.stat().st_size}  # fmt: skip
+        for p, (f, c) in zip(paths, formats)
+    ]
+    tok_info = {"path": str(tok_dir), "fingerprint": tokenizer_fingerprint(tok_dir, root)}
+    key = store_key({
+        "inputs": [(i["fingerprint"], i["format"], i["compression"]) for i in input_info],
+        "tokenizer": tok_info["fingerprint"],
+        "options": options,
+        "store_format": FORMAT_VERSION,
+        "prepare_version": PREP_VERSION,
+    })  # fmt: skip
+    stores = root / "stores"
+    dest = stores / key
+    if is_store(dest):
+        try:
+            store = TokenStore(dest)
+            return Prepared(dest, True, store.manifest.get("stats", {}), time.perf_counter() - t0)
+        except DataError:
+            import shutil
+
+            shutil.rmtree(dest, ignore_errors=True)  # damaged by hand; rebuild it
+    clean_stale_partials(stores)
+
+    tok = load_tokenizer(str(tok_dir), cfg.trust_remote_code)
+    vocab = len(tok)
+    tok_info.update(class_name=type(tok).__name__, vocab_size=vocab, eos_token_id=tok.eos_token_id,
+                    bos_token_id=tok.bos_token_id, chat_template=bool(tok.chat_template))  # fmt: skip
+    settings = Settings(
+        tokenizer=str(tok_dir),
+        trust_remote_code=cfg.trust_remote_code,
+        fields=fields,
+        template=cfg.template,
+        max_seq_len=cfg.max_seq_len,
+        long_docs=cfg.long_docs,
+        train_on_prompt=cfg.train_on_prompt,
+        skip_bad=cfg.on_bad_record == "skip",
+        token_dtype=token_dtype(vocab).name,
+    )
+    workers = cfg.workers or os.cpu_count() or 1
+
+    def chunks() -> Iterator[Chunk]:
+        for p, (fmt, comp) in zip(paths, formats):
+            yield from iter_chunks(p, fmt, comp, fields, CHUNK_BYTES)
+
+    with StoreWriter(dest, vocab) as writer:
+        if workers <= 1:
+            worker = Worker(settings, tok)
+            results: Iterable[dict[str, Any]] = (worker.process(c) for c in chunks())
+            stats = _write(results, writer, cfg, progress, t0)
+        else:
+            tokenize._WORKER = Worker(settings, tok)  # forked workers inherit it, loaded once
+            gen = _parallel(chunks(), settings, workers)
+            try:
+                stats = _write(gen, writer, cfg, progress, t0)
+            finally:
+                gen.close()
+        manifest = {
+            "key": key,
+            "max_seq_len": cfg.max_seq_len,
+            "inputs": input_info,
+            "tokenizer": tok_info,
+            "options": options,
+            "prepare_version": PREP_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "stats": stats,
+        }
+        writer.finish(manifest)
+    return Prepared(dest, False, stats, time.perf_counter() - t0)
+
+
+def open_store(
+    cfg: RunConfig, data: list[str] | None = None, *, progress: bool = True
+) -> TokenStore:
+    """Prepare `data` through the cache, then open the store."""
+    return TokenStore(prepare_data(cfg, data=data, progress=progress).store_path)
+
+
+def _parallel(chunks: Iterator[Chunk], settings: Settings, workers: int) -> Iterator[dict[str, Any]]:
+    """Results of `process_chunk` in input order, with at most ~2 chunks per worker in flight."""
+    # fork starts workers in milliseconds with the tokenizer already loaded; spawn elsewhere.
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ex = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context(method),
+        initializer=tokenize.init_worker, initargs=(settings,),
+    )  # fmt: skip
+    window: deque = deque()
+    try:
+        for c in chunks:
+            window.append(ex.submit(tokenize.process_chunk, c))
+            if len(window) > 2 * workers:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _write(
+    results: Iterable[dict[str, Any]], writer: StoreWriter, cfg: RunConfig, progress: bool, t0: float
+) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    doc_lens: list[np.ndarray] = []
+    seq_lens: list[np.ndarray] = []
+    bad_examples: list[dict[str, str]] = []
+    kinds: dict[str, int] = {}
+    c = {"records": 0, "bad": 0, "targets": 0, "long": 0, "extra_chunks": 0, "targets_lost": 0,
+         "tokens_removed": 0, "targets_removed": 0}  # fmt: skip
+    doc_base = 0
+    bar = tqdm(unit=" rec", unit_scale=True, file=sys.stderr, disable=not progress,
+               desc="prepare", dynamic_ncols=True)  # fmt: skip
+    try:
+        for res in results:
+            if "crash" in res:
+                raise RuntimeError("a tokenizer worker failed unexpectedly:\n" + res["crash"])
+            if res.get("fatal"):
+                where, reason = res["bad"][0]
+                raise DataError(
+                    f"{where}: {reason} (to skip such records instead, pass --on-bad-record skip)"
+                )
+            writer.append(res["tokens"], res["mask"], res["seq_len"], res["seq_doc"] + doc_base)
+            doc_base += len(res["doc_len"])
+            doc_lens.append(res["doc_len"])
+            seq_lens.append(res["seq_len"])
+            c["records"] += res["n_records"]
+            c["bad"] += res["n_bad"]
+            for k in ("targets", "long", "extra_chunks", "targets_lost", "tokens_removed", "targets_removed"):
+                c[k] += res[k]
+            for k, v in res["kinds"].items():
+                kinds[k] = kinds.get(k, 0) + v
+            for where, reason in res["bad"]:
+                if len(bad_examples) < MAX_BAD_EXAMPLES:
+                    bad_examples.append({"where": where, "reason": reason})
+            bar.update(res["n_records"])
+            dt = max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{writer.n_tokens / dt:,.0f} tok/s", refresh=False)
+    finally:
+        bar.close()
+    if doc_base == 0:
+        raise DataError(
+            f"no usable documents: all {c['records']} records were bad "
+            f"(first: {bad_examples[0]['where']}: {bad_examples[0]['reason']})"
+            if bad_examples else "no usable documents in the input"
+        )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    counts = {
+        "documents": doc_base,
+        "sequences": writer.n_sequences,
+        "tokens": writer.n_tokens,
+        "target_tokens": c["targets"],
+        "records_read": c["records"],
+        "record_kinds": kinds,
+        "bad_records": c["bad"],
+        "bad_examples": bad_examples,
+        "long_documents": {
+            "policy": cfg.long_docs,
+            "count": c["long"],
+            "extra_chunks": c["extra_chunks"],
+            "targets_lost": c["targets_lost"],
+            "tokens_removed": c["tokens_removed"],
+            "targets_removed": c["targets_removed"],
+        },
+        "prepare_seconds": round(seconds, 3),
+        "tokens_per_second": round(writer.n_tokens / max(seconds, 1e-9), 1),
+    }
+    return compute_stats(
+        np.concatenate(doc_lens), np.concatenate(seq_lens), max_seq_len=cfg.max_seq_len, counts=counts
+    )

@@ -1,0 +1,432 @@
+"""`PitstopCallback`: pitstop's step timeline for a Hugging Face `Trainer` or TRL `SFTTrainer`.
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[PitstopCallback()])
+    trainer.train()   # prints the breakdown, the verdict and the doctor's findings, and writes
+                      # pitstop_profile.json and pitstop_doctor.json to args.output_dir
+
+How each phase is measured (transformers 5.x `Trainer._run_epoch`; callbacks receive the
+prepared `train_dataloader` as a keyword argument):
+
+- data_wait: the trainer draws every micro-batch of an optimizer step with `next()` before
+  `on_step_begin`. In `on_train_begin` the dataloader's class is swapped for a subclass
+  whose `__iter__` returns a timing iterator (`iter()` looks `__iter__` up on the type,
+  so patching the instance would not work); `iter()` itself counts too, since that is
+  where worker processes start.
+- forward / backward: `on_step_begin` to `on_pre_optimizer_step` is the micro-batches'
+  compute; forward hooks on the model time the forward passes inside it, and the rest is
+  "backward" (input transfer, loss, backward and gradient clipping, which the Trainer
+  does between the last backward and `on_pre_optimizer_step`).
+- optimizer: `on_pre_optimizer_step` to `on_step_end` (optimizer, LR scheduler, zero_grad).
+- logging / eval / checkpoint: from the previous event to `on_log`, `on_evaluate`, `on_save`.
+- other: the rest of the step, so the phases add up to the step time.
+
+A step runs from its first `next()` to the next step's first `next()` (the last one ends
+at its last event), so the logging, evaluation and saving a step triggers belong to it.
+
+On CUDA, host clocks only see device time where the host waits for the device, so by
+default the callback synchronises at phase boundaries (`cuda_sync=True`): a profiling
+run pays a few small pipeline bubbles per step for honest numbers. With
+`cuda_sync=False` the device phases are where the host happened to block.
+
+Importing this module needs nothing beyond transformers (and torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from pitstop.measure.schema import make_profile
+from pitstop.measure.timeline import PHASES
+
+__all__ = ["PitstopCallback"]
+
+
+class _TimedIterator:
+    """Wraps a dataloader iterator; every `next()` is charged to data_wait."""
+
+    def __init__(self, it: Any, cb: PitstopCallback) -> None:
+        self._it = it
+        self._cb = cb
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        cb = self._cb
+        cb._data_start()
+        t = time.perf_counter()
+        try:
+            batch = next(self._it)
+        finally:
+            cb._add("data_wait", time.perf_counter() - t)
+        cb._count_batch(batch)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:  # anything else the trainer asks the iterator
+        return getattr(self._it, name)
+
+
+def _timed_class(cls: type, cb: PitstopCallback) -> type:
+    def __iter__(self: Any) -> _TimedIterator:
+        cb._data_start()
+        t = time.perf_counter()
+        it = super(timed, self).__iter__()
+        cb._add("data_wait", time.perf_counter() - t)
+        return _TimedIterator(it, cb)
+
+    timed = type(f"Timed{cls.__name__}", (cls,), {"__iter__": __iter__, "_pitstop_original": cls})
+    return timed
+
+
+def _set_class(obj: Any, cls: type) -> None:
+    """`obj.__class__ = cls`, also for accelerate's DataLoaderAdapter, whose `__class__`
+    property (it reports the wrapped DataLoader's class to isinstance) has no setter; the
+    descriptor of `object` still assigns the real type."""
+    try:
+        obj.__class__ = cls
+    except AttributeError:
+        object.__dict__["__class__"].__set__(obj, cls)
+
+
+class PitstopCallback(TrainerCallback):
+    """Records pitstop's step timeline in a transformers Trainer; see the module docstring.
+
+    Args:
+        warmup_steps: optimizer steps left out of the profile (first-step allocation, lazy init).
+        cuda_sync: synchronise CUDA at phase boundaries so host clocks measure device work.
+        doctor: run the doctor's rules on the arguments and the measured profile at the end.
+        print_report: print the breakdown, verdict and findings at the end of training.
+        cache_dir: where the CPU peak FLOP/s (for MFU) is cached; default $PITSTOP_CACHE_DIR
+            or ~/.cache/pitstop.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int = 1,
+        *,
+        cuda_sync: bool = True,
+        doctor: bool = True,
+        print_report: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.warmup_steps = max(0, int(warmup_steps))
+        self.cuda_sync = cuda_sync
+        self.run_doctor = doctor
+        self.print_report = print_report
+        self.cache_dir = cache_dir
+        self.profile: dict[str, Any] | None = None
+        self.report: dict[str, Any] | None = None
+        self._reset()
+
+    # --- bookkeeping -----------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._steps: list[dict[str, Any]] = []  # closed steps: {"seconds", "phases", "tokens", ...}
+        self._cur: dict[str, Any] | None = None
+        self._after_step_end = True  # the next data fetch opens a new step
+        self._mark = time.perf_counter()
+        self._compute_t0: float | None = None
+        self._opt_t0: float | None = None
+        self._fwd_t0: float | None = None
+        self._in_compute = False
+        self._in_eval = False
+        self._hooks: list[Any] = []
+        self._dataloader: Any = None
+        self._cuda = False
+        self._flops_per_position: float | None = None
+
+    def _open(self, now: float) -> None:
+        self._cur = {
+            "t0": now,
+            "phases": dict.fromkeys(PHASES, 0.0),
+            "targets": [],
+            "positions": 0,
+            "rows": 0,
+            "events": {"checkpoints": 0, "evals": 0, "logs": 0},
+        }
+        self._after_step_end = False
+
+    def _close(self, end: float) -> None:
+        cur = self._cur
+        if cur is None:
+            return
+        seconds = max(end - cur["t0"], 0.0)
+        named = sum(v for k, v in cur["phases"].items() if k != "other")
+        cur["phases"]["other"] = max(0.0, seconds - named)
+        cur["seconds"] = seconds
+        self._steps.append(cur)
+        self._cur = None
+
+    def _data_start(self) -> None:
+        if self._after_step_end or self._cur is None:
+            now = time.perf_counter()
+            self._close(now)
+            self._open(now)
+
+    def _add(self, phase: str, seconds: float) -> None:
+        if self._cur is not None:
+            self._cur["phases"][phase] += seconds
+
+    def _count_batch(self, batch: Any) -> None:
+        cur = self._cur
+        if cur is None or not hasattr(batch, "get"):
+            return
+        ids = batch.get("input_ids")
+        labels = batch.get("labels")
+        if ids is not None and hasattr(ids, "numel"):
+            cur["positions"] += int(ids.numel())
+            cur["rows"] += int(ids.shape[0]) if ids.dim() > 1 else 1
+        if labels is not None and hasattr(labels, "ne"):
+            # Kept on the device and summed only at the end: reading it now would sync.
+            # The model shifts labels by one, so the first position of a row is never a target.
+            cur["targets"].append(labels[..., 1:].ne(-100).sum())
+        elif ids is not None and hasattr(ids, "shape"):
+            mask = batch.get("attention_mask")
+            cur["targets"].append(mask[..., 1:].sum() if mask is not None else ids[..., 1:].numel())
+
+    def _sync(self) -> None:
+        if self._cuda and self.cuda_sync:
+            import torch
+
+            torch.cuda.synchronize()
+
+    # --- callback hooks --------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._reset()
+        self.profile = self.report = None
+        model = kwargs.get("model")
+        self._cuda = getattr(getattr(args, "device", None), "type", "cpu") == "cuda"
+        dl = kwargs.get("train_dataloader")
+        if dl is not None and not hasattr(type(dl), "_pitstop_original"):
+            try:
+                _set_class(dl, _timed_class(type(dl), self))
+                self._dataloader = dl
+            except (TypeError, AttributeError):  # a C-level or slotted class; data_wait then lands in "other"
+                self._dataloader = None
+        if model is not None and not getattr(args, "torch_compile", False):
+            # Hooks inside a compiled graph would be traced, not timed; without them forward
+            # and backward are reported together under "backward".
+            self._hooks = [
+                model.register_forward_pre_hook(self._fwd_pre),
+                model.register_forward_hook(self._fwd_post),
+            ]
+        if model is not None:
+            try:
+                from pitstop.measure.flops import flops_model
+
+                self._flops_model = flops_model(model)
+            except Exception:  # an exotic model without embeddings API: no MFU
+                self._flops_model = None
+        self._mark = time.perf_counter()
+
+    def _fwd_pre(self, *_: Any) -> None:
+        if self._in_compute:
+            self._fwd_t0 = time.perf_counter()
+
+    def _fwd_post(self, *_: Any) -> None:
+        if self._in_compute and self._fwd_t0 is not None:
+            self._sync()
+            self._add("forward", time.perf_counter() - self._fwd_t0)
+            self._fwd_t0 = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._after_step_end or self._cur is None:
+            # No data fetch was seen since the last step (a dataloader we could not wrap, or
+            # one the Trainer replaced, e.g. when skipping batches on resume): start here.
+            self._data_start()
+        self._compute_t0 = time.perf_counter()
+        self._in_compute = True
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._sync()
+        now = time.perf_counter()
+        if self._compute_t0 is not None and self._cur is not None:
+            total = now - self._compute_t0
+            self._add("backward", max(0.0, total - self._cur["phases"]["forward"]))
+        self._in_compute = False
+        self._opt_t0 = now
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._sync()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._sync()
+        now = time.perf_counter()
+        if self._opt_t0 is not None:
+            self._add("optimizer", now - self._opt_t0)
+        self._opt_t0 = None
+        self._in_compute = False
+        self._mark = now
+        self._after_step_end = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if self._in_eval or (logs and "train_runtime" in logs):
+            return  # eval metrics are charged to eval; the final summary log is after the run
+        now = time.perf_counter()
+        self._add("logging", now - self._mark)
+        if self._cur is not None:
+            self._cur["events"]["logs"] += 1
+        self._mark = now
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._in_eval = True
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self._add("eval", now - self._mark)
+        if self._cur is not None:
+            self._cur["events"]["evals"] += 1
+        self._mark = now
+        self._in_eval = False
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self._add("checkpoint", now - self._mark)
+        if self._cur is not None:
+            self._cur["events"]["checkpoints"] += 1
+        self._mark = now
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close(self._mark)  # the last step ends at its last event, not at the summary
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._dataloader is not None:
+            _set_class(self._dataloader, type(self._dataloader)._pitstop_original)
+            self._dataloader = None
+        if not getattr(state, "is_world_process_zero", True):
+            return
+        self.profile = self._build_profile(args, kwargs.get("model"))
+        out = Path(args.output_dir) if getattr(args, "output_dir", None) else None
+        if self.run_doctor:
+            self.report = self._doctor(args)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "pitstop_profile.json").write_text(
+                json.dumps(self.profile, indent=1, default=str), encoding="utf-8"
+            )
+            if self.report is not None:
+                (out / "pitstop_doctor.json").write_text(
+                    json.dumps(self.report, indent=1, default=str), encoding="utf-8"
+                )
+        if self.print_report:
+            print(self.format())
+
+    # --- results ---------------------------------------------------------------------------
+
+    def _device(self, args: Any) -> Any:
+        from pitstop.probe import detect_device
+
+        dev_type = getattr(getattr(args, "device", None), "type", "cpu")
+        index = getattr(getattr(args, "device", None), "index", None) or 0
+        try:
+            return detect_device("cuda" if dev_type == "cuda" else "cpu", index=index)[0]
+        except Exception:  # a device pitstop does not know (mps, xpu): report it by name only
+            from pitstop.probe import DeviceInfo
+
+            return DeviceInfo(type=dev_type, name=dev_type, cpu_count=os.cpu_count() or 1)
+
+    def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
+        steps = self._steps
+        warm = self.warmup_steps if len(steps) > self.warmup_steps else 0
+        measured = steps[warm:]
+        targets = 0.0
+        for s in measured:
+            targets += float(sum(float(t) for t in s["targets"]))  # one sync per step, at the end
+        positions = sum(s["positions"] for s in measured)
+        rows = sum(s["rows"] for s in measured)
+        seconds = sum(s["seconds"] for s in measured)
+        dev = self._device(args)
+        precision = "bf16" if getattr(args, "bf16", False) else ("fp16" if getattr(args, "fp16", False) else "fp32")
+        mfu = None
+        fm = getattr(self, "_flops_model", None)
+        if fm is not None and positions and seconds and rows:
+            from pitstop.measure.flops import mfu as mfu_of
+            from pitstop.measure.peak import device_peak
+
+            cache = self.cache_dir or os.environ.get("PITSTOP_CACHE_DIR") or Path.home() / ".cache" / "pitstop"
+            import torch
+
+            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+            try:
+                peak, _ = device_peak(dev, precision, tf32, cache)
+            except Exception:  # peak unknown: MFU is reported as null
+                peak = None
+            mfu = mfu_of(positions / seconds, fm.per_token(round(positions / rows)), peak)
+        if self._cuda:
+            import torch
+
+            peak_mem = int(torch.cuda.max_memory_allocated())
+        else:
+            peak_mem = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+        events = {k: sum(s["events"][k] for s in measured) for k in ("checkpoints", "evals", "logs")}
+        notes = []
+        if not self._hooks and getattr(args, "torch_compile", False):
+            notes.append("torch_compile: forward and backward are reported together as backward")
+        if self._dataloader is None and not any(s["phases"]["data_wait"] for s in steps):
+            notes.append("the train dataloader could not be wrapped: data_wait is inside 'other'")
+        try:
+            config = args.to_dict()
+        except Exception:
+            config = {}
+        return make_profile(
+            [s["phases"] for s in measured],
+            [s["seconds"] for s in measured],
+            warmup=warm,
+            source="hf",
+            trained_tokens=targets,
+            mfu=mfu,
+            peak_memory_bytes=peak_mem,
+            device=dev.to_dict(),
+            choices={"precision": {"value": precision, "reason": "TrainingArguments bf16/fp16"}},
+            config=config,
+            events=events,
+            notes=notes,
+        )
+
+    def _doctor(self, args: Any) -> dict[str, Any] | None:
+        from pitstop.advise.doctor import device_from_dict, doctor
+        from pitstop.advise.environment import environment
+
+        assert self.profile is not None
+        dev = device_from_dict(self.profile["device"])
+        cls = type(args).__name__
+        env = environment(compile_check=False, device=dev)
+        return doctor(
+            hf_args=self.profile["config"],
+            hf_class=cls if cls in ("TrainingArguments", "SFTConfig") else "auto",
+            profile=self.profile,
+            environment=env,
+            device=dev,
+        )
+
+    def format(self) -> str:
+        """The end-of-training report: phase breakdown, verdict, findings."""
+        if self.profile is None:
+            return "pitstop: no profile (training did not run a step)"
+        from pitstop.measure.verdict import format_verdict, verdict
+
+        p = self.profile
+        total = sum(p["step_seconds"]) or 1.0
+        lines = [
+            f"pitstop profile: {p['steps']} steps after {p['warmup']} warm-up, "
+            f"{total / max(p['steps'], 1):.4f} s/step, {p['tokens_per_second']:,.0f} tokens/s"
+            + (f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""),
+        ]
+        for name in PHASES:
+            sec = p["phases"].get(name, 0.0)
+            lines.append(f"  {name:<15}{sec:>10.4f} s  {100 * sec / total:5.1f}%")
+        lines.append(format_verdict(verdict(p)))
+        if self.report is not None:
+            from pitstop.advise.finding import format_findings
+
+            lines += ["", format_findings(self.report["findings"])]
+        return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""The profile dict: what `pitstop profile` and `pitstop.hf.PitstopCallback` write as JSON.
+
+One schema for both sources, so `pitstop doctor --profile` and the verdict read
+either. Keys (units in the names where a user reads them)::
+
+    schema             "pitstop.profile/1"
+    source             "pitstop" | "hf"
+    steps              K, optimizer steps measured (after the warm-up)
+    warmup             W, optimizer steps run first and left out of every number below
+    step_seconds       [K floats], wall time of each measured step
+    phases             {phase: seconds summed over the K steps}, every name in
+                       pitstop.measure.timeline.PHASES; "other" is the unexplained rest,
+                       so the phases add up to sum(step_seconds)
+    events             {"checkpoints": n, "evals": n, "logs": n} within the K steps (optional)
+    tokens_per_second  trained (loss-carrying) tokens / sum(step_seconds)
+    tokens_per_step    trained tokens per optimizer step, mean (optional)
+    mfu                model FLOPs utilisation, or null when the device peak is unknown
+    peak_memory_bytes  peak accelerator memory allocated (CUDA) or peak RSS (CPU)
+    device             pitstop.probe.DeviceInfo.to_dict()
+    choices            {name: {"value", "reason"}} (pitstop) or {} (hf)
+    config             the RunConfig dict (pitstop) or TrainingArguments.to_dict() (hf)
+    utilisation        pitstop.measure.sampler.Sampler.summary() (optional)
+    notes              [str], anything the producer wants the doctor to see (optional)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pitstop.errors import DataError
+from pitstop.measure.timeline import PHASES
+
+SCHEMA = "pitstop.profile/1"
+REQUIRED = ("steps", "step_seconds", "phases")
+
+
+def make_profile(
+    step_phases: Sequence[dict[str, float]],
+    step_seconds: Sequence[float],
+    *,
+    warmup: int,
+    source: str,
+    trained_tokens: float | None = None,
+    mfu: float | None = None,
+    peak_memory_bytes: int = 0,
+    device: dict[str, Any] | None = None,
+    choices: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    events: dict[str, int] | None = None,
+    utilisation: dict[str, Any] | None = None,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Build a profile dict from per-step phase seconds of the K measured steps.
+
+    `step_phases[i]` is one step's {phase: seconds} (e.g. `StepRecord.resolve()`), and
+    `step_seconds[i]` its wall time; `trained_tokens` counts the K steps only.
+    """
+    phases = dict.fromkeys(PHASES, 0.0)
+    for rec in step_phases:
+        for name, sec in rec.items():
+            phases[name] = phases.get(name, 0.0) + float(sec)
+    total = float(sum(step_seconds))
+    k = len(step_seconds)
+    return {
+        "schema": SCHEMA,
+        "source": source,
+        "steps": k,
+        "warmup": int(warmup),
+        "step_seconds": [round(float(s), 6) for s in step_seconds],
+        "phases": {n: round(v, 6) for n, v in phases.items()},
+        "events": dict(events or {}),
+        "tokens_per_second": (float(trained_tokens) / total) if trained_tokens and total else 0.0,
+        "tokens_per_step": (float(trained_tokens) / k) if trained_tokens and k else None,
+        "mfu": mfu,
+        "peak_memory_bytes": int(peak_memory_bytes),
+        "device": dict(device or {}),
+        "choices": dict(choices or {}),
+        "config": dict(config or {}),
+        "utilisation": dict(utilisation or {}),
+        "notes": list(notes),
+    }
+
+
+def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
+    """Validate the parts of a profile the verdict and the doctor rely on; return it."""
+    if not isinstance(profile, dict):
+        raise DataError(f"{where}: a profile must be a JSON object, got {type(profile).__name__}")
+    problems = [f"{where}: missing key {k!r}" for k in REQUIRED if k not in profile]
+    if not problems:
+        if not isinstance(profile["phases"], dict):
+            problems.append(f"{where}: 'phases' must map phase names to seconds")
+        if not isinstance(profile["step_seconds"], list):
+            problems.append(f"{where}: 'step_seconds' must be a list of per-step seconds")
+    if problems:
+        raise DataError(
+            problems + ["write profiles with `pitstop profile` or pitstop.hf.PitstopCallback"],
+            header=f"{where} is not a pitstop profile:",
+        )
+    return profile
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """Read and check a profile.json (DataError with the reason when it is not one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"profile {p} does not exist; write one with `pitstop profile`")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{p}: not valid JSON ({e})") from None
+    return check_profile(data, str(p))

@@ -1,0 +1,193 @@
+"""The bottleneck verdict: which part of the step a profile says to fix first.
+
+Every verdict is read off the measured phase shares of a profile (see
+`pitstop.measure.schema`), with the numbers it used as evidence:
+
+- input-bound: the step waits for the data loader. data_wait ≥ 5% of step time is
+  moderate, ≥ 20% severe. Time spent waiting is time the device idles, so the
+  share is also the most a faster loader can save.
+- checkpoint-bound: saving takes ≥ 5% (moderate) / ≥ 20% (severe) of step time.
+- optimizer-bound: the optimizer step takes ≥ 25% / ≥ 40%. The AdamW update is
+  memory-bound (it reads and writes ~16 bytes per parameter) while forward+backward
+  do 6 FLOPs per parameter per token, so a large optimizer share means few tokens
+  per optimizer step or an unfused optimizer.
+- sync-bound: host-side time nobody's phase explains ("other") plus logging takes
+  ≥ 15% / ≥ 30% of the step (host-device synchronisation, Python overhead,
+  `.item()` calls, allocator flushes), or step times are erratic: coefficient of
+  variation ≥ 0.5 with the slowest step ≥ 3x the median, while checkpoint and eval
+  (which legitimately make single steps long) take under 1%.
+- compute-bound: none of the above; forward+backward dominate, which is where a
+  training step should spend its time. Gains then come from fewer FLOPs (padding,
+  recomputation) or faster kernels, and MFU says how much headroom is left.
+
+The thresholds are pitstop's choices, not measurements; they are named constants
+here so reports can quote them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+INPUT_MODERATE, INPUT_SEVERE = 0.05, 0.20
+CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
+OPTIMIZER_MODERATE, OPTIMIZER_SEVERE = 0.25, 0.40
+SYNC_MODERATE, SYNC_SEVERE = 0.15, 0.30
+SPREAD_CV, SPREAD_MAX_OVER_MEDIAN = 0.5, 3.0
+
+COMPUTE_PHASES = ("host_to_device", "forward", "backward")
+
+
+@dataclass
+class Verdict:
+    """One bottleneck: its kind, how bad, the share of step time it takes, and the evidence."""
+
+    kind: str  # input-bound | checkpoint-bound | optimizer-bound | sync-bound | compute-bound
+    severity: str  # severe | moderate | ok
+    share: float  # fraction of step time the bottleneck takes (what fixing it could save at most)
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    also: list[Verdict] = field(default_factory=list)  # further bottlenecks, worst first
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def phase_shares(profile: dict[str, Any]) -> tuple[dict[str, float], float]:
+    """({phase: fraction of step time}, total step seconds) of a profile."""
+    phases = {k: float(v) for k, v in (profile.get("phases") or {}).items()}
+    total = float(sum(profile.get("step_seconds") or [])) or sum(phases.values())
+    if total <= 0:
+        return dict.fromkeys(phases, 0.0), 0.0
+    return {k: v / total for k, v in phases.items()}, total
+
+
+def _level(share: float, moderate: float, severe: float) -> str | None:
+    if share >= severe:
+        return "severe"
+    if share >= moderate:
+        return "moderate"
+    return None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def verdict(profile: dict[str, Any]) -> Verdict:
+    """The bottleneck verdict of a profile; `also` lists every further bottleneck found."""
+    shares, total = phase_shares(profile)
+    steps = max(1, int(profile.get("steps") or len(profile.get("step_seconds") or []) or 1))
+    step_s = total / steps
+    base = {"steps": steps, "mean_step_seconds": round(step_s, 6), "total_seconds": round(total, 6)}
+    found: list[Verdict] = []
+
+    data = shares.get("data_wait", 0.0)
+    lvl = _level(data, INPUT_MODERATE, INPUT_SEVERE)
+    if lvl:
+        found.append(Verdict(
+            "input-bound", lvl, data,
+            f"the step waits for the data loader {_pct(data)} of the time "
+            f"({data * step_s:.4f} s of a {step_s:.4f} s step); the device idles meanwhile",
+            {**base, "data_wait_share": round(data, 4), "data_wait_seconds": round(data * total, 6),
+             "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE}},
+        ))  # fmt: skip
+
+    ckpt = shares.get("checkpoint", 0.0)
+    lvl = _level(ckpt, CHECKPOINT_MODERATE, CHECKPOINT_SEVERE)
+    if lvl:
+        n = (profile.get("events") or {}).get("checkpoints")
+        found.append(Verdict(
+            "checkpoint-bound", lvl, ckpt,
+            f"saving checkpoints takes {_pct(ckpt)} of step time"
+            + (f" ({n} save(s) in {steps} steps)" if n else ""),
+            {**base, "checkpoint_share": round(ckpt, 4), "checkpoint_seconds": round(ckpt * total, 6),
+             "checkpoints": n, "thresholds": {"moderate": CHECKPOINT_MODERATE, "severe": CHECKPOINT_SEVERE}},
+        ))  # fmt: skip
+
+    opt = shares.get("optimizer", 0.0)
+    lvl = _level(opt, OPTIMIZER_MODERATE, OPTIMIZER_SEVERE)
+    if lvl:
+        found.append(Verdict(
+            "optimizer-bound", lvl, opt,
+            f"the optimizer step takes {_pct(opt)} of step time: few tokens per optimizer step "
+            "for the parameter count, or an unfused optimizer",
+            {**base, "optimizer_share": round(opt, 4), "tokens_per_step": profile.get("tokens_per_step"),
+             "thresholds": {"moderate": OPTIMIZER_MODERATE, "severe": OPTIMIZER_SEVERE}},
+        ))  # fmt: skip
+
+    host = shares.get("other", 0.0) + shares.get("logging", 0.0)
+    lvl = _level(host, SYNC_MODERATE, SYNC_SEVERE)
+    spread = _spread(profile.get("step_seconds") or [])
+    erratic = (
+        spread is not None
+        and spread["cv"] >= SPREAD_CV
+        and spread["max_over_median"] >= SPREAD_MAX_OVER_MEDIAN
+        and shares.get("checkpoint", 0.0) + shares.get("eval", 0.0) < 0.01
+    )
+    if lvl or erratic:
+        why = []
+        if lvl:
+            why.append(f"unattributed host time ('other') plus logging take {_pct(host)} of step time")
+        if erratic and spread:
+            why.append(
+                f"step times are erratic (coefficient of variation {spread['cv']:.2f}, "
+                f"slowest step {spread['max_over_median']:.1f}x the median)"
+            )
+        excess = spread["excess_share"] if erratic and spread else 0.0
+        found.append(Verdict(
+            "sync-bound", lvl or "moderate", max(host, excess),
+            "; ".join(why) + ": host-device syncs, Python overhead or allocator stalls",
+            {**base, "other_share": round(shares.get("other", 0.0), 4),
+             "logging_share": round(shares.get("logging", 0.0), 4), "step_spread": spread,
+             "thresholds": {"moderate": SYNC_MODERATE, "severe": SYNC_SEVERE, "spread_cv": SPREAD_CV,
+                            "spread_max_over_median": SPREAD_MAX_OVER_MEDIAN}},
+        ))  # fmt: skip
+
+    rank = {"severe": 0, "moderate": 1}
+    found.sort(key=lambda v: (rank[v.severity], -v.share))
+    compute = sum(shares.get(p, 0.0) for p in COMPUTE_PHASES)
+    mfu = profile.get("mfu")
+    if not found:
+        mfu_txt = f" at {_pct(mfu)} MFU" if isinstance(mfu, (int, float)) else ""
+        return Verdict(
+            "compute-bound", "ok", compute,
+            f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
+            "fewer FLOPs (less padding, no recomputation) or faster kernels",
+            {**base, "compute_share": round(compute, 4), "mfu": mfu,
+             "shares": {k: round(v, 4) for k, v in shares.items()}},
+        )  # fmt: skip
+    first, rest = found[0], found[1:]
+    first.evidence["compute_share"] = round(compute, 4)
+    first.evidence["shares"] = {k: round(v, 4) for k, v in shares.items()}
+    first.also = rest
+    return first
+
+
+def _spread(step_seconds: list[float]) -> dict[str, float] | None:
+    if len(step_seconds) < 8:
+        return None  # too few steps to call one slow step a pattern
+    med = statistics.median(step_seconds)
+    mean = statistics.fmean(step_seconds)
+    if med <= 0 or mean <= 0:
+        return None
+    cv = statistics.pstdev(step_seconds) / mean
+    total = sum(step_seconds)
+    return {
+        # time above the median, i.e. what steady steps would have saved
+        "excess_share": round(max(0.0, total - med * len(step_seconds)) / total, 4),
+        "cv": round(cv, 3),
+        "median_seconds": round(med, 6),
+        "max_seconds": round(max(step_seconds), 6),
+        "max_over_median": round(max(step_seconds) / med, 2),
+    }
+
+
+def format_verdict(v: Verdict) -> str:
+    """One paragraph for a terminal."""
+    head = v.kind if v.severity == "ok" else f"{v.kind} ({v.severity})"
+    lines = [f"verdict: {head}: {v.summary}"]
+    for other in v.also:
+        lines.append(f"  also {other.kind} ({other.severity}): {other.summary}")
+    return "\n".join(lines)

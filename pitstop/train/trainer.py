@@ -1,0 +1,825 @@
+"""The training loop as an object with named phases (torchtitan style).
+
+`Trainer.fit()` runs optimizer steps, each made of the phases the step timeline
+times: fetch_batch (data_wait), to_device (host_to_device), forward_backward
+(forward, backward) per micro-batch, optimizer_step (optimizer); then, charged to
+the next step, log (logging), evaluate (eval) and checkpoint (checkpoint).
+
+The hot loop never synchronises host and device except at logging steps (every
+cfg.log_steps), at checkpoints (copying state to host is a sync anyway) and, on
+fp16 runs, inside GradScaler.step. Losses and gradient norms stay device tensors
+until then; their metrics.jsonl lines are written at the next logging step.
+
+metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
+(fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
+skipped, trained_tokens / seen_tokens / padded_tokens (cumulative),
+step_trained_tokens, tokens_per_second (trained tokens of the step / step_seconds),
+step_seconds, and `<phase>_s` seconds per phase of the step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pitstop import probe
+from pitstop.config import RunConfig
+from pitstop.errors import ConfigError, PitstopError
+from pitstop.measure import flops as flops_mod
+from pitstop.measure.peak import device_peak
+from pitstop.measure.timeline import PHASES, StepRecord, Timeline
+from pitstop.probe import Choice, DeviceInfo
+from pitstop.train import checkpoint as ckpt
+from pitstop.train import data as data_mod
+from pitstop.train import model_io
+from pitstop.train.banner import format_banner, print_banner
+from pitstop.train.optim import build_optimizer
+from pitstop.train.schedule import default_warmup, lr_at
+from pitstop.train.summary import (
+    append_lines,
+    peak_memory_bytes,
+    truncate_metrics,
+    write_json_atomic,
+)
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
+RUN_DIRS = ("checkpoints", "final", "tensorboard")
+
+
+class RunInterrupted(PitstopError):
+    """SIGTERM/SIGINT: the run saved a checkpoint and stopped; the message says how to resume."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class TrainingDiverged(PitstopError):
+    """Too many non-finite steps in a row."""
+
+    exit_code = 1
+
+
+def check_output_dir(cfg: RunConfig) -> Path:
+    """Refuse to touch a directory holding a run unless --resume or --overwrite. Writes nothing."""
+    out = Path(cfg.output)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out} is a file; give a directory")
+    has_run = out.is_dir() and (
+        (out / "summary.json").exists()
+        or (out / "checkpoints").exists()
+        or (out / "final").exists()
+    )
+    if has_run and not (cfg.resume or cfg.overwrite):
+        raise ConfigError(
+            f"--output {out} already holds a run; add --resume to continue it from its newest "
+            "checkpoint, --overwrite to replace it, or choose another directory"
+        )
+    return out
+
+
+def _clear_run(out: Path) -> None:
+    """--overwrite: remove only what a pitstop run writes (never the user's other files)."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+class _NullWriter:
+    """Stands in for TensorBoard when it is off: the loop never asks whether it is on."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
+    if not enabled or "tensorboard" not in cfg.report_to:
+        return _NullWriter(), "off (not in --report-to)"
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print(
+            "pitstop: TensorBoard logging skipped: the tensorboard package is not installed "
+            "(pip install 'pitstop[tensorboard]')",
+            file=sys.stderr,
+        )
+        return _NullWriter(), "off (tensorboard not installed)"
+    return SummaryWriter(log_dir=str(out / "tensorboard")), f"on ({out / 'tensorboard'})"
+
+
+def _progress(total: int, initial: int) -> Any:
+    from tqdm.auto import tqdm
+
+    force = os.environ.get("PITSTOP_PROGRESS")
+    disable = None if force is None else force == "0"  # None: only on a terminal
+    return tqdm(
+        total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
+        dynamic_ncols=True, desc="train",
+    )  # fmt: skip
+
+
+class Trainer:
+    """One training run. Build it with a validated RunConfig; `fit()` returns the summary.
+
+    `device` overrides the probe (tests pretend machines with it); `loader` replaces
+    the batching loader (any object honouring the loader contract in train/data.py).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        device: DeviceInfo | None = None,
+        loader: Any = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.t_process = _process_start()
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.is_main = rank == 0
+        self.out = check_output_dir(cfg)
+        seed_everything(cfg.seed)
+        _quiet_transformers()
+
+        # --- choices that need only the machine (may raise ConfigError: nothing written yet)
+        self.choices: dict[str, Choice] = {}
+        if device is None:
+            device, dev_choice = probe.detect_device(cfg.device)
+        else:
+            dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
+        self.dev = device
+        self.device = torch.device(device.torch_device)
+        self.choices["device"] = dev_choice
+        prec = probe.choose_precision(cfg.precision, device)
+        self.choices["precision"] = prec
+        self.precision = prec.value
+        tf32 = probe.choose_tf32(device, self.precision)
+        self.choices["tf32"] = tf32
+        probe.apply_backend_flags(device, tf32)
+        attention = probe.choose_attention(cfg.attention, device, self.precision)
+        self.choices["optimizer"] = probe.choose_optimizer(device)
+
+        # --- model
+        self.tokenizer = model_io.load_tokenizer(cfg)
+        self.model, attention, lora = model_io.load_model(cfg, device, self.precision, attention)
+        self.choices["attention"] = attention
+        self.choices["gradient_checkpointing"] = Choice(
+            cfg.gradient_checkpointing,
+            "asked for: activations recomputed in backward (~1/3 more compute, far less memory)"
+            if cfg.gradient_checkpointing
+            else "off: activations kept (fastest; turn on with --gradient-checkpointing if memory is short)",
+        )
+        if lora is not None:
+            self.choices["lora"] = lora
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.forward_model: Any = self.model
+        self._compiled = False
+
+        # --- data (after the model: `batching: auto` times each strategy on it)
+        if loader is None:
+            store = data_mod.open_training_store(cfg)
+            resume_strategy = data_mod.saved_strategy(self.out) if cfg.resume else None
+            self.loader, self.geometry = data_mod.build_loader(
+                cfg, store=store, rank=rank, world_size=world_size,
+                run_micro_batch=self._timing_micro_batch, resume_strategy=resume_strategy,
+            )  # fmt: skip
+        else:
+            self.loader = loader
+            self.geometry = data_mod.Geometry(
+                "custom", int(getattr(loader, "max_seq_len", cfg.max_seq_len)),
+                int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
+                {"batching": Choice("custom", "a loader object was passed to the Trainer")},
+            )  # fmt: skip
+        self.choices.update(self.geometry.choices)
+        self.steps_per_epoch = int(self.loader.steps_per_epoch)
+        self.total_steps = int(
+            getattr(self.loader, "total_steps", None)
+            or data_mod.steps_for(cfg.epochs, cfg.max_steps, self.steps_per_epoch)
+        )
+        self.warmup = (
+            cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(self.total_steps)
+        )
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+        # --- FLOPs, peak, compile
+        self.flops = flops_mod.flops_model(self.model)
+        self.flops_per_token = self.flops.per_token(self.geometry.max_seq_len)
+        self.peak_flops, self.peak_source = device_peak(
+            device, self.precision, bool(tf32.value), cfg.cache_dir or _default_cache()
+        )
+        est = None
+        if self.peak_flops:
+            est = (
+                self.total_steps * self.geometry.tokens_per_step * self.flops_per_token
+                / (self.peak_flops * probe.ASSUMED_MFU_FOR_ESTIMATE)
+            )  # fmt: skip
+        self.choices["compile"] = probe.choose_compile(cfg.compile, device, est)
+        self._compiled = bool(self.choices["compile"].value)
+        if self._compiled:
+            self.forward_model = torch.compile(self.model)
+
+        # --- optimizer, precision machinery
+        self.optimizer = build_optimizer(
+            self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=self.choices["optimizer"]
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
+        # the kernel itself, without a host-device sync.
+        self.sync_free_skip = (
+            self.device.type == "cuda" and self.choices["optimizer"].value == "adamw_fused"
+            and self.scaler is None
+        )  # fmt: skip
+        self.choices["loss"] = Choice(
+            "fp32 token CE / step_targets",
+            "computed by pitstop from the logits in fp32, summed over targets and divided by the "
+            "step's target count, so accumulated micro-batches give exactly one big batch's gradient",
+        )
+
+        # --- counters (a resumed run restores them: the summary counts the whole run)
+        self.step = 0
+        self.trained_tokens = self.seen_tokens = self.padded_tokens = 0
+        self.skipped_steps = 0
+        self.bad_run = 0
+        self.train_seconds = 0.0
+        self.wall_before = 0.0
+        self.ckpt_pause = 0.0
+        self.phase_totals = dict.fromkeys(PHASES, 0.0)
+        self.last_loss: float | None = None
+        self.last_eval: dict[str, float] | None = None
+        self.resumed_from: str | None = None
+        self.epoch_float = 0.0
+        self._bad_run_t = torch.zeros((), device=self.device)
+        self._skipped_t = torch.zeros((), device=self.device)
+        self._stop_signal: int | None = None
+        self._pending: list[dict[str, Any]] = []
+        self.train_seconds_now = 0.0
+        self.final_save_seconds = 0.0
+
+        self.writer = ckpt.CheckpointWriter(
+            self.out / "checkpoints",
+            keep=cfg.save_total_limit,
+            save_model=lambda dest, state: model_io.save_model_dir(
+                self.model, self.tokenizer, dest, state
+            ),
+            enabled=self.is_main,
+        )
+        self.choices["checkpoints"] = Choice(
+            _save_policy(cfg),
+            "asynchronous: the loop pauses only to copy state to host memory; a background "
+            "thread writes atomically (partial dir, marker, rename)",
+        )
+        if cfg.eval_data:
+            # Not silent: the banner says evaluation was asked for and is not done yet.
+            self.choices["eval"] = Choice(
+                False,
+                f"--eval-data {cfg.eval_data} given, but held-out evaluation is not implemented yet",
+            )
+        self._compute_loss = self._loss
+        nan_steps = os.environ.get("PITSTOP_TEST_NAN_STEPS")  # test hook, see _nan_loss
+        if nan_steps:
+            self._nan_steps = {int(s) for s in nan_steps.split(",") if s}
+            self._compute_loss = self._nan_loss
+        self._stop_at = int(os.environ.get("PITSTOP_TEST_STOP_AT_STEP", "0")) or None  # test hook
+
+    # --- set-up of the output directory ----------------------------------------------
+
+    def _prepare_output(self) -> None:
+        out = self.out
+        if self.cfg.overwrite and self.is_main:
+            _clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+        root = out / "checkpoints"
+        if self.is_main:
+            ckpt.remove_debris(root)
+        latest = ckpt.latest_checkpoint(root) if self.cfg.resume else None
+        if self.cfg.resume and latest is None:
+            print(
+                f"pitstop: no complete checkpoint in {root}; starting from step 0", file=sys.stderr
+            )
+        if latest is not None:
+            self._restore(latest)
+        if self.is_main:
+            truncate_metrics(out / "metrics.jsonl", self.step)
+            saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
+            tmp = out / f".config.yaml.tmp{os.getpid()}"
+            tmp.write_text(saved.to_yaml(), encoding="utf-8")
+            os.replace(tmp, out / "config.yaml")
+
+    def _restore(self, path: Path) -> None:
+        model_io.load_weights(self.model, path)
+        st = ckpt.read_checkpoint(path)
+        self.optimizer.load_state_dict(st["optimizer"]["optimizer"])
+        if self.scaler is not None and st["optimizer"].get("scaler"):
+            self.scaler.load_state_dict(st["optimizer"]["scaler"])
+        ckpt.set_rng_state(st["rng"])
+        self.loader.load_state_dict(st["loader_state"])
+        ts = st["trainer_state"]
+        self.step = int(ts["step"])
+        self.trained_tokens = int(ts["trained_tokens"])
+        self.seen_tokens = int(ts["seen_tokens"])
+        self.padded_tokens = int(ts["padded_tokens"])
+        self.skipped_steps = int(ts["skipped_steps"])
+        self.bad_run = int(ts["bad_run"])
+        self.train_seconds = float(ts["train_seconds"])
+        self.wall_before = float(ts["wall_seconds"])
+        self.ckpt_pause = float(ts["checkpoint_pause_seconds"])
+        self.phase_totals.update(ts["time_breakdown"])
+        self.last_loss = ts.get("last_loss")
+        self.epoch_float = float(ts.get("epoch", 0.0))
+        self._bad_run_t.fill_(self.bad_run)
+        self._skipped_t.fill_(self.skipped_steps)
+        self.resumed_from = str(path)
+        self.writer.last_written = path
+
+    def _timing_micro_batch(self, mb: dict[str, Any]) -> float:
+        """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
+        loss = self._loss(self.to_device(mb))
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return float(loss.item())  # the sync makes the timing cover the device work
+
+    # --- phases ---------------------------------------------------------------------
+
+    def fetch_batch(self) -> dict[str, Any]:
+        return next(self._batches)
+
+    def to_device(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
+        nb = self.device.type == "cuda"  # pinned host batches copy asynchronously
+        return {
+            k: mb[k].to(self.device, non_blocking=nb)
+            for k in ("input_ids", "labels", "position_ids")
+        }
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar)."""
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        ):  # fmt: skip
+            out = self._forward(batch)
+        logits = out.logits  # [B, T, V]
+        labels = batch["labels"]  # [B, T]; the model convention: position t predicts labels[t+1]
+        return F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(),  # [B*(T-1), V] in fp32
+            labels[:, 1:].flatten(),  # [B*(T-1)]
+            ignore_index=-100,
+            reduction="sum",
+        )
+
+    def _nan_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Test hook (PITSTOP_TEST_NAN_STEPS=3,4): poison the loss of those steps (1-based)."""
+        loss = self._loss(batch)
+        if self.step + 1 in self._nan_steps:
+            loss = loss * float("nan")
+        return loss
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> Any:
+        # No attention_mask: the model derives a block-diagonal causal mask from position_ids
+        # (documents packed in one row never attend to each other).
+        kwargs = {
+            "input_ids": batch["input_ids"],
+            "position_ids": batch["position_ids"],
+            "use_cache": False,
+        }
+        if not self._compiled:
+            return self.forward_model(**kwargs)
+        try:
+            return self.forward_model(**kwargs)
+        except Exception as e:  # --compile on must never crash the run
+            print(f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
+                  "continuing without compile", file=sys.stderr)  # fmt: skip
+            self.forward_model, self._compiled = self.model, False
+            self.choices["compile"] = Choice(False, f"compile failed ({type(e).__name__}); eager")
+            return self.forward_model(**kwargs)
+
+    def forward_backward(
+        self, batch: dict[str, torch.Tensor], step_targets: int, tl: Timeline
+    ) -> torch.Tensor:
+        with tl.phase("forward"):
+            loss = self._compute_loss(batch) / max(step_targets, 1)
+        with tl.phase("backward"):
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Clip, skip if non-finite, step. Returns (grad norm, skipped flag tensor, lr)."""
+        lr = lr_at(self.step, peak_lr=self.cfg.lr, total_steps=self.total_steps,
+                   warmup_steps=self.warmup, schedule=self.cfg.schedule,
+                   min_lr_ratio=self.cfg.min_lr_ratio)  # fmt: skip
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in self.params if p.grad is not None]
+            )
+        bad = ~(torch.isfinite(norm) & torch.isfinite(loss))  # 0-dim bool on the device
+        if self.sync_free_skip:
+            self.optimizer.found_inf = bad.float()  # the fused kernel skips the update itself
+            self.optimizer.step()
+            self.optimizer.found_inf = None
+        elif self.scaler is not None:
+            self.scaler.step(self.optimizer)  # syncs internally; skips inf grads (loss scale)
+            self.scaler.update()
+        elif not bool(bad):  # CPU: reading a CPU tensor is no device sync
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.detach(), bad, lr
+
+    # --- the loop -----------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        self._prepare_output()
+        self.tb, tb_note = _tensorboard(self.cfg, self.out, self.is_main)
+        self.choices["tensorboard"] = Choice(bool(not isinstance(self.tb, _NullWriter)), tb_note)
+        if self.is_main:
+            print_banner(self._banner())
+        self._batches = iter(self.loader)
+        old_handlers = self._install_signals()
+        bar = _progress(self.total_steps, self.step) if self.is_main else None
+        tl = Timeline(use_cuda_events=self.device.type == "cuda")
+        last_save_time = time.monotonic()
+        t_train0 = time.perf_counter()
+        status = "failed"
+        ok = False
+        try:
+            tl.start_step()
+            while self.step < self.total_steps:
+                self._train_step(tl)
+                rec = tl.end_step()
+                tl.start_step()  # logging, eval and checkpoint below count toward the next step
+                self._pending[-1]["record"] = rec
+                if bar is not None:
+                    bar.update(1)
+                done = self.step >= self.total_steps
+                save_due = bool(self.cfg.save_steps and self.step % self.cfg.save_steps == 0) or (
+                    self.cfg.save_minutes is not None
+                    and time.monotonic() - last_save_time >= 60 * self.cfg.save_minutes
+                )
+                stop = self._stop_signal is not None or self.step == self._stop_at
+                self.train_seconds_now = self.train_seconds + time.perf_counter() - t_train0
+                if self.step % self.cfg.log_steps == 0 or done or save_due or stop:
+                    with tl.phase("logging"):
+                        self.log(bar)
+                if self._eval_due():
+                    with tl.phase("eval"):
+                        self.evaluate()
+                if (save_due or stop) and not done:
+                    with tl.phase("checkpoint"):
+                        self.checkpoint(t_train0)
+                    last_save_time = time.monotonic()
+                if stop and not done:
+                    self.writer.wait()
+                    status = "interrupted"
+                    raise self._interrupted()
+            ok = True
+        except TrainingDiverged:
+            status = "diverged"
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self._restore_signals(old_handlers)
+            train_end = time.perf_counter()
+            leftover = tl.end_step()  # time after the last step (its logging): counted too
+            for k, v in leftover.resolve().items():
+                if k != "other":
+                    self.phase_totals[k] += v
+            self.train_seconds += train_end - t_train0
+            if not ok:
+                self._finish_quietly(status)
+        status = "completed"
+        self._final_save(t_train0)
+        summary = self.summary(status)
+        if self.is_main:
+            write_json_atomic(self.out / "summary.json", summary)
+            print(_result_line(summary), file=sys.stderr)
+        self.tb.close()
+        return summary
+
+    def _train_step(self, tl: Timeline) -> None:
+        loss_acc = torch.zeros((), device=self.device)
+        n_targets = n_seen = n_pos = 0
+        meta: dict[str, Any] = {}
+        micro_count = 1
+        m = 0
+        while m < micro_count:
+            with tl.phase("data_wait"):
+                mb = self.fetch_batch()
+            meta = mb["meta"]
+            micro_count = int(meta["micro_count"])
+            with tl.phase("host_to_device"):
+                batch = self.to_device(mb)
+            loss_acc += self.forward_backward(batch, int(meta["step_targets"]), tl)
+            n_targets += int(meta["n_targets"])
+            n_seen += int(meta["n_seen"])
+            n_pos += int(meta["n_positions"])
+            m += 1
+        with tl.phase("optimizer"):
+            norm, bad, lr = self.optimizer_step(loss_acc)
+        self.step += 1
+        self.trained_tokens += n_targets
+        self.seen_tokens += n_seen
+        self.padded_tokens += n_pos
+        self.epoch_float = int(meta["epoch"]) + (int(meta["step"]) + 1) / self.steps_per_epoch
+        # Device-side bad-step bookkeeping: read only at logging steps.
+        self._bad_run_t = (self._bad_run_t + 1) * bad
+        self._skipped_t = self._skipped_t + bad
+        self._pending.append({
+            "step": self.step, "epoch": round(self.epoch_float, 6), "loss": loss_acc, "lr": lr,
+            "grad_norm": norm, "bad": bad, "trained_tokens": self.trained_tokens,
+            "seen_tokens": self.seen_tokens, "padded_tokens": self.padded_tokens,
+            "step_trained_tokens": n_targets, "bad_run": self._bad_run_t,
+        })  # fmt: skip
+
+    def log(self, bar: Any = None) -> None:
+        """The logging step: the one place the loop reads device values (a sync)."""
+        if not self._pending:
+            return
+        # One transfer for every pending scalar: [n, 4] (loss, grad norm, bad, bad run).
+        vals = torch.stack([
+            torch.stack([p["loss"].float(), p["grad_norm"].float(), p["bad"].float(), p["bad_run"].float()])
+            for p in self._pending
+        ]).tolist()  # fmt: skip
+        lines = []
+        for p, (loss, norm, bad, bad_run) in zip(self._pending, vals):
+            rec: StepRecord = p.pop("record")
+            phases = rec.resolve()
+            for k, v in phases.items():
+                self.phase_totals[k] += v
+            skipped = bool(bad)
+            line = {k: v for k, v in p.items() if k not in ("loss", "grad_norm", "bad", "bad_run")}
+            line.update({
+                "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
+                "tokens_per_second": p["step_trained_tokens"] / rec.step_seconds if rec.step_seconds > 0 else None,
+                "step_seconds": rec.step_seconds,
+                **{f"{k}_s": v for k, v in phases.items()},
+            })  # fmt: skip
+            lines.append(line)
+            if skipped:
+                self.skipped_steps += 1
+                self.bad_run = int(bad_run)
+                if self.bad_run >= self.cfg.max_bad_steps:
+                    self._pending = []
+                    if self.is_main:
+                        append_lines(self.out / "metrics.jsonl", lines)
+                    self._diverged(p["step"], p["lr"], loss, norm)
+            else:
+                self.bad_run = 0
+                self.last_loss = loss
+        self._pending = []
+        if not self.is_main:
+            return
+        append_lines(self.out / "metrics.jsonl", lines)
+        last = lines[-1]
+        for line in lines:
+            for key in ("loss", "lr", "grad_norm", "tokens_per_second"):
+                if line[key] is not None and math.isfinite(line[key]):
+                    self.tb.add_scalar(f"train/{key}", line[key], line["step"])
+        self.tb.flush()
+        tps = self.trained_tokens / self.train_seconds_now if self.train_seconds_now > 0 else 0.0
+        if bar is not None and not bar.disable:
+            bar.set_postfix(loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
+                            tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
+        elif bar is not None:
+            loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
+            print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
+                  f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
+        last = self.writer.last_written
+        raise TrainingDiverged(
+            f"training stopped at step {step}: {self.bad_run} optimizer steps in a row had a "
+            f"non-finite loss or gradient (loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); "
+            f"those steps were skipped. The last good checkpoint is {last or 'none (no checkpoint yet)'}. "
+            "Try a lower --lr, a longer warm-up (--warmup-steps), or --precision bf16/fp32 instead of fp16"
+        )
+
+    def _eval_due(self) -> bool:
+        return False  # evaluation: see pitstop/train/__init__.py notes (not implemented yet)
+
+    def evaluate(self) -> None:
+        pass
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def _trainer_state(self, t_train0: float) -> dict[str, Any]:
+        return {
+            "step": self.step, "epoch": self.epoch_float, "total_steps": self.total_steps,
+            "trained_tokens": self.trained_tokens, "seen_tokens": self.seen_tokens,
+            "padded_tokens": self.padded_tokens, "skipped_steps": self.skipped_steps,
+            "bad_run": self.bad_run,
+            "train_seconds": self.train_seconds + time.perf_counter() - t_train0,
+            "wall_seconds": self.wall_before + time.time() - self.t_process,
+            "checkpoint_pause_seconds": self.ckpt_pause,
+            "time_breakdown": self.phase_totals, "last_loss": self.last_loss,
+        }  # fmt: skip
+
+    def checkpoint(self, t_train0: float, *, blocking: bool = False) -> None:
+        """Pause only to copy state to host memory; the writer thread does the rest."""
+        t0 = time.perf_counter()
+        self.log()  # lines up to this step must exist before the checkpoint does
+        self.writer.wait()  # the previous write must be done (and must have succeeded)
+        snap = ckpt.Snapshot(
+            step=self.step,
+            model_state=ckpt.to_host(model_io.trainable_state(self.model)),
+            optimizer=ckpt.to_host(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                }
+            ),
+            trainer_state=self._trainer_state(t_train0),
+            rng=ckpt.rng_state(),
+            loader_state=self.loader.state_dict(),
+        )
+        self.writer.submit(snap, blocking=blocking)
+        self.ckpt_pause += time.perf_counter() - t0
+
+    def _final_save(self, t_train0: float) -> None:
+        """Always: a last checkpoint (unless this step has one) and final/ (HF-loadable)."""
+        if not self.is_main:
+            return
+        last = self.writer.last_written
+        if last is None or last.name != f"step-{self.step}":
+            self.checkpoint(t_train0)
+        t0 = time.perf_counter()
+        tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        model_io.save_model_dir(self.model, self.tokenizer, tmp, None)
+        model_io.publish_dir(tmp, self.out / "final")
+        self.writer.wait()
+        self.final_save_seconds = time.perf_counter() - t0
+
+    def _finish_quietly(self, status: str) -> None:
+        """On a stop: let the checkpoint writer finish, record the summary, keep the error."""
+        try:
+            self.writer.wait()
+        except ckpt.CheckpointError as e:
+            print(f"pitstop: {e}", file=sys.stderr)
+        if self.is_main:
+            write_json_atomic(self.out / "summary.json", self.summary(status))
+        self.tb.close()
+
+    # --- signals ------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, self._on_signal)
+        return old
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self._stop_signal = signum
+        print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.step + 1}, "
+              "then saving a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)  # fmt: skip
+
+    def _restore_signals(self, old: dict[int, Any]) -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    def _interrupted(self) -> RunInterrupted:
+        signum = self._stop_signal or signal.SIGTERM
+        cmd = f"pitstop train --config {self.out / 'config.yaml'} --resume"
+        return RunInterrupted(
+            f"stopped by {signal.Signals(signum).name} after step {self.step} of {self.total_steps}; "
+            f"checkpoint saved in {self.writer.last_written}. Resume with:\n  {cmd}",
+            exit_code=128 + int(signum),
+        )
+
+    # --- reporting ------------------------------------------------------------------
+
+    def _banner(self) -> str:
+        g = self.geometry
+        n_params = sum(p.numel() for p in self.model.parameters())
+        facts = {
+            "model": f"{self.cfg.model} ({n_params / 1e6:.1f}M parameters)",
+            "data": f"{self.steps_per_epoch} optimizer steps per epoch",
+            "run": f"{self.total_steps} optimizer steps of {g.tokens_per_step:,} tokens "
+            f"(rows of {g.max_seq_len}, {g.micro})",
+            "lr": f"{self.cfg.lr:g}, {self.warmup} warm-up steps, {self.cfg.schedule} to "
+            f"{self.cfg.min_lr_ratio:g}x; clip {self.cfg.max_grad_norm:g}",
+            "output": str(self.out) + (f" (resuming from {self.resumed_from})" if self.resumed_from else ""),
+            "peak": f"{self.peak_flops / 1e12:.3f} TFLOP/s ({self.peak_source})"
+            if self.peak_flops else self.peak_source,
+        }  # fmt: skip
+        return format_banner(self.dev.name, facts, self.choices)
+
+    def summary(self, status: str) -> dict[str, Any]:
+        ts = self.train_seconds
+        mfu = (
+            flops_mod.mfu(self.padded_tokens / ts, self.flops_per_token, self.peak_flops)
+            if ts > 0
+            else None
+        )
+        eff = self.seen_tokens / self.padded_tokens if self.padded_tokens else None  # measured
+        return {
+            "status": status,
+            "optimizer_steps": self.step,
+            "total_steps": self.total_steps,
+            "epochs": self.epoch_float,
+            "trained_tokens": self.trained_tokens,
+            "seen_tokens": self.seen_tokens,
+            "padded_tokens": self.padded_tokens,
+            "train_seconds": ts,
+            "wall_seconds": self.wall_before + time.time() - self.t_process,
+            "tokens_per_second": self.trained_tokens / ts if ts > 0 else None,
+            "seen_tokens_per_second": self.seen_tokens / ts if ts > 0 else None,
+            "mfu": mfu,
+            "flops_per_token": self.flops_per_token,
+            "peak_flops": self.peak_flops,
+            "peak_flops_source": self.peak_source,
+            "peak_memory_bytes": peak_memory_bytes(self.device.type),
+            "final_loss": self.last_loss,
+            "eval": self.last_eval,
+            "time_breakdown": dict(self.phase_totals),
+            "checkpoint_pause_seconds": self.ckpt_pause,
+            "checkpoint_write_seconds": self.writer.write_seconds,
+            "skipped_steps": self.skipped_steps,
+            "packing_efficiency": eff,
+            "padding_waste": 1 - eff if eff is not None else None,
+            "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
+            "device": {**self.dev.to_dict(), "torch": torch.__version__},
+            "choices": {k: c.to_dict() for k, c in self.choices.items()},
+            "resumed_from": self.resumed_from,
+            "final_model": str(self.out / "final") if status == "completed" else None,
+            "config": self.cfg.to_dict(),
+        }
+
+
+def _save_policy(cfg: RunConfig) -> str:
+    parts = []
+    if cfg.save_steps:
+        parts.append(f"every {cfg.save_steps} steps")
+    if cfg.save_minutes:
+        parts.append(f"every {cfg.save_minutes:g} min")
+    parts.append("at the end")
+    return ", ".join(parts) + f"; keep {cfg.save_total_limit}"
+
+
+def _result_line(s: dict[str, Any]) -> str:
+    mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
+    loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
+    return (
+        f"pitstop: {s['optimizer_steps']} steps, {s['trained_tokens']:,} trained tokens in "
+        f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "
+        f"final loss {loss}; model in {s['final_model']}"
+    )
+
+
+def _quiet_transformers() -> None:
+    """save_pretrained's per-shard progress bars would interleave with the run's own bar."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # psutil is a dependency, but a missing /proc must not stop a run
+        return time.time()
+
+
+def _default_cache() -> str:
+    return os.environ.get("PITSTOP_CACHE_DIR") or str(Path.home() / ".cache" / "pitstop")

@@ -1,0 +1,55 @@
+"""Helpers for the training tests: a small token store and configs (not a test module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pitstop.config import RunConfig, build_config
+from pitstop.corpus import sample_texts
+from pitstop.data.store import StoreWriter
+
+
+def make_store(dest: Path, tokenizer: Any, *, n_docs: int = 60, max_len: int = 64) -> Path:
+    """A token store of the first `n_docs` corpus chapters split into <= max_len chunks."""
+    if (dest / "manifest.json").is_file():
+        return dest
+    eos = tokenizer.eos_token_id
+    toks, masks, lens, docs = [], [], [], []
+    for d, text in enumerate(sample_texts(n_docs)):
+        ids = tokenizer(text)["input_ids"] + [eos]
+        for a in range(0, len(ids), max_len):
+            chunk = ids[a : a + max_len]
+            m = np.ones(len(chunk), np.uint8)
+            if a == 0:
+                m[0] = 0  # a document's first token is never a target
+            toks.append(np.asarray(chunk))
+            masks.append(m)
+            lens.append(len(chunk))
+            docs.append(d)
+    w = StoreWriter(dest, vocab_size=len(tokenizer))
+    w.append(np.concatenate(toks), np.concatenate(masks), lens, docs)
+    w.finish({"max_seq_len": max_len, "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id})
+    return dest
+
+
+def train_config(model: Path, store: Path, out: Path, **over: Any) -> RunConfig:
+    values = {
+        "model": str(model),
+        "data": [str(store)],
+        "output": str(out),
+        "max_seq_len": 64,
+        "tokens_per_step": 256,
+        "micro_batch_size": 2,
+        "batching": "pack",
+        "max_steps": 6,
+        "log_steps": 2,
+        "lr": 1e-3,
+        "report_to": ["none"],
+        "cache_dir": str(out.parent / "cache"),
+        "compile": "off",
+    }
+    values.update(over)
+    return build_config(values, None)

@@ -1,0 +1,47 @@
+"""Peak memory stays bounded whatever the input size (streaming, a bounded window of chunks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pitstop
+
+PEAK_LIMIT_MB = 1024  # per process (parent, and the largest worker); the input is ~120 MB
+
+_CHILD = """
+import json, resource, sys
+from pitstop.config import RunConfig
+from pitstop.data.prepare import prepare_data
+p = prepare_data(RunConfig(data=[sys.argv[1]], model=sys.argv[2], cache_dir=sys.argv[3], workers=2), progress=False)
+print(json.dumps({"self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                  "tokens": p.stats["tokens"], "documents": p.stats["documents"]}))
+"""
+
+
+@pytest.mark.slow
+def test_peak_rss_bounded_on_a_large_jsonl(tmp_path, tiny_model_dir, cache_dir):
+    from pitstop.corpus import sample_texts
+
+    lines = [json.dumps({"text": t}) + "\n" for t in sample_texts()]
+    block = "".join(lines)
+    f = tmp_path / "big.jsonl"
+    reps = max(1, (120 << 20) // len(block))
+    with open(f, "w") as out:
+        for _ in range(reps):
+            out.write(block)
+    env = {**os.environ, "PYTHONPATH": str(Path(pitstop.__file__).parents[1])}
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(f), str(tiny_model_dir), str(cache_dir)],
+                       capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    assert m["documents"] == reps * len(lines)
+    assert m["self_mb"] < PEAK_LIMIT_MB, m
+    assert m["children_mb"] < PEAK_LIMIT_MB, m
+    print(m)

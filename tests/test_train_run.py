@@ -1,0 +1,231 @@
+"""End-to-end training runs on the tiny Llama (CPU): outputs, resume, crashes, NaN, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pitstop.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    from _train_util import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
+
+
+def _cfg(model, store, out, **over):
+    from _train_util import train_config
+
+    return train_config(model, store, out, **over)
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "final" / "model.safetensors")
+
+
+def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from pitstop.train.trainer import Trainer
+
+    out = tmp_path / "out"
+    tr = Trainer(_cfg(tiny_model_dir, store, out, save_steps=2, save_total_limit=2,
+                      report_to=["tensorboard"]))  # fmt: skip
+    s = tr.fit()
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["trained_tokens"] == s["trained_tokens"]
+    for key in ("trained_tokens", "seen_tokens", "padded_tokens", "optimizer_steps", "train_seconds",
+                "wall_seconds", "tokens_per_second", "mfu", "peak_memory_bytes", "final_loss",
+                "time_breakdown", "device", "choices", "checkpoint_pause_seconds", "skipped_steps",
+                "packing_efficiency", "padding_waste", "config"):  # fmt: skip
+        assert key in s, key
+    assert 0 < s["trained_tokens"] <= s["seen_tokens"] <= s["padded_tokens"]
+    assert s["tokens_per_second"] == pytest.approx(s["trained_tokens"] / s["train_seconds"])
+    assert s["optimizer_steps"] == 6 and s["skipped_steps"] == 0
+    assert s["wall_seconds"] >= s["train_seconds"] > 0
+    assert 0 < s["mfu"] < 1 and s["peak_memory_bytes"] > 0
+    for name in ("precision", "attention", "compile", "batching", "loader_workers", "optimizer"):
+        assert s["choices"][name]["reason"], name
+    # metrics.jsonl: one line per optimizer step, counters consistent with the summary
+    lines = _metrics(out)
+    assert [r["step"] for r in lines] == list(range(1, 7))
+    assert lines[-1]["trained_tokens"] == s["trained_tokens"]
+    assert lines[-1]["loss"] == pytest.approx(s["final_loss"])
+    for r in lines:  # the phases explain the step time
+        phases = sum(r[f"{p}_s"] for p in s["time_breakdown"])
+        assert phases == pytest.approx(r["step_seconds"], rel=0.03)
+    # checkpoints: the newest two, plus TensorBoard events
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-6"]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    # final/ loads with from_pretrained and gives the in-memory model's logits
+    loaded = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+    ids = torch.randint(3, 4000, (2, 16), generator=torch.Generator().manual_seed(1))
+    tr.model.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, tr.model(ids).logits)
+    assert (out / "final" / "tokenizer.json").is_file()
+    # the banner names every choice with its reason
+    err = capsys.readouterr().err
+    for name, c in s["choices"].items():
+        assert name in err and c["reason"] in err, name
+
+
+def test_resume_is_bit_identical(tiny_model_dir, store, tmp_path, monkeypatch):
+    from pitstop.train import RunInterrupted, run
+
+    ref = tmp_path / "ref"
+    s_ref = run(_cfg(tiny_model_dir, store, ref))
+    out = tmp_path / "cut"
+    monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", "3")  # behaves like SIGTERM after step 3
+    with pytest.raises(RunInterrupted) as e:
+        run(_cfg(tiny_model_dir, store, out))
+    assert e.value.exit_code == 143 and "--resume" in str(e.value)
+    assert (out / "checkpoints" / "step-3" / "COMPLETE.json").is_file()
+    monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
+    with pytest.raises(ConfigError):
+        run(_cfg(tiny_model_dir, store, out))  # no --resume: refused
+    s = run(_cfg(tiny_model_dir, store, out, resume=True))
+    assert s["resumed_from"].endswith("step-3")
+    a, b = _metrics(ref), _metrics(out)
+    assert [r["step"] for r in b] == list(range(1, 7))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    wa, wb = _weights(ref), _weights(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    for key in ("trained_tokens", "seen_tokens", "padded_tokens", "optimizer_steps", "final_loss"):
+        assert s[key] == s_ref[key], key
+
+
+def _train_cmd(model, store, out, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pitstop", "train", "--model", str(model), "--data", str(store),
+            "--output", str(out), "--max-seq-len", "64", "--tokens-per-step", "256",
+            "--micro-batch-size", "2", "--batching", "pack", "--max-steps", "8", "--log-steps", "2",
+            "--lr", "1e-3", "--report-to", "none", "--compile", "off", "--save-steps", "2",
+            "--cache-dir", str(out.parent / "cache"), *extra]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_sigkill_during_a_checkpoint_write_then_resume(tiny_model_dir, store, tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    done = subprocess.run(_train_cmd(tiny_model_dir, store, ref), env=_env(), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    proc = subprocess.Popen(_train_cmd(tiny_model_dir, store, out), env=_env(PITSTOP_TEST_CKPT_DELAY="4:120"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not list((out / "checkpoints").glob(".step-4.partial-*/WRITING")):
+            assert proc.poll() is None and time.time() < deadline, "never reached the slow write"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    from pitstop.train.checkpoint import latest_checkpoint
+
+    partial = next((out / "checkpoints").glob(".step-4.partial-*"))
+    assert (partial / "model.safetensors").is_file()  # the weights were already written...
+    assert latest_checkpoint(out / "checkpoints").name == "step-2"  # ...but it is not taken
+    done = subprocess.run(_train_cmd(tiny_model_dir, store, out, "--resume"), env=_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not partial.exists()
+    a, b = _metrics(ref), _metrics(out)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    wa, wb = _weights(ref), _weights(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigterm_saves_and_prints_the_resume_command(tiny_model_dir, store, tmp_path):
+    out = tmp_path / "out"
+    # A slow checkpoint at step 2 gives the test a moment in the middle of the run.
+    proc = subprocess.Popen(_train_cmd(tiny_model_dir, store, out), env=_env(PITSTOP_TEST_CKPT_DELAY="2:3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 240
+    while not list((out / "checkpoints").glob(".step-2.partial-*/WRITING")):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "--resume" in err and "SIGTERM" in err
+    from pitstop.train.checkpoint import latest_checkpoint
+
+    step = int(latest_checkpoint(out / "checkpoints").name.split("-")[1])
+    assert 2 < step < 8
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_nan_steps_are_skipped_then_the_run_stops(tiny_model_dir, store, tmp_path, monkeypatch):
+    from pitstop.train import TrainingDiverged, run
+
+    monkeypatch.setenv("PITSTOP_TEST_NAN_STEPS", "3")
+    out = tmp_path / "one"
+    s = run(_cfg(tiny_model_dir, store, out, max_bad_steps=2, save_steps=2))
+    assert s["skipped_steps"] == 1 and s["optimizer_steps"] == 6
+    lines = _metrics(out)
+    assert lines[2]["skipped"] is True and lines[2]["loss"] is None
+    assert all(r["loss"] is not None for i, r in enumerate(lines) if i != 2)
+    assert all(torch.isfinite(w).all() for w in _weights(out).values())
+
+    monkeypatch.setenv("PITSTOP_TEST_NAN_STEPS", "3,4,5")
+    out = tmp_path / "many"
+    with pytest.raises(
+        TrainingDiverged, match=r"step 4: 2 optimizer steps in a row.*learning rate"
+    ):
+        run(_cfg(tiny_model_dir, store, out, max_bad_steps=2, save_steps=2))
+    from pitstop.train.checkpoint import latest_checkpoint
+
+    assert latest_checkpoint(out / "checkpoints").name == "step-2"
+    assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_failed_checkpoint_write_stops_cleanly(tiny_model_dir, store, tmp_path, monkeypatch):
+    from pitstop.train import run
+    from pitstop.train.checkpoint import CheckpointError, latest_checkpoint
+
+    monkeypatch.setenv("PITSTOP_TEST_CKPT_FAIL", "4")
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError, match=r"No space left.*step-2"):
+        run(_cfg(tiny_model_dir, store, out, save_steps=2))
+    assert latest_checkpoint(out / "checkpoints").name == "step-2"
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_lora_run_saves_a_peft_adapter(tiny_model_dir, store, tmp_path):
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from pitstop.train import run
+
+    out = tmp_path / "out"
+    s = run(_cfg(tiny_model_dir, store, out, lora_r=4, max_steps=2))
+    assert "lora" in s["choices"]
+    assert (out / "final" / "adapter_config.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = peft.PeftModel.from_pretrained(base, out / "final")
+    assert any("lora_" in n for n, _ in model.named_parameters())

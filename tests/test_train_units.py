@@ -1,0 +1,250 @@
+"""Fast unit tests of the training loop's parts: loss math, schedule, optimizer groups, probe,
+timeline, FLOPs, checkpoint discovery and output-dir protection."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pitstop.errors import ConfigError
+from pitstop.measure.flops import flops_model
+from pitstop.measure.timeline import PHASES, Timeline
+from pitstop.probe import (
+    Choice,
+    DeviceInfo,
+    choose_attention,
+    choose_compile,
+    choose_precision,
+    choose_tf32,
+)
+from pitstop.train import checkpoint as ckpt
+from pitstop.train.optim import param_groups
+from pitstop.train.schedule import lr_at
+
+CPU = DeviceInfo(type="cpu", name="test cpu", cpu_count=2)
+V100 = DeviceInfo(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False)
+A100 = DeviceInfo(type="cuda", name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    from _train_util import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
+
+
+class _Loader:
+    """A minimal loader honouring the contract: fixed micro-batches, resumable."""
+
+    def __init__(self, micro: list[dict], steps: int = 1) -> None:
+        self.micro, self.steps_per_epoch, self.total_steps, self.pos = micro, steps, steps, 0
+
+    def __iter__(self):
+        while self.pos < self.total_steps:
+            yield from self.micro
+            self.pos += 1
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, s):
+        self.pos = s["pos"]
+
+
+def _micro_batches(n: int, b: int, t: int, vocab: int, seed: int = 0) -> list[dict]:
+    """n micro-batches [b, t] of two packed documents per row, some positions not targets."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(3, vocab, (b, t), generator=g)
+        cut = t // 3
+        pos = torch.cat([torch.arange(cut), torch.arange(t - cut)]).expand(b, t).clone()
+        labels = ids.clone()
+        labels[:, 0] = -100
+        labels[:, cut] = -100  # a document's first token is never a target
+        labels[:, cut + 1 : cut + 4] = -100  # a masked prompt
+        out.append({"input_ids": ids, "labels": labels, "position_ids": pos})
+    return out
+
+
+def test_grad_accum_of_four_micro_batches_equals_one_big_batch(tiny_model_dir, tmp_path):
+    from _train_util import train_config
+
+    from pitstop.train.trainer import Trainer
+
+    micro = _micro_batches(4, 2, 32, 4000)
+    targets = sum(int((m["labels"][:, 1:] != -100).sum()) for m in micro)
+    cfg = train_config(tiny_model_dir, tmp_path / "none", tmp_path / "out")
+    tr = Trainer(cfg, device=CPU, loader=_Loader(micro))
+    tl = Timeline()
+    tl.start_step()
+    loss_acc = sum(tr.forward_backward(m, targets, tl) for m in micro)
+    accum = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+    tr.model.zero_grad(set_to_none=True)
+    big = {k: torch.cat([m[k] for m in micro]) for k in micro[0]}  # [8, 32]
+    loss_big = tr.forward_backward(big, targets, tl)
+    assert torch.allclose(loss_acc, loss_big, rtol=1e-6, atol=1e-6)
+    for n, p in tr.model.named_parameters():
+        assert torch.allclose(accum[n], p.grad, rtol=1e-5, atol=1e-7), n
+
+
+def test_lr_schedule_shape():
+    kw = {"peak_lr": 1.0, "total_steps": 100, "warmup_steps": 10, "min_lr_ratio": 0.1}
+    cos = [lr_at(s, schedule="cosine", **kw) for s in range(100)]
+    assert cos[0] == pytest.approx(0.1) and cos[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in itertools.pairwise(cos[:10]))  # rises through warm-up
+    assert all(a >= b for a, b in itertools.pairwise(cos[10:]))  # then never rises
+    assert cos[-1] == pytest.approx(0.1)
+    assert cos[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 45 / 89)))
+    lin = [lr_at(s, schedule="linear", **kw) for s in range(100)]
+    assert lin[-1] == pytest.approx(0.1) and lin[10] == pytest.approx(1.0)
+    assert lin[30] - lin[31] == pytest.approx(lin[60] - lin[61])  # straight line
+    const = [lr_at(s, schedule="constant", **kw) for s in range(10, 100)]
+    assert set(const) == {1.0}
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+    )
+    groups = param_groups(model, 0.1)
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    for p in model.parameters():
+        assert (id(p) in decayed) == (p.ndim >= 2)
+
+
+def test_probe_precision_tf32_attention_compile():
+    assert choose_precision("auto", CPU).value == "fp32"
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        choose_precision("bf16", CPU)
+    with pytest.raises(ConfigError):
+        choose_precision("fp16", CPU)
+    assert choose_precision("auto", V100).value == "fp16"
+    assert "GradScaler" in choose_precision("auto", V100).reason
+    assert choose_precision("auto", A100).value == "bf16"
+    with pytest.raises(ConfigError, match="no bf16"):
+        choose_precision("bf16", V100)
+    assert choose_tf32(A100, "bf16").value is True and choose_tf32(CPU, "fp32").value is False
+    att = choose_attention("auto", CPU, "fp32")
+    assert att.value == "sdpa" and "CUDA" in att.reason
+    with pytest.raises(ConfigError):
+        choose_attention("flash_attention_2", CPU, "fp32")
+    short = choose_compile("auto", CPU, 60.0)
+    assert short.value is False and "63 s" in short.reason
+    assert choose_compile("auto", CPU, 10 * 3600.0).value is True
+    assert choose_compile("off", CPU, 1e9).value is False
+
+
+def test_timeline_phases_sum_to_step_time():
+    tl = Timeline()
+    tl.start_step()
+    for name, sec in (
+        ("data_wait", 0.01),
+        ("forward", 0.02),
+        ("backward", 0.02),
+        ("optimizer", 0.01),
+    ):
+        with tl.phase(name):
+            time.sleep(sec)
+    time.sleep(0.01)  # unexplained time
+    rec = tl.end_step()
+    phases = rec.resolve()
+    assert set(phases) == set(PHASES)
+    assert sum(phases.values()) == pytest.approx(rec.step_seconds, rel=0.02)
+    assert phases["other"] >= 0.005
+
+
+def test_flops_per_token_matches_the_formula(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    fm = flops_model(model)
+    n_all = sum(p.numel() for p in model.parameters())
+    n_emb = model.get_input_embeddings().weight.numel()
+    assert fm.n_trainable == n_all - n_emb and fm.n_frozen == 0
+    assert fm.per_token(128) == 6 * (n_all - n_emb) + 12 * 2 * 64 * 128
+
+
+def _fake_checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
+    p = root / f"step-{step}"
+    p.mkdir(parents=True)
+    (p / "weights.bin").write_bytes(b"x" * 10)
+    if complete:
+        (p / ckpt.MARKER).write_text(json.dumps({"step": step, "files": {"weights.bin": 10}}))
+    return p
+
+
+def test_checkpoint_discovery_ignores_incomplete(tmp_path):
+    root = tmp_path / "checkpoints"
+    _fake_checkpoint(root, 2)
+    _fake_checkpoint(root, 6, complete=False)  # no marker: a crash before the rename
+    damaged = _fake_checkpoint(root, 4)
+    (damaged / "weights.bin").write_bytes(b"x")  # size differs from the marker
+    (root / ".step-8.partial-abcd").mkdir()
+    assert ckpt.latest_checkpoint(root) == root / "step-2"
+    ckpt.remove_debris(root)
+    assert not (root / ".step-8.partial-abcd").exists()
+
+
+def test_checkpoint_writer_is_atomic_and_keeps_the_newest(tmp_path):
+    root = tmp_path / "checkpoints"
+
+    def save_model(dest: Path, state: dict) -> None:
+        from safetensors.torch import save_file
+
+        save_file(state, dest / "model.safetensors")
+
+    w = ckpt.CheckpointWriter(root, keep=2, save_model=save_model)
+    for step in (1, 2, 3):
+        snap = ckpt.Snapshot(step, {"w": torch.full((3,), float(step))}, {"optimizer": {}},
+                             {"step": step}, ckpt.rng_state(), {"pos": step})  # fmt: skip
+        w.submit(snap)
+    w.wait()
+    assert [s for s, _ in ckpt.complete_checkpoints(root)] == [2, 3]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+    state = ckpt.read_checkpoint(root / "step-3")
+    assert state["loader_state"] == {"pos": 3} and state["trainer_state"]["step"] == 3
+
+
+def test_rng_state_round_trips():
+    st = ckpt.rng_state()
+    a = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+    ckpt.set_rng_state(json.loads(json.dumps(st)))
+    b = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+    assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
+
+
+def test_output_dir_holding_a_run_is_refused(tiny_model_dir, store, tmp_path):
+    from _train_util import train_config
+
+    from pitstop.train import run
+
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(ConfigError, match="already holds a run") as e:
+        run(train_config(tiny_model_dir, store, out))
+    assert e.value.exit_code == 2
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_cpu_fp16_is_a_config_error_before_anything_is_written(tiny_model_dir, store, tmp_path):
+    from _train_util import train_config
+
+    from pitstop.train import run
+
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="CUDA"):
+        run(train_config(tiny_model_dir, store, out, precision="fp16"), device=CPU)
+    assert not out.exists()
+
+
+def test_choice_serialises():
+    assert Choice(True, "why").to_dict() == {"value": True, "reason": "why"}
