@@ -85,53 +85,69 @@ def micro_loss(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     )
 
 
-def time_strategy(
-    strategy: str, store: TokenStore, model_dir: Path, base: dict[str, Any], warmup: int, steps: int
-) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = load_model(model_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    cfg = RunConfig(**base, batching=strategy, max_steps=warmup + steps)
-    loader = MicroBatchLoader(store, cfg)
-    eff = loader.efficiency()
-    rates, seen_rates, pos_rates, step_s = [], [], [], []
-    t0 = time.perf_counter()
-    seen = pos = 0
-    for batch in loader:
-        m = batch["meta"]
-        (micro_loss(model, batch) / m["step_targets"]).backward()
-        seen += m["n_seen"]
-        pos += m["n_positions"]
-        if m["micro_index"] == m["micro_count"] - 1:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
-            if m["step"] >= warmup:
-                rates.append(m["step_targets"] / dt)
-                seen_rates.append(seen / dt)
-                pos_rates.append(pos / dt)
-                step_s.append(dt)
-            t0 = time.perf_counter()
-            seen = pos = 0
-    return {
-        "strategy": strategy,
-        "trained_tps": median(rates),
-        "seen_tps": median(seen_rates),
-        "positions_ps": median(pos_rates),
-        "step_s": median(step_s),
-        "efficiency": eff.packing_efficiency,
-        "steps_per_epoch": loader.steps_per_epoch,
-    }
+class StrategyRun:
+    """One strategy's model, optimizer and loader; `step()` trains one optimizer step.
+
+    The benchmark interleaves the strategies step by step, so load from anything else
+    on the machine slows all of them alike instead of whichever ran at the wrong time.
+    """
+
+    def __init__(
+        self, strategy: str, store: TokenStore, model_dir: Path, base: dict[str, Any], steps: int
+    ) -> None:
+        torch.manual_seed(0)
+        self.strategy = strategy
+        self.model = load_model(model_dir)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.loader = MicroBatchLoader(store, RunConfig(**base, batching=strategy, max_steps=steps))
+        self.efficiency = self.loader.efficiency().packing_efficiency
+        self.batches = iter(self.loader)
+        self.rates: dict[str, list[float]] = {"trained": [], "seen": [], "positions": [], "s": []}
+
+    def step(self, record: bool) -> None:
+        t0 = time.perf_counter()
+        seen = pos = 0
+        while True:
+            batch = next(self.batches)
+            m = batch["meta"]
+            (micro_loss(self.model, batch) / m["step_targets"]).backward()
+            seen += m["n_seen"]
+            pos += m["n_positions"]
+            if m["micro_index"] == m["micro_count"] - 1:
+                break
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        if record:
+            self.rates["trained"].append(m["step_targets"] / dt)
+            self.rates["seen"].append(seen / dt)
+            self.rates["positions"].append(pos / dt)
+            self.rates["s"].append(dt)
+
+    def summary(self) -> dict[str, Any]:
+        r = self.rates
+        return {
+            "strategy": self.strategy,
+            "trained_tps": median(r["trained"]),
+            "seen_tps": median(r["seen"]),
+            "positions_ps": median(r["positions"]),
+            "step_s": median(r["s"]),
+            "efficiency": self.efficiency,
+            "steps_per_epoch": self.loader.steps_per_epoch,
+        }
 
 
-def _median_time(fn: Any, reps: int = 5) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def _interleaved_medians(fns: tuple[Any, ...], reps: int = 5) -> list[float]:
+    """Median seconds of each function, run round-robin (after one untimed call each)."""
+    for fn in fns:
         fn()
-        ts.append(time.perf_counter() - t)
-    return median(ts)
+    ts: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            ts[i].append(time.perf_counter() - t)
+    return [median(t) for t in ts]
 
 
 def attention_check(
@@ -180,7 +196,7 @@ def attention_check(
         ("SDPA op, 4 heads x 64", (op_packed, op_separate, op_full)),
         ("whole model fwd+bwd", (m_packed, m_separate, m_full)),
     ):
-        packed, separate, full = (_median_time(f) for f in fns)
+        packed, separate, full = _interleaved_medians(fns)
         ratios.append((packed / separate, packed / full))
         rows.append(
             [
@@ -203,9 +219,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows-per-step", type=int, default=8, help="tokens per step = rows x max len")
     ap.add_argument("--micro-rows", type=int, default=2, help="micro-batch budget in full rows")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: torch's default, or 1 when the machine is already busy)",
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        threads_note = f"{args.threads} torch thread(s) (set)"
+    elif load_before > 0.75 * cores:
+        # Measured here: with other processes on every core, OpenMP's spinning threads
+        # made a 2-thread forward+backward 5x slower than 1 thread; 1 thread keeps it sane.
+        torch.set_num_threads(1)
+        threads_note = (
+            f"1 torch thread: the machine was busy (load average {load_before:.1f} on "
+            f"{cores} cores), where more threads measured slower and noisier"
+        )
+    else:
+        threads_note = f"{torch.get_num_threads()} torch threads (default)"
+    print(f"threads: {threads_note}")
     info = machine()
     print(f"machine: {describe_machine(info)}")
     msl = args.max_seq_len
@@ -228,11 +266,16 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = make_store(Path(tmp) / "store", tokenizer, msl)
         print(f"store: {len(store):,} sequences, {store.n_tokens:,} tokens, max length {msl}")
-        results = []
-        for s in STRATEGIES:
-            r = time_strategy(s, store, model_dir, base, args.warmup, args.steps)
-            print(f"  {s}: {r['trained_tps']:,.0f} trained tok/s")
-            results.append(r)
+        runs = [
+            StrategyRun(s, store, model_dir, base, args.warmup + args.steps) for s in STRATEGIES
+        ]
+        for i in range(args.warmup + args.steps):
+            for run in runs:
+                run.step(record=i >= args.warmup)
+        results = [run.summary() for run in runs]
+        for r in results:
+            print(f"  {r['strategy']}: {r['trained_tps']:,.0f} trained tok/s")
+        del runs
         torch.manual_seed(0)
         auto_model = load_model(model_dir)
 
@@ -295,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
             f"bundled instruction records (prompts masked), max length {msl}, "
             f"{base['tokens_per_step']:,} tokens per optimizer step, micro-batches of up to "
             f"{base['tokens_per_micro_batch']:,} positions, AdamW. Medians over {args.steps} "
-            f"steps after {args.warmup} warm-up step(s); same data, model and step size for "
+            f"steps after {args.warmup} warm-up step(s), strategies interleaved; same data, model and step size for "
             "every strategy.",
             "",
             table,
@@ -314,7 +357,10 @@ def main(argv: list[str] | None = None) -> None:
             "(`cu_seqlens`) on a GPU skips the masked blocks; on CPU the throughput table above "
             "already includes this cost, which is why `auto` measures instead of assuming.",
             "",
-            f"Benchmark wall time: {time.perf_counter() - t_start:.0f} s.",
+            f"Threads: {threads_note}. Load average (1 min) {load_before:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} at the end; strategies ran interleaved step by step so "
+            "background load affects them alike. Benchmark wall time: "
+            f"{time.perf_counter() - t_start:.0f} s.",
         ]
     )
     print()

@@ -125,7 +125,12 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     def numeric(col: int) -> bool:
         vals = [str(r[col]) for r in rows if str(r[col]) not in ("n/a", "", "—")]
         return bool(vals) and all(
-            v.replace(".", "", 1).replace("%", "").replace("×", "").replace(",", "").lstrip("-+").isdigit()
+            v.replace(".", "", 1)
+            .replace("%", "")
+            .replace("×", "")
+            .replace(",", "")
+            .lstrip("-+")
+            .isdigit()
             for v in vals
         )
 

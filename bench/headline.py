@@ -81,7 +81,6 @@ import dataclasses
 import gzip
 import importlib.util
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -164,7 +163,7 @@ CPU_FULL = Sizes(
     timeout_s=1800,
 )
 CPU_QUICK = Sizes(
-    model=ModelSpec(layers=2, hidden=64, heads=4, vocab_size=2048, tokenizer_chapters=200),
+    model=ModelSpec(layers=2, hidden=64, heads=4, vocab_size=1024, tokenizer_chapters=60),
     max_len=256,
     tokens_per_step=1024,
     lr=2e-3,
@@ -257,7 +256,9 @@ def split_chapter(text: str, tok: Any, max_len: int) -> list[str]:
     if n_tokens(text) <= max_len:
         return [text]
     lines = text.split("\n")
-    per_line = [len(ids) for ids in tok([ln + "\n" for ln in lines], add_special_tokens=False)["input_ids"]]
+    per_line = [
+        len(ids) for ids in tok([ln + "\n" for ln in lines], add_special_tokens=False)["input_ids"]
+    ]
     budget = max_len - 2 - 8  # BOS, EOS, and slack for merges across line joins
     pieces: list[list[str]] = [[]]
     used = 0
@@ -424,8 +425,21 @@ def _common_args(setup: Setup, outdir: Path, micro: int, accum: int) -> dict[str
         "use_cpu": not gpu,
         "dataloader_pin_memory": gpu,
         "disable_tqdm": True,
-        "gradient_checkpointing": False,
+        # TRL defaults to recomputing activations; no other system here does.
+        _checkpointing_arg(): False,
     }
+
+
+def _checkpointing_arg() -> str:
+    """transformers ≥ 5.2x renamed gradient_checkpointing to activation_checkpointing."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
 
 
 def _known_fields(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -457,7 +471,11 @@ class _PadToMaxDataset:
         )
         ids = torch.tensor(enc["input_ids"])
         mask = torch.tensor(enc["attention_mask"])
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": ids.masked_fill(mask == 0, -100),
+        }
 
 
 def _instrument(trainer_cls: Any, pad_id: int) -> Any:
@@ -466,7 +484,7 @@ def _instrument(trainer_cls: Any, pad_id: int) -> Any:
     class Counting(trainer_cls):  # type: ignore[misc, valid-type]
         bench_counts: dict[str, Any]
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             c = self.__dict__.setdefault("bench_counts", {"trained": 0, "seen": 0, "positions": 0})
             ids, labels = inputs["input_ids"], inputs["labels"]
             # Targets after the model's internal shift; kept as tensors (no sync on GPU).
@@ -489,19 +507,19 @@ def _clock_callback() -> Any:
             self.t1: float | None = None
             self.losses: list[float] = []
 
-        def on_epoch_begin(self, args, state, control, **kw):  # noqa: ANN001
+        def on_epoch_begin(self, args, state, control, **kw):
             self._sync()
             if self.t0 is None:
                 self.t0 = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kw):
             self.t1 = time.perf_counter()
 
-        def on_train_end(self, args, state, control, **kw):  # noqa: ANN001
+        def on_train_end(self, args, state, control, **kw):
             self._sync()
             self.t1 = time.perf_counter() if self.t1 is None else self.t1
 
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+        def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
                 self.losses.append(float(logs["loss"]))
 
@@ -517,7 +535,6 @@ def _clock_callback() -> Any:
 
 def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
     """hf_slow / hf_dynamic / trl: build, train one epoch, save; the counts and clocks."""
-    import torch
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(setup.model_dir)
@@ -589,7 +606,6 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
     done_at = time.time()
     counts = {k: int(v) for k, v in trainer.bench_counts.items()}
     assert clock.t0 is not None and clock.t1 is not None
-    del torch  # imported for the side effect of checking it is there
     return _child_result(
         system,
         config=config,
@@ -612,7 +628,8 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     try:
-        from pitstop.batching import BatchSettings, build_plan, collate, step_micro_batches
+        from pitstop.batching import BatchSettings, build_plan, step_micro_batches
+        from pitstop.batching.collate import collate
         from pitstop.config import RunConfig
         from pitstop.train.schedule import default_warmup, lr_at
     except ImportError as e:  # pitstop.batching is being written alongside this benchmark
@@ -620,7 +637,7 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
 
     tok = AutoTokenizer.from_pretrained(setup.model_dir)
     texts = read_texts(setup.train_file)
-    seqs = [ids + [tok.eos_token_id] for ids in tok(texts)["input_ids"]]
+    seqs = [[*ids, tok.eos_token_id] for ids in tok(texts)["input_ids"]]
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
     tokens = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
     mask = np.ones(len(tokens), dtype=bool)
@@ -650,9 +667,7 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
             n_targets += int((b["labels"][:, 1:] != -100).sum())
             seen += int((b["input_ids"] != tok.pad_token_id).sum())
             positions += b["input_ids"].numel()
-            mb: dict[str, Any] = {
-                k: b[k].to(dev) for k in ("input_ids", "labels", "position_ids")
-            }
+            mb: dict[str, Any] = {k: b[k].to(dev) for k in ("input_ids", "labels", "position_ids")}
             if flash:  # varlen boundaries precomputed, as pitstop passes them
                 cu = b["cu_seqlens"].to(dev)
                 mb.update(
@@ -727,7 +742,7 @@ def run_eval(setup: Setup, models: dict[str, str]) -> dict[str, float | str]:
 
     tok = AutoTokenizer.from_pretrained(setup.model_dir)
     docs = [
-        torch.tensor([ids + [tok.eos_token_id]])
+        torch.tensor([[*ids, tok.eos_token_id]])
         for ids in tok(read_texts(setup.heldout_file))["input_ids"]
     ]
     gpu = setup.mode == "gpu"
@@ -773,9 +788,34 @@ def child_main(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parent
 
 
-def _spawn(cmd: list[str], log: Path, timeout: int) -> tuple[int, float, float]:
-    """Run a command with its output to `log`; (return code, start epoch time, seconds)."""
+def _busy_cpu_seconds() -> float | None:
+    """CPU-seconds the whole machine has spent busy (including stolen time), from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Spawned:
+    rc: int
+    start: float  # epoch seconds when the process was started
+    seconds: float
+    # Cores' worth of CPU that *other* processes used while this one ran (busy machine
+    # time minus the child's own CPU time): a witness for noisy timings.
+    others_cores: float | None
+
+
+def _spawn(cmd: list[str], log: Path, timeout: int) -> Spawned:
+    """Run a command with its output to `log`, timing it and what else ran meanwhile."""
+    import resource
+
     env = {**os.environ, **CHILD_ENV}
+    busy0 = _busy_cpu_seconds()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as f:
@@ -787,11 +827,20 @@ def _spawn(cmd: list[str], log: Path, timeout: int) -> tuple[int, float, float]:
             ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
-    return rc, start, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    busy1 = _busy_cpu_seconds()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    others = None
+    if busy0 is not None and busy1 is not None and seconds > 0:
+        mine = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        others = max(0.0, (busy1 - busy0 - mine) / seconds)
+    return Spawned(rc, start, seconds, others)
 
 
 def _tail(log: Path, n: int = 6) -> str:
-    lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    lines = [
+        ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()
+    ]
     return " / ".join(lines[-n:])[-600:]
 
 
@@ -803,20 +852,27 @@ def run_child_system(setup: Setup, workdir: Path, system: str) -> dict[str, Any]
     cmd = [sys.executable, "-m", "bench.headline", "--system", system, "--workdir", str(workdir)]
     cmd += ["--result", str(result)]
     print(f"[headline] {system}: running ({LABELS[system]})", flush=True)
-    rc, start, seconds = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
-    if rc != 0 or not result.is_file():
-        why = "timed out" if rc == 124 else f"exit {rc}"
-        return {"system": system, "status": "failed", "reason": f"{why}: {_tail(outdir / 'log.txt')}"}
+    sp = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
+    if sp.rc != 0 or not result.is_file():
+        why = "timed out" if sp.rc == 124 else f"exit {sp.rc}"
+        return {
+            "system": system,
+            "status": "failed",
+            "reason": f"{why}: {_tail(outdir / 'log.txt')}",
+        }
     res = json.loads(result.read_text())
     if res.get("status") == "ok":
-        res["wall_seconds"] = res.pop("done_at") - start
+        res["wall_seconds"] = res.pop("done_at") - sp.start
+        res["others_cores"] = sp.others_cores
     return res
 
 
 def _pitstop_has(command: str) -> bool:
     cmd = [sys.executable, "-m", "pitstop", command, "--help"]
     try:
-        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, timeout=120, env={**os.environ, **CHILD_ENV})
+        r = subprocess.run(
+            cmd, cwd=REPO_ROOT, capture_output=True, timeout=120, env={**os.environ, **CHILD_ENV}
+        )
     except subprocess.TimeoutExpired:
         return False
     return r.returncode == 0
@@ -845,26 +901,38 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
     notes: dict[str, Any] = {}
     if tuned:
         if not _pitstop_has("tune"):
-            return {"system": system, "status": "n/a", "reason": "`pitstop tune` does not exist yet"}
+            return {
+                "system": system,
+                "status": "n/a",
+                "reason": "`pitstop tune` does not exist yet",
+            }
         tuned_yaml = outdir / "tuned.yaml"
         cmd = [sys.executable, "-m", "pitstop", "tune", *_pitstop_flags(setup, cache)]
         cmd += ["--output", str(tuned_yaml)]
         print(f"[headline] {system}: pitstop tune", flush=True)
-        rc, _, secs = _spawn(cmd, outdir / "tune-log.txt", setup.timeout_s)
-        if rc != 0 or not tuned_yaml.is_file():
-            return {"system": system, "status": "failed", "reason": f"pitstop tune: {_tail(outdir / 'tune-log.txt')}"}
-        notes["tune_seconds"] = secs
+        sp = _spawn(cmd, outdir / "tune-log.txt", setup.timeout_s)
+        if sp.rc != 0 or not tuned_yaml.is_file():
+            return {
+                "system": system,
+                "status": "failed",
+                "reason": f"pitstop tune: {_tail(outdir / 'tune-log.txt')}",
+            }
+        notes["tune_seconds"] = sp.seconds
         shutil.rmtree(cache, ignore_errors=True)
         pre = ["--config", str(tuned_yaml)]
     run_out = outdir / "run"
     cmd = [sys.executable, "-m", "pitstop", "train", *pre, *_pitstop_flags(setup, cache)]
     cmd += ["--output", str(run_out), "--epochs", "1"]
     print(f"[headline] {system}: {LABELS[system]}", flush=True)
-    rc, _, seconds = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
+    sp = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
     summary_path = run_out / "summary.json"
-    if rc != 0 or not summary_path.is_file():
-        why = "timed out" if rc == 124 else f"exit {rc}"
-        return {"system": system, "status": "n/a", "reason": f"`pitstop train` failed ({why}): {_tail(outdir / 'log.txt', 3)}"}
+    if sp.rc != 0 or not summary_path.is_file():
+        why = "timed out" if sp.rc == 124 else f"exit {sp.rc}"
+        return {
+            "system": system,
+            "status": "n/a",
+            "reason": f"`pitstop train` failed ({why}): {_tail(outdir / 'log.txt', 3)}",
+        }
     s = json.loads(summary_path.read_text())
     losses: list[float] = []
     metrics = run_out / "metrics.jsonl"
@@ -877,8 +945,11 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
             if isinstance(rec.get("loss"), (int, float)):
                 losses.append(float(rec["loss"]))
     choices = s.get("choices") or {}
+    shown = ("batching", "loader_workers", "compile", "attention", "precision")
     picked = ", ".join(
-        f"{k} {v.get('value') if isinstance(v, dict) else v}" for k, v in list(choices.items())[:6]
+        f"{k} {v.get('value') if isinstance(v, dict) else v}"
+        for k, v in choices.items()
+        if k in shown
     )
     return {
         "system": system,
@@ -893,7 +964,8 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
         "pitstop_mfu": s.get("mfu"),
         "losses": losses,
         "final_loss_summary": s.get("final_loss"),
-        "wall_seconds": seconds,
+        "wall_seconds": sp.seconds,
+        "others_cores": sp.others_cores,
         "model_dir": str(run_out / "final"),
         **notes,
     }
@@ -949,15 +1021,24 @@ def summarize(
     peers = [k for k in PEERS if k in ok]
     best = max(peers, key=lambda k: ok[k]["tps_train"]) if peers else None
     ceiling = ok.get("ceiling")
+
+    def ratio(r: dict[str, Any], ref: dict[str, Any] | None, key: str) -> str:
+        if ref is None or not r.get(key) or not ref.get(key):
+            return "n/a"
+        return f"{r[key] / ref[key]:.2f}×"
+
+    best_r = ok[best] if best else None
     rows = []
     for name in SYSTEMS:
         if name not in results:
             continue
         r = results[name]
         if name not in ok:
-            rows.append([LABELS[name], r.get("reason", r.get("status", "n/a"))] + ["n/a"] * 10)
+            why = r.get("reason", r.get("status", "n/a"))
+            rows.append([LABELS[name], why] + ["n/a"] * (len(HEADERS) - 2))
             continue
         held = r.get("heldout_loss")
+        mfu = r["mfu"]
         rows.append(
             [
                 LABELS[name] + (" ★best peer" if name == best else ""),
@@ -965,38 +1046,42 @@ def summarize(
                 f"{r['trained_tokens'] / max(1, r['optimizer_steps']):,.0f}",
                 f"{r['tps_train']:,.0f}",
                 fmt(r["tps_wall"], ",.0f"),
-                fmt(r["tps_train"] / ok[best]["tps_train"] if best else None, ".2f") + "×"
-                if best
-                else "n/a",
-                fmt(r["tps_train"] / ceiling["tps_train"] * 100 if ceiling else None, ".0f") + "%"
-                if ceiling
-                else "n/a",
-                fmt(r["mfu"] * 100 if r["mfu"] is not None else None, ".1f") + "%"
-                if r["mfu"] is not None
-                else "n/a",
+                f"{ratio(r, best_r, 'tps_train')} / {ratio(r, best_r, 'tps_wall')}",
+                f"{r['tps_train'] / ceiling['tps_train'] * 100:.0f}%" if ceiling else "n/a",
+                f"{mfu * 100:.1f}%" if mfu is not None else "n/a",
                 f"{r['seen_tokens'] / r['positions'] * 100:.0f}%" if r.get("positions") else "n/a",
                 fmt(final_loss(r), ".3f"),
                 fmt(held, ".3f") if isinstance(held, float) else "n/a",
-                f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}" if r.get("wall_seconds") else "n/a",
+                f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}"
+                if r.get("wall_seconds")
+                else "n/a",
             ]
         )
     goals: list[str] = []
     for name in ("pitstop", "pitstop_tuned"):
         p = ok.get(name)
         if p is None:
-            goals.append(f"- {name}: not measured ({results.get(name, {}).get('reason', 'not run')})")
+            goals.append(
+                f"- {name}: not measured ({results.get(name, {}).get('reason', 'not run')})"
+            )
             continue
         parts = []
         if best:
             x = p["tps_train"] / ok[best]["tps_train"]
-            parts.append(f"{x:.2f}× the best peer ({best}) — goal ≥ {GOAL_VS_PEER}×: {'met' if x >= GOAL_VS_PEER else 'NOT met'}")
+            parts.append(
+                f"{x:.2f}× the best peer ({best}) — goal ≥ {GOAL_VS_PEER}×: {'met' if x >= GOAL_VS_PEER else 'NOT met'}"
+            )
         if ceiling:
             c = p["tps_train"] / ceiling["tps_train"]
-            parts.append(f"{c * 100:.0f}% of the ceiling — goal ≥ {GOAL_VS_CEILING * 100:.0f}%: {'met' if c >= GOAL_VS_CEILING else 'NOT met'}")
+            parts.append(
+                f"{c * 100:.0f}% of the ceiling — goal ≥ {GOAL_VS_CEILING * 100:.0f}%: {'met' if c >= GOAL_VS_CEILING else 'NOT met'}"
+            )
         hp, hb = p.get("heldout_loss"), ok[best].get("heldout_loss") if best else None
         if isinstance(hp, float) and isinstance(hb, float):
             gap = hp - hb
-            parts.append(f"held-out loss {gap:+.3f} vs the best peer — goal ≤ +{GOAL_LOSS_GAP}: {'met' if gap <= GOAL_LOSS_GAP else 'NOT met'}")
+            parts.append(
+                f"held-out loss {gap:+.3f} vs the best peer — goal ≤ +{GOAL_LOSS_GAP}: {'met' if gap <= GOAL_LOSS_GAP else 'NOT met'}"
+            )
         goals.append(f"- {name}: " + "; ".join(parts))
     return rows, goals
 
@@ -1007,7 +1092,7 @@ HEADERS = [
     "trained tokens / step",
     "trained tok/s (train)",
     "trained tok/s (whole process)",
-    "vs best peer",
+    "vs best peer (train / whole)",
     "vs ceiling",
     "MFU",
     "padding efficiency",
@@ -1062,11 +1147,19 @@ def parent_main(args: argparse.Namespace) -> int:
     if models:
         print("[headline] evaluating held-out loss", flush=True)
         ev_path = workdir / "eval.json"
-        cmd = [sys.executable, "-m", "bench.headline", "--system", "eval", "--workdir", str(workdir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.headline",
+            "--system",
+            "eval",
+            "--workdir",
+            str(workdir),
+        ]
         cmd += ["--result", str(ev_path), "--models", *[f"{k}={v}" for k, v in models.items()]]
-        rc, _, _ = _spawn(cmd, workdir / "eval-log.txt", setup.timeout_s)
-        evals = json.loads(ev_path.read_text()) if rc == 0 and ev_path.is_file() else {}
-        if rc != 0:
+        sp = _spawn(cmd, workdir / "eval-log.txt", setup.timeout_s)
+        evals = json.loads(ev_path.read_text()) if sp.rc == 0 and ev_path.is_file() else {}
+        if sp.rc != 0:
             print(f"[headline] evaluation failed: {_tail(workdir / 'eval-log.txt')}", flush=True)
         for k, v in evals.items():
             results[k]["heldout_loss"] = v
@@ -1079,7 +1172,7 @@ def parent_main(args: argparse.Namespace) -> int:
     trained = {r["trained_tokens"] for r in results.values() if r.get("status") == "ok"}
     notes = [
         f"Model: {setup.model_desc}; {setup.precision}, attention {setup.attn}.",
-        f"Data: bundled KJV chapters as plain text ({{\"text\"}} records, loss on every token); {setup.notes[0]}.",
+        f'Data: bundled KJV chapters as plain text ({{"text"}} records, loss on every token); {setup.notes[0]}.',
         f"Math shared by all: one epoch, max length {setup.max_len}, lr {setup.lr} (5% warm-up, cosine to 10%), "
         f"AdamW β=(0.9, 0.95), no weight decay, clip 1.0, seed {setup.seed}.",
         f"Tokens per optimizer step: {setup.tokens_per_step:,} target. Packed systems: "
@@ -1087,22 +1180,40 @@ def parent_main(args: argparse.Namespace) -> int:
         f"{setup.docs_per_step} documents per step ({setup.hf_micro} × {setup.hf_accum} accum) = "
         f"{setup.tokens_per_step:,} / mean document length {setup.mean_doc_len:.0f}, rounded.",
         "Trained tokens are loss targets (every token but each document's first). "
-        + ("Every system trained on the same number of tokens."
-           if len(trained) == 1
-           else f"Trained-token totals differ between systems: {sorted(trained)}."),
+        + (
+            "Every system trained on the same number of tokens."
+            if len(trained) == 1
+            else f"Trained-token totals differ between systems: {sorted(trained)}."
+        ),
         f"MFU: trained tokens/s (train clock) × {fpt / 1e6:.1f} MFLOP/token "
         "(6·N_non-embedding + 12·L·d·T, T = max length) over the device peak "
         f"{(peak or 0) / 1e9:,.0f} GFLOP/s ({peak_src}).",
         "train / whole s: the train-only clock (epoch start to last optimizer step; pitstop's "
         "train_seconds) and the whole subprocess (start to final model saved).",
         f"Machine: {describe_machine(info)}. Whole benchmark took {time.perf_counter() - t_all:.0f} s.",
+        "CPU used by other processes while each system ran, in cores of "
+        f"{info['cores']} (busy machine time minus the system's own): "
+        + ", ".join(
+            f"{k} {r['others_cores']:.2f}"
+            for k, r in results.items()
+            if r.get("others_cores") is not None
+        )
+        + (
+            " — the machine was shared: treat these timings as noisy."
+            if max((r.get("others_cores") or 0.0 for r in results.values()), default=0.0) > 0.25
+            else "."
+        ),
     ]
     for name in ("pitstop", "pitstop_tuned"):
         r = results.get(name, {})
         if r.get("status") == "ok" and r.get("pitstop_mfu") is not None:
-            notes.append(f"{name} summary.json: mfu {r['pitstop_mfu']}, wall_seconds {r.get('pitstop_wall_seconds')} (its own accounting).")
+            notes.append(
+                f"{name} summary.json: mfu {r['pitstop_mfu']}, wall_seconds {r.get('pitstop_wall_seconds')} (its own accounting)."
+            )
         if r.get("tune_seconds"):
-            notes.append(f"{name}: `pitstop tune` took {r['tune_seconds']:.0f} s (not in the table's times).")
+            notes.append(
+                f"{name}: `pitstop tune` took {r['tune_seconds']:.0f} s (not in the table's times)."
+            )
     body = "\n".join(
         [
             table,
@@ -1165,8 +1276,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.headline",
         description="pitstop vs HF Trainer, TRL and the bare-loop ceiling: one epoch, same math.",
     )
-    p.add_argument("--quick", action="store_true", help="tiny model, a few dozen docs, max length 256")
-    p.add_argument("--gpu", action="store_true", help="bf16, a ~1B Llama, flash-attn when installed")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny model, a few dozen docs, max length 256"
+    )
+    p.add_argument(
+        "--gpu", action="store_true", help="bf16, a ~1B Llama, flash-attn when installed"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan (works without CUDA)")
     p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument("--train-chapters", type=int, help="training chapters (default: by mode)")

@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds", type=float, default=60.0, help="approximate training time (default: 60)"
     )
     p.set_defaults(func=cmd_demo)
+
+    from pitstop.advise.command import register as register_doctor
+
+    register_doctor(sub)
     return parser
 
 

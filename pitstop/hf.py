@@ -209,7 +209,10 @@ class PitstopCallback(TrainerCallback):
             try:
                 _set_class(dl, _timed_class(type(dl), self))
                 self._dataloader = dl
-            except (TypeError, AttributeError):  # a C-level or slotted class; data_wait then lands in "other"
+            except (
+                TypeError,
+                AttributeError,
+            ):  # a C-level or slotted class; data_wait then lands in "other"
                 self._dataloader = None
         if model is not None and not getattr(args, "torch_compile", False):
             # Hooks inside a compiled graph would be traced, not timed; without them forward
@@ -345,14 +348,22 @@ class PitstopCallback(TrainerCallback):
         rows = sum(s["rows"] for s in measured)
         seconds = sum(s["seconds"] for s in measured)
         dev = self._device(args)
-        precision = "bf16" if getattr(args, "bf16", False) else ("fp16" if getattr(args, "fp16", False) else "fp32")
+        precision = (
+            "bf16"
+            if getattr(args, "bf16", False)
+            else ("fp16" if getattr(args, "fp16", False) else "fp32")
+        )
         mfu = None
         fm = getattr(self, "_flops_model", None)
         if fm is not None and positions and seconds and rows:
             from pitstop.measure.flops import mfu as mfu_of
             from pitstop.measure.peak import device_peak
 
-            cache = self.cache_dir or os.environ.get("PITSTOP_CACHE_DIR") or Path.home() / ".cache" / "pitstop"
+            cache = (
+                self.cache_dir
+                or os.environ.get("PITSTOP_CACHE_DIR")
+                or Path.home() / ".cache" / "pitstop"
+            )
             import torch
 
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -367,7 +378,9 @@ class PitstopCallback(TrainerCallback):
             peak_mem = int(torch.cuda.max_memory_allocated())
         else:
             peak_mem = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-        events = {k: sum(s["events"][k] for s in measured) for k in ("checkpoints", "evals", "logs")}
+        events = {
+            k: sum(s["events"][k] for s in measured) for k in ("checkpoints", "evals", "logs")
+        }
         notes = []
         if not self._hooks and getattr(args, "torch_compile", False):
             notes.append("torch_compile: forward and backward are reported together as backward")

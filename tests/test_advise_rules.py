@@ -26,9 +26,22 @@ V100 = DeviceInfo(
     total_memory_bytes=32 * 2**30, cpu_count=16,
 )  # fmt: skip
 CPU = DeviceInfo(type="cpu", name="cpu", cpu_count=16)
-ENV = {"transformers": "5.23.0", "flash_attn": {"installed": None}, "tf32": {}, "compile": {"works": True}}
-SMALL = ModelFacts(n_params=125_000_000, n_embedding=38_000_000, n_layers=12, d_model=768, vocab_size=50_000)
-HUGE = ModelFacts(n_params=70_000_000_000, n_embedding=1_000_000_000, n_layers=80, d_model=8192, vocab_size=128_000)
+ENV = {
+    "transformers": "5.23.0",
+    "flash_attn": {"installed": None},
+    "tf32": {},
+    "compile": {"works": True},
+}
+SMALL = ModelFacts(
+    n_params=125_000_000, n_embedding=38_000_000, n_layers=12, d_model=768, vocab_size=50_000
+)
+HUGE = ModelFacts(
+    n_params=70_000_000_000,
+    n_embedding=1_000_000_000,
+    n_layers=80,
+    d_model=8192,
+    vocab_size=128_000,
+)
 
 
 def _data() -> DataFacts:
@@ -41,7 +54,9 @@ def _data() -> DataFacts:
 DATA = _data()
 
 
-def prof(steps: int = 10, base: float = 0.1, events: dict | None = None, notes=(), **ph: float) -> dict:
+def prof(
+    steps: int = 10, base: float = 0.1, events: dict | None = None, notes=(), **ph: float
+) -> dict:
     """A profile of `steps` steps of `base` seconds, plus periodic phases (totals in seconds)."""
     periodic = {k: v for k, v in ph.items() if k in ("checkpoint", "eval", "logging")}
     inner = {k: v for k, v in ph.items() if k not in periodic}
@@ -66,8 +81,8 @@ CASES: list[tuple[str, str, dict, dict, dict, dict, str]] = [
     ("padding-waste", "hf", {"per_device_train_batch_size": 8}, {"data": DATA}, {"per_device_train_batch_size": 1}, {"data": DATA}, 'train_sampling_strategy="group_by_length"'),
     ("packing-off", "pitstop", {"batching": "pad"}, {}, {"batching": "pack"}, {}, "--batching pack"),
     ("packing-off", "hf", {"packing": False}, {}, {"packing": True}, {}, "packing=True"),
-    ("max-len-above-p99", "pitstop", {"max_seq_len": 4096, "batching": "pad"}, {"data": DATA}, {"max_seq_len": 512}, {"data": DATA}, "--max-seq-len 512"),
-    ("max-len-above-p99", "hf", {"max_length": 4096, "packing": True}, {"data": DATA, "model": SMALL}, {"max_length": 512, "packing": True}, {"data": DATA, "model": SMALL}, "max_length=512"),
+    ("max-len-above-p99", "pitstop", {"max_seq_len": 4096, "batching": "pad"}, {"data": DATA}, {"max_seq_len": 1024}, {"data": DATA}, "--max-seq-len 1024"),
+    ("max-len-above-p99", "hf", {"max_length": 4096, "packing": True}, {"data": DATA, "model": SMALL}, {"max_length": 1024, "packing": True}, {"data": DATA, "model": SMALL}, "max_length=1024"),
     ("gradient-checkpointing-unneeded", "pitstop", {"gradient_checkpointing": True, "micro_batch_size": 4}, {"model": SMALL}, {"gradient_checkpointing": True, "micro_batch_size": 4}, {"model": HUGE}, "--no-gradient-checkpointing"),
     ("gradient-checkpointing-unneeded", "hf", {"gradient_checkpointing": True, "per_device_train_batch_size": 4, "max_length": 1024}, {"model": SMALL}, {"gradient_checkpointing": False, "max_length": 1024}, {"model": SMALL}, "gradient_checkpointing=False"),
     ("fp16-on-bf16-gpu", "pitstop", {"precision": "fp16"}, {}, {"precision": "fp16"}, {"device": V100}, "--precision bf16"),
@@ -79,8 +94,8 @@ CASES: list[tuple[str, str, dict, dict, dict, dict, str]] = [
     ("optimizer-not-fused", "hf", {"optim": "adamw_torch"}, {}, {"optim": "adamw_torch_fused"}, {}, 'optim="adamw_torch_fused"'),
     ("compile-off", "pitstop", {"compile": "off"}, {}, {"compile": "auto"}, {}, "--compile auto"),
     ("compile-off", "hf", {"torch_compile": False}, {}, {"torch_compile": True}, {}, "torch_compile=True"),
-    ("checkpoint-overhead", "pitstop", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "--save-steps 5000"),
-    ("checkpoint-overhead", "hf", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "save_steps=5000"),
+    ("checkpoint-overhead", "pitstop", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "--save-steps 1000"),
+    ("checkpoint-overhead", "hf", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "save_steps=1000"),
     ("logging-overhead", "pitstop", {"log_steps": 1}, {"profile": prof(logging=0.05, events={"logs": 10})}, {"log_steps": 100}, {"profile": prof(logging=0.05, events={"logs": 10})}, "--log-steps"),
     ("logging-overhead", "hf", {"logging_steps": 1}, {"profile": prof(logging=0.05, events={"logs": 10})}, {"logging_steps": 100}, {"profile": prof(logging=0.05, events={"logs": 10})}, "logging_steps="),
     ("logging-overhead", "hf", {"logging_steps": 1}, {}, {"logging_steps": 10}, {}, "logging_steps=10"),
@@ -147,16 +162,24 @@ def test_every_rule_has_a_case() -> None:
 
 
 def test_no_gpu_rules_on_cpu() -> None:
-    ctx = context("hf", {"fp16": True, "optim": "adamw_torch", "gradient_checkpointing": True}, {"device": CPU, "model": SMALL})
+    ctx = context(
+        "hf",
+        {"fp16": True, "optim": "adamw_torch", "gradient_checkpointing": True},
+        {"device": CPU, "model": SMALL},
+    )
     ids = set(_ids(run_rules(ctx)))
     assert not ids & {"fp16-on-bf16-gpu", "fp32-on-gpu", "flash-attn-missing", "optimizer-not-fused",
                       "compile-off", "gradient-checkpointing-unneeded"}  # fmt: skip
 
 
 def test_checkpointing_effect_is_flops_arithmetic() -> None:
-    f = _ids(run_rules(context("pitstop", {"gradient_checkpointing": True, "micro_batch_size": 4}, {"model": SMALL})))[
-        "gradient-checkpointing-unneeded"
-    ]
+    f = _ids(
+        run_rules(
+            context(
+                "pitstop", {"gradient_checkpointing": True, "micro_batch_size": 4}, {"model": SMALL}
+            )
+        )
+    )["gradient-checkpointing-unneeded"]
     assert f.basis == "FLOPs arithmetic" and "33%" in f.effect and "8N" in f.effect
 
 
@@ -165,11 +188,17 @@ def test_sft_defaults_apply() -> None:
     s = make_setup(hf_args={"packing": False})
     assert s.hf_class == "SFTConfig" and s.gradient_checkpointing and s.precision == "bf16"
     s = make_setup(hf_args={"per_device_train_batch_size": 4})
-    assert s.hf_class == "TrainingArguments" and not s.gradient_checkpointing and s.precision == "fp32"
+    assert (
+        s.hf_class == "TrainingArguments" and not s.gradient_checkpointing and s.precision == "fp32"
+    )
 
 
 def test_ranking_and_table() -> None:
-    ctx = context("hf", {"fp16": True, "dataloader_num_workers": 0, "torch_compile": False}, {"profile": prof(data_wait=0.3)})
+    ctx = context(
+        "hf",
+        {"fp16": True, "dataloader_num_workers": 0, "torch_compile": False},
+        {"profile": prof(data_wait=0.3)},
+    )
     fs = rank(run_rules(ctx))
     sev = [f.severity for f in fs]
     assert sev == sorted(sev, key=["high", "medium", "low"].index)

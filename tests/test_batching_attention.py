@@ -24,6 +24,16 @@ LENS = [9, 14, 6]  # three documents packed into a row of 32 (3 padding position
 WIDTH = 32
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy CI box OpenMP's spinning threads
+    make them many times slower; restored afterwards for the rest of the session."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def build(attn: str):
     from transformers import AutoModelForCausalLM
 

@@ -16,12 +16,20 @@ from pitstop.config import RunConfig
 from pitstop.data.prepare import open_store, prepare_data
 from pitstop.data.store import TokenStore
 
-TEXTS = ["In the beginning God created the heaven and the earth.", "And the earth was without form."]
+TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form.",
+]
 
 
 def cfg(model: Path, cache: Path, data: list, **kw) -> RunConfig:
-    return RunConfig(data=[str(d) for d in data], model=str(model), cache_dir=str(cache),
-                     workers=kw.pop("workers", 1), **kw)  # fmt: skip
+    return RunConfig(
+        data=[str(d) for d in data],
+        model=str(model),
+        cache_dir=str(cache),
+        workers=kw.pop("workers", 1),
+        **kw,
+    )
 
 
 def docs(store: TokenStore, tok) -> list[str]:
@@ -82,7 +90,9 @@ def test_text_file_is_one_document(tmp_path, tiny_model_dir, tiny_tokenizer, cac
     body = "First paragraph.\n\nSecond paragraph, same document.\n"
     (tmp_path / "a.txt").write_text(body)
     (tmp_path / "b.md").write_text("Another file.")
-    p = prepare_data(cfg(tiny_model_dir, cache_dir, [tmp_path / "a.txt", tmp_path / "b.md"]), progress=False)
+    p = prepare_data(
+        cfg(tiny_model_dir, cache_dir, [tmp_path / "a.txt", tmp_path / "b.md"]), progress=False
+    )
     assert docs(TokenStore(p.store_path), tiny_tokenizer) == [body, "Another file."]
 
 
@@ -101,13 +111,17 @@ def test_multiple_files_concatenate_in_order(tmp_path, tiny_model_dir, tiny_toke
     (tmp_path / "1.jsonl").write_bytes(jsonl_bytes([{"text": "one"}, {"text": "two"}]))
     (tmp_path / "2.txt").write_text("three")
     (tmp_path / "3.json").write_text(json.dumps([{"text": "four"}]))
-    c = cfg(tiny_model_dir, cache_dir, [tmp_path / "1.jsonl", tmp_path / "2.txt", tmp_path / "3.json"])
+    c = cfg(
+        tiny_model_dir, cache_dir, [tmp_path / "1.jsonl", tmp_path / "2.txt", tmp_path / "3.json"]
+    )
     s = open_store(c, progress=False)
     assert docs(s, tiny_tokenizer) == ["one", "two", "three", "four"]
     assert list(s.doc_ids) == [0, 1, 2, 3]
 
 
-def test_valid_oddities_bom_crlf_blank_lines_extra_fields(tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir):
+def test_valid_oddities_bom_crlf_blank_lines_extra_fields(
+    tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir
+):
     raw = b'\xef\xbb\xbf{"text": "alpha", "id": 7}\r\n\r\n   \n{"text": "beta", "meta": {"x": [1]}}\r\n'
     (tmp_path / "odd.jsonl").write_bytes(raw)
     s = open_store(cfg(tiny_model_dir, cache_dir, [tmp_path / "odd.jsonl"]), progress=False)

@@ -12,14 +12,30 @@ from pitstop.data.records import Fields, Record, parse_json_line
 from pitstop.errors import DataError
 
 FIELDS = Fields()
-KEYS = st.sampled_from(["text", "prompt", "completion", "instruction", "input", "output",
-                        "messages", "role", "content", "other"])  # fmt: skip
-SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+KEYS = st.sampled_from(
+    [
+        "text",
+        "prompt",
+        "completion",
+        "instruction",
+        "input",
+        "output",
+        "messages",
+        "role",
+        "content",
+        "other",
+    ]
+)
+SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+)
 ROLES = st.sampled_from(["system", "user", "assistant", "tool", "wizard", ""])
 MESSAGE = st.fixed_dictionaries({"role": ROLES | SCALARS, "content": SCALARS})
 JSON = st.recursive(
     SCALARS | st.lists(MESSAGE, max_size=4),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS | st.text(max_size=5), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(KEYS | st.text(max_size=5), inner, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -48,7 +64,9 @@ def test_any_bytes_are_record_or_data_error(raw):
 
 
 @given(st.lists(JSON, min_size=1, max_size=6))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_worker_never_crashes(tiny_model_dir, values):
     from pitstop.data.tokenize import Settings, Worker
 
@@ -65,8 +83,16 @@ _CACHE: dict = {}
 
 def _worker(model, Settings, Worker):
     if "w" not in _CACHE:
-        s = Settings(tokenizer=str(model), trust_remote_code=False, fields=FIELDS, template="alpaca",
-                     max_seq_len=32, long_docs="split", train_on_prompt=False, skip_bad=True,
-                     token_dtype="uint16")  # fmt: skip
+        s = Settings(
+            tokenizer=str(model),
+            trust_remote_code=False,
+            fields=FIELDS,
+            template="alpaca",
+            max_seq_len=32,
+            long_docs="split",
+            train_on_prompt=False,
+            skip_bad=True,
+            token_dtype="uint16",
+        )
         _CACHE["w"] = Worker(s)
     return _CACHE["w"]

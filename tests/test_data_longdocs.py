@@ -21,9 +21,19 @@ def setup(tmp_path: Path, model: Path, cache: Path, tok, policy: str, kind: str 
         recs = [{"prompt": "Q:\n", "completion": w} for w in words]
     f = tmp_path / "l.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    c = RunConfig(data=[str(f)], model=str(model), cache_dir=str(cache), workers=1, max_seq_len=L, long_docs=policy)
+    c = RunConfig(
+        data=[str(f)],
+        model=str(model),
+        cache_dir=str(cache),
+        workers=1,
+        max_seq_len=L,
+        long_docs=policy,
+    )
     s = open_store(c, progress=False)
-    full = [tok(r.get("text", "") or r["prompt"] + r["completion"])["input_ids"] + [tok.eos_token_id] for r in recs]
+    full = [
+        tok(r.get("text", "") or r["prompt"] + r["completion"])["input_ids"] + [tok.eos_token_id]
+        for r in recs
+    ]
     return s, full
 
 

@@ -15,7 +15,9 @@ from pitstop.errors import DataError
 
 
 def cfg(model: Path, cache: Path, data: list, **kw) -> RunConfig:
-    return RunConfig(data=[str(d) for d in data], model=str(model), cache_dir=str(cache), workers=1, **kw)
+    return RunConfig(
+        data=[str(d) for d in data], model=str(model), cache_dir=str(cache), workers=1, **kw
+    )
 
 
 def one_doc(tmp_path, model, cache, record, **kw):
@@ -49,7 +51,9 @@ def expect_prompt_masked(tok, ids, mask, prompt: str, answer: str) -> None:
 
 
 def test_text_all_targets_but_first_and_eos(tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir):
-    ids, mask = one_doc(tmp_path, tiny_model_dir, cache_dir, {"text": "And God said, Let there be light."})
+    ids, mask = one_doc(
+        tmp_path, tiny_model_dir, cache_dir, {"text": "And God said, Let there be light."}
+    )
     assert ids[-1] == tiny_tokenizer.eos_token_id and ids.count(tiny_tokenizer.eos_token_id) == 1
     assert mask == [0] + [1] * (len(ids) - 1)
 
@@ -77,7 +81,9 @@ def test_instruction_alpaca(tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir,
 
 def test_instruction_custom_template(tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir):
     rec = {"instruction": "Name it", "output": "Day."}
-    ids, mask = one_doc(tmp_path, tiny_model_dir, cache_dir, rec, template="Q {instruction} {{x}} {input}\nA:\n")
+    ids, mask = one_doc(
+        tmp_path, tiny_model_dir, cache_dir, rec, template="Q {instruction} {{x}} {input}\nA:\n"
+    )
     expect_prompt_masked(tiny_tokenizer, ids, mask, "Q Name it {{x}} \nA:\n", "Day.")
 
 
@@ -110,20 +116,30 @@ def _tokenizer_with_template(src: Path, dst: Path, template: str) -> Path:
 def test_chat_template_with_bos_keeps_one_bos(tmp_path, tiny_model_dir, tiny_tokenizer, cache_dir):
     from pitstop.tiny import CHAT_TEMPLATE
 
-    tokdir = _tokenizer_with_template(tiny_model_dir, tmp_path / "tok", "{{ bos_token }}" + CHAT_TEMPLATE)
+    tokdir = _tokenizer_with_template(
+        tiny_model_dir, tmp_path / "tok", "{{ bos_token }}" + CHAT_TEMPLATE
+    )
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"messages": msgs}) + "\n")
-    s = open_store(RunConfig(data=[str(f)], model=str(tokdir), cache_dir=str(cache_dir), workers=1), progress=False)
+    s = open_store(
+        RunConfig(data=[str(f)], model=str(tokdir), cache_dir=str(cache_dir), workers=1),
+        progress=False,
+    )
     ids, mask = s.sequence(0)
     assert ids.tolist().count(tiny_tokenizer.bos_token_id) == 1
     assert segments(tiny_tokenizer, ids.tolist(), mask.tolist()) == ["hello</s>"]
 
 
 def test_chat_template_that_does_not_extend_is_an_error(tmp_path, tiny_model_dir, cache_dir):
-    tokdir = _tokenizer_with_template(tiny_model_dir, tmp_path / "tok", "{{ messages[-1]['content'] }}")
+    tokdir = _tokenizer_with_template(
+        tiny_model_dir, tmp_path / "tok", "{{ messages[-1]['content'] }}"
+    )
     f = tmp_path / "c.jsonl"
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     f.write_text(json.dumps({"messages": msgs}) + "\n")
     with pytest.raises(DataError, match=r"c\.jsonl:1: the chat template does not render message 1"):
-        open_store(RunConfig(data=[str(f)], model=str(tokdir), cache_dir=str(cache_dir), workers=1), progress=False)
+        open_store(
+            RunConfig(data=[str(f)], model=str(tokdir), cache_dir=str(cache_dir), workers=1),
+            progress=False,
+        )

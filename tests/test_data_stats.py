@@ -48,15 +48,28 @@ def test_padding_waste_splits_long_docs():
 
 def test_recommendation_and_table():
     d = np.array([100] * 98 + [900, 3000])
-    counts = {"documents": 100, "sequences": 100, "tokens": int(d.sum()), "target_tokens": 1,
-              "bad_records": 0, "bad_examples": [], "record_kinds": {"text": 100},
-              "long_documents": {"policy": "split", "count": 1, "extra_chunks": 2, "targets_lost": 2}}  # fmt: skip
+    counts = {
+        "documents": 100,
+        "sequences": 100,
+        "tokens": int(d.sum()),
+        "target_tokens": 1,
+        "bad_records": 0,
+        "bad_examples": [],
+        "record_kinds": {"text": 100},
+        "long_documents": {"policy": "split", "count": 1, "extra_chunks": 2, "targets_lost": 2},
+    }
     s = compute_stats(d, np.minimum(d, 1024), max_seq_len=1024, counts=counts)
     assert s["recommended_max_len"]["value"] == 1024  # p99 = 900
     assert s["document_length"]["p99"] == 900 and s["document_length"]["max"] == 3000
     assert [w["max_len"] for w in s["padding_waste"]] == [256, 512, 1024, 2048, 4096, 8192]
     json.dumps(s)
     table = format_stats(s)
-    for text in ("documents", "padding waste", "<- --max-seq-len", "recommended --max-seq-len 1024",
-                 "best-fit decreasing", "packing (--batching pack) removes padding"):  # fmt: skip
+    for text in (
+        "documents",
+        "padding waste",
+        "<- --max-seq-len",
+        "recommended --max-seq-len 1024",
+        "best-fit decreasing",
+        "packing (--batching pack) removes padding",
+    ):
         assert text in table

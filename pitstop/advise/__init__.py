@@ -1,8 +1,8 @@
 """The doctor: environment probe, audit rules over pitstop and Hugging Face configs, findings.
 
-    from pitstop.advise import doctor, format_findings
-    report = doctor(hf_args={"dataloader_num_workers": 0, "fp16": True}, compile_check=False)
-    print(format_findings(report["findings"]))
+from pitstop.advise import doctor, format_findings
+report = doctor(hf_args={"dataloader_num_workers": 0, "fp16": True}, compile_check=False)
+print(format_findings(report["findings"]))
 """
 
 from __future__ import annotations

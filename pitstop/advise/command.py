@@ -69,7 +69,9 @@ def _load_config(path: str) -> Any:
     values = load_yaml(path)
     # The doctor audits configs that may not name their data yet; validate everything else.
     placeholder = not values.get("data")
-    cfg = build_config({**values, "data": values.get("data") or ["-"]}, source=path, command="doctor")
+    cfg = build_config(
+        {**values, "data": values.get("data") or ["-"]}, source=path, command="doctor"
+    )
     if placeholder:
         cfg.data = []
     return cfg
@@ -97,7 +99,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.baseline:
         if config is None and hf is None:
             raise ConfigError("--baseline needs --config or --hf-args to compare with")
-        baseline = _load_config(args.baseline) if config is not None else load_hf_args(args.baseline)
+        baseline = (
+            _load_config(args.baseline) if config is not None else load_hf_args(args.baseline)
+        )
     profile = load_profile(args.profile) if args.profile else None
     report = doctor(
         config=config,

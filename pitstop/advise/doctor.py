@@ -85,8 +85,12 @@ def load_data_facts(
     try:
         from pitstop.data.prepare import prepare_data
     except ImportError as e:  # the data stage is optional for the doctor
-        raise ConfigError(f"cannot prepare {path} here ({e}); give a prepared token store") from None
-    cfg = RunConfig(data=[str(path)], model=str(model), cache_dir=str(cache_dir) if cache_dir else None)
+        raise ConfigError(
+            f"cannot prepare {path} here ({e}); give a prepared token store"
+        ) from None
+    cfg = RunConfig(
+        data=[str(path)], model=str(model), cache_dir=str(cache_dir) if cache_dir else None
+    )
     if max_seq_len:
         cfg.max_seq_len = max_seq_len
     prepared = prepare_data(cfg, progress=False)
@@ -134,7 +138,9 @@ def doctor(
     )
     model_dir = model or (config.model if config is not None else None)
     if isinstance(data, (str, Path)):
-        data = load_data_facts(data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir)
+        data = load_data_facts(
+            data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
+        )
     elif data is None and config is not None and len(config.data) == 1:
         from pitstop.data.store import is_store
 

@@ -68,7 +68,9 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
     if shapes:
         n = sum(int(np.prod(s)) for s in shapes.values())
         emb = sum(
-            int(np.prod(s)) for k, s in shapes.items() if "embed_tokens" in k or k.endswith("wte.weight")
+            int(np.prod(s))
+            for k, s in shapes.items()
+            if "embed_tokens" in k or k.endswith("wte.weight")
         )
     else:  # no weights here: estimate a Llama-style decoder from its shape
         inter = int(text.get("intermediate_size") or 4 * width)

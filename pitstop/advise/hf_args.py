@@ -157,7 +157,9 @@ def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
 
     if cls == "SFTConfig" and (get("packing", default=False) or get("padding_free", default=False)):
         batching = "pack"
-    elif get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length":
+    elif (
+        get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length"
+    ):
         batching = "bucket"
     else:
         batching = "dynamic"  # the default collators pad each batch to its longest row

@@ -28,7 +28,9 @@ PERIODIC_TARGET = 0.01
 CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
 PADDING_LIMIT = 0.10  # padding waste worth acting on
 MAX_LEN_OVER_P99 = 2.0  # "far above p99"
-MEMORY_HEADROOM = 0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
+MEMORY_HEADROOM = (
+    0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
+)
 GA_FIX_VERSION = (4, 46, 0)
 
 
@@ -139,7 +141,7 @@ def loader_main_process(ctx: Context) -> Finding | None:
     measured = share is not None
     return Finding(
         id="loader-main-process",
-        severity="high" if (share or 0) >= V.INPUT_SEVERE else "medium" if measured and share >= V.INPUT_MODERATE or not measured and ctx.cuda else "low",
+        severity="high" if (share or 0) >= V.INPUT_SEVERE else "medium" if (measured and share >= V.INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
         title="batches are loaded on the training process (0 loader workers)",
         evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count,
                   "data_wait_share": None if share is None else round(share, 4)},
@@ -199,7 +201,9 @@ def _padding(ctx: Context) -> tuple[float, str] | None:
 def _packing_fix(ctx: Context) -> str:
     s = ctx.setup
     if s.source == "pitstop":
-        return "--batching pack (or --batching auto, which times pack, bucket and pad on this model)"
+        return (
+            "--batching pack (or --batching auto, which times pack, bucket and pad on this model)"
+        )
     if s.hf_class == "SFTConfig":
         return ("packing=True (SFTConfig; with the default packing_strategy='bfd' TRL trains padding-free, "
                 "which needs attn_implementation='flash_attention_2' to keep documents from attending "
@@ -429,10 +433,16 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
     fa = ctx.env.get("flash_attn") or {}
     if fa.get("installed"):
         return None
-    ev: dict[str, Any] = {"device": dev.name, "capability": list(dev.capability), "flash_attn": None}
+    ev: dict[str, Any] = {
+        "device": dev.name,
+        "capability": list(dev.capability),
+        "flash_attn": None,
+    }
     if ctx.model is not None and ctx.setup.max_len:
         m, T = ctx.model, ctx.setup.max_len
-        ev["attention_flops_share"] = round(12 * m.n_layers * m.d_model * T / m.flops_per_token(T), 4)
+        ev["attention_flops_share"] = round(
+            12 * m.n_layers * m.d_model * T / m.flops_per_token(T), 4
+        )
     packed = ctx.setup.batching == "pack"
     return Finding(
         id="flash-attn-missing",
@@ -458,7 +468,12 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
 def optimizer_not_fused(ctx: Context) -> Finding | None:
     """pitstop always uses fused AdamW on CUDA (probe.choose_optimizer): HF only."""
     opt = (ctx.setup.optimizer or "").lower()
-    if not ctx.cuda or opt in ("adamw_torch_fused", "adamw_apex_fused") or "8bit" in opt or "adamw" not in opt:
+    if (
+        not ctx.cuda
+        or opt in ("adamw_torch_fused", "adamw_apex_fused")
+        or "8bit" in opt
+        or "adamw" not in opt
+    ):
         return None
     share = ctx.shares.get("optimizer")
     return Finding(
@@ -634,7 +649,7 @@ def sync_bound(ctx: Context) -> Finding | None:
     if not ctx.profile:
         return None
     v = ctx.verdict
-    found = [x for x in ([v] + v.also if v else []) if x.kind == "sync-bound"]
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
     if not found:
         return None
     x = found[0]

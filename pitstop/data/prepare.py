@@ -70,15 +70,21 @@ def prepare_data(
         raise ConfigError("no data: give --data FILE (a dataset file or a prepared token store)")
     if len(inputs) == 1 and is_store(inputs[0]):
         store = TokenStore(inputs[0])
-        return Prepared(Path(inputs[0]), True, store.manifest.get("stats", {}), time.perf_counter() - t0)
+        return Prepared(
+            Path(inputs[0]), True, store.manifest.get("stats", {}), time.perf_counter() - t0
+        )
     for d in inputs:
         if is_store(d):
-            raise DataError(f"{d} is a token store; a store can only be given alone, not with other --data")
+            raise DataError(
+                f"{d} is a token store; a store can only be given alone, not with other --data"
+            )
     tok_dir = cfg.tokenizer or cfg.model
     if not tok_dir:
         raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
     if not Path(tok_dir).is_dir():
-        raise ConfigError(f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory")
+        raise ConfigError(
+            f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
+        )
 
     paths = [Path(d) for d in inputs]
     formats = []
@@ -97,18 +103,25 @@ def prepare_data(
         "on_bad_record": cfg.on_bad_record,
     }
     input_info = [
-        {"path": str(p), "fingerprint": file_fingerprint(p, root), "format": f, "compression": c,
-         "bytes": p.stat().st_size}  # fmt: skip
+        {
+            "path": str(p),
+            "fingerprint": file_fingerprint(p, root),
+            "format": f,
+            "compression": c,
+            "bytes": p.stat().st_size,
+        }
         for p, (f, c) in zip(paths, formats)
     ]
     tok_info = {"path": str(tok_dir), "fingerprint": tokenizer_fingerprint(tok_dir, root)}
-    key = store_key({
-        "inputs": [(i["fingerprint"], i["format"], i["compression"]) for i in input_info],
-        "tokenizer": tok_info["fingerprint"],
-        "options": options,
-        "store_format": FORMAT_VERSION,
-        "prepare_version": PREP_VERSION,
-    })  # fmt: skip
+    key = store_key(
+        {
+            "inputs": [(i["fingerprint"], i["format"], i["compression"]) for i in input_info],
+            "tokenizer": tok_info["fingerprint"],
+            "options": options,
+            "store_format": FORMAT_VERSION,
+            "prepare_version": PREP_VERSION,
+        }
+    )
     stores = root / "stores"
     dest = stores / key
     if is_store(dest):
@@ -123,8 +136,13 @@ def prepare_data(
 
     tok = load_tokenizer(str(tok_dir), cfg.trust_remote_code)
     vocab = len(tok)
-    tok_info.update(class_name=type(tok).__name__, vocab_size=vocab, eos_token_id=tok.eos_token_id,
-                    bos_token_id=tok.bos_token_id, chat_template=bool(tok.chat_template))  # fmt: skip
+    tok_info.update(
+        class_name=type(tok).__name__,
+        vocab_size=vocab,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        chat_template=bool(tok.chat_template),
+    )
     settings = Settings(
         tokenizer=str(tok_dir),
         trust_remote_code=cfg.trust_remote_code,
@@ -175,14 +193,18 @@ def open_store(
     return TokenStore(prepare_data(cfg, data=data, progress=progress).store_path)
 
 
-def _parallel(chunks: Iterator[Chunk], settings: Settings, workers: int) -> Iterator[dict[str, Any]]:
+def _parallel(
+    chunks: Iterator[Chunk], settings: Settings, workers: int
+) -> Iterator[dict[str, Any]]:
     """Results of `process_chunk` in input order, with at most ~2 chunks per worker in flight."""
     # fork starts workers in milliseconds with the tokenizer already loaded; spawn elsewhere.
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     ex = ProcessPoolExecutor(
-        workers, mp_context=mp.get_context(method),
-        initializer=tokenize.init_worker, initargs=(settings,),
-    )  # fmt: skip
+        workers,
+        mp_context=mp.get_context(method),
+        initializer=tokenize.init_worker,
+        initargs=(settings,),
+    )
     window: deque = deque()
     try:
         for c in chunks:
@@ -196,7 +218,11 @@ def _parallel(chunks: Iterator[Chunk], settings: Settings, workers: int) -> Iter
 
 
 def _write(
-    results: Iterable[dict[str, Any]], writer: StoreWriter, cfg: RunConfig, progress: bool, t0: float
+    results: Iterable[dict[str, Any]],
+    writer: StoreWriter,
+    cfg: RunConfig,
+    progress: bool,
+    t0: float,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -204,11 +230,25 @@ def _write(
     seq_lens: list[np.ndarray] = []
     bad_examples: list[dict[str, str]] = []
     kinds: dict[str, int] = {}
-    c = {"records": 0, "bad": 0, "targets": 0, "long": 0, "extra_chunks": 0, "targets_lost": 0,
-         "tokens_removed": 0, "targets_removed": 0}  # fmt: skip
+    c = {
+        "records": 0,
+        "bad": 0,
+        "targets": 0,
+        "long": 0,
+        "extra_chunks": 0,
+        "targets_lost": 0,
+        "tokens_removed": 0,
+        "targets_removed": 0,
+    }
     doc_base = 0
-    bar = tqdm(unit=" rec", unit_scale=True, file=sys.stderr, disable=not progress,
-               desc="prepare", dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        unit=" rec",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=not progress,
+        desc="prepare",
+        dynamic_ncols=True,
+    )
     try:
         for res in results:
             if "crash" in res:
@@ -224,7 +264,14 @@ def _write(
             seq_lens.append(res["seq_len"])
             c["records"] += res["n_records"]
             c["bad"] += res["n_bad"]
-            for k in ("targets", "long", "extra_chunks", "targets_lost", "tokens_removed", "targets_removed"):
+            for k in (
+                "targets",
+                "long",
+                "extra_chunks",
+                "targets_lost",
+                "tokens_removed",
+                "targets_removed",
+            ):
                 c[k] += res[k]
             for k, v in res["kinds"].items():
                 kinds[k] = kinds.get(k, 0) + v
@@ -240,8 +287,9 @@ def _write(
         raise DataError(
             f"no usable documents: all {c['records']} records were bad "
             f"(first: {bad_examples[0]['where']}: {bad_examples[0]['reason']})"
-            if bad_examples else "no usable documents in the input"
-        )  # fmt: skip
+            if bad_examples
+            else "no usable documents in the input"
+        )
     seconds = time.perf_counter() - t0
     counts = {
         "documents": doc_base,
@@ -264,5 +312,8 @@ def _write(
         "tokens_per_second": round(writer.n_tokens / max(seconds, 1e-9), 1),
     }
     return compute_stats(
-        np.concatenate(doc_lens), np.concatenate(seq_lens), max_seq_len=cfg.max_seq_len, counts=counts
+        np.concatenate(doc_lens),
+        np.concatenate(seq_lens),
+        max_seq_len=cfg.max_seq_len,
+        counts=counts,
     )

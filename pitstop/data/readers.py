@@ -90,7 +90,9 @@ def detect(path: Path, fmt: str = "auto") -> tuple[str, str | None]:
             f"use one of {known} (optionally + .gz/.zst) or pass --format jsonl|json|parquet|csv|text"
         )
     if EXTENSIONS[ext] == "parquet" and compression:
-        raise DataError(f"{path}: Parquet files are compressed internally; remove the {suffixes[-1]} layer")
+        raise DataError(
+            f"{path}: Parquet files are compressed internally; remove the {suffixes[-1]} layer"
+        )
     return EXTENSIONS[ext], compression
 
 
@@ -197,7 +199,9 @@ def iter_chunks(
         raise DataError(f"{path}: no records found (only blank lines?); give a file with records")
 
 
-def _jsonl(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+def _jsonl(
+    path: Path, compression: str | None, fields: Fields, chunk_bytes: int
+) -> Iterator[Chunk]:
     # Whole blocks of lines travel to the workers, which split them: the parent then does
     # one read, one newline count and one memcpy-like pickle per block, and stays out of
     # the workers' way (splitting into per-line objects here cost a third of a core).
@@ -241,7 +245,9 @@ def _read_text(path: Path, compression: str | None) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 (byte {e.start}); re-encode the file as UTF-8") from None
+        raise DataError(
+            f"{path}:{line}: invalid UTF-8 (byte {e.start}); re-encode the file as UTF-8"
+        ) from None
 
 
 def _json(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
@@ -266,11 +272,15 @@ def _json(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
     del text
     per_chunk = 1024
     for start in range(0, len(data), per_chunk):
-        items = [(f"record {i + 1}", data[i]) for i in range(start, min(start + per_chunk, len(data)))]
+        items = [
+            (f"record {i + 1}", data[i]) for i in range(start, min(start + per_chunk, len(data)))
+        ]
         yield Chunk("rows", str(path), items)
 
 
-def _parquet(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
+def _parquet(
+    path: Path, compression: str | None, fields: Fields, chunk_bytes: int
+) -> Iterator[Chunk]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -288,8 +298,11 @@ def _parquet(path: Path, compression: str | None, fields: Fields, chunk_bytes: i
             f"expected {fields.expected()}"
         )
     meta = pf.metadata
-    row_bytes = max(1, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-                    // max(1, meta.num_rows))  # fmt: skip
+    row_bytes = max(
+        1,
+        sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        // max(1, meta.num_rows),
+    )
     batch_rows = max(16, min(65536, chunk_bytes // row_bytes))
     row = 1
     try:
@@ -306,7 +319,7 @@ def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) 
 
     def lines(f: BinaryIO) -> Iterator[str]:
         nonlocal lineno
-        for lineno, raw in enumerate(f, 1):  # noqa: B007
+        for lineno, raw in enumerate(f, 1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             try:

@@ -72,8 +72,15 @@ class Fields:
         )
 
     def all(self) -> list[str]:
-        return [self.text, self.prompt, self.completion, self.instruction, self.input,
-                self.output, self.messages]  # fmt: skip
+        return [
+            self.text,
+            self.prompt,
+            self.completion,
+            self.instruction,
+            self.input,
+            self.output,
+            self.messages,
+        ]
 
     def expected(self) -> str:
         return (
@@ -87,8 +94,14 @@ class Fields:
 def _type_name(v: Any) -> str:
     if v is None:
         return "null"
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(v), type(v).__name__)  # fmt: skip
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+    }.get(type(v), type(v).__name__)
 
 
 def _string(rec: dict, name: str, *, allow_empty: bool = False) -> str:
@@ -131,7 +144,9 @@ def _messages(rec: dict, name: str) -> tuple[tuple[str, str], ...]:
         if not isinstance(content, str):
             raise BadRecord(f"message {i} content must be a string, got {_type_name(content)}")
         if "\x00" in content:
-            raise BadRecord(f"message {i} content contains a NUL character (\\u0000); clean the data")
+            raise BadRecord(
+                f"message {i} content contains a NUL character (\\u0000); clean the data"
+            )
         out.append((role, content))
     return tuple(out)
 

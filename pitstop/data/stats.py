@@ -71,8 +71,12 @@ def padding_waste(doc_lengths: np.ndarray, max_len: int) -> dict[str, Any]:
     rows = int(np.maximum(1, -(-doc_lengths // max_len)).sum()) if len(doc_lengths) else 0
     tokens = int(doc_lengths.sum())
     waste = 1 - tokens / (rows * max_len) if rows else 0.0
-    return {"max_len": max_len, "rows": rows, "padding_fraction": round(waste, 4),
-            "docs_split": int((doc_lengths > max_len).sum())}  # fmt: skip
+    return {
+        "max_len": max_len,
+        "rows": rows,
+        "padding_fraction": round(waste, 4),
+        "docs_split": int((doc_lengths > max_len).sum()),
+    }
 
 
 def compute_stats(
@@ -93,8 +97,12 @@ def compute_stats(
         "document_length": dist,
         "max_seq_len": max_seq_len,
         "padding_waste": waste,
-        "packing": {"max_len": max_seq_len, "rows": rows, "efficiency": round(eff, 4),
-                    "method": "best-fit decreasing"},  # fmt: skip
+        "packing": {
+            "max_len": max_seq_len,
+            "rows": rows,
+            "efficiency": round(eff, 4),
+            "method": "best-fit decreasing",
+        },
     }
     stats["recommended_max_len"] = recommend(d, dist["p99"], waste)
     return stats
@@ -116,8 +124,13 @@ def recommend(d: np.ndarray, p99: int, waste: list[dict[str, Any]]) -> dict[str,
         f"waste {pad:.1%} of computed positions; packing (--batching pack) removes padding "
         f"waste and fills {eff:.1%} of rows at this length"
     )
-    return {"value": value, "reason": reason, "documents_whole": round(whole, 4),
-            "padding_fraction": pad, "packing_efficiency": round(eff, 4)}  # fmt: skip
+    return {
+        "value": value,
+        "reason": reason,
+        "documents_whole": round(whole, 4),
+        "padding_fraction": pad,
+        "packing_efficiency": round(eff, 4),
+    }
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -141,21 +154,28 @@ def format_stats(stats: dict[str, Any]) -> str:
     lines += [
         "",
         "document length (tokens, EOS included)",
-        "  " + "  ".join(f"{k} {dl.get(k, 0):,}" for k in ("mean", "p50", "p90", "p95", "p99", "max")),
+        "  "
+        + "  ".join(f"{k} {dl.get(k, 0):,}" for k in ("mean", "p50", "p90", "p95", "p99", "max")),
     ]
     ld = s.get("long_documents", {})
     if ld:
         pol, n = ld.get("policy"), ld.get("count", 0)
         msg = f"long documents (> {L} tokens): {n:,}"
         if n and pol == "split":
-            msg += (f", split into {ld.get('extra_chunks', 0):,} extra sequences; "
-                    f"{ld.get('targets_lost', 0):,} target tokens lost at chunk starts")  # fmt: skip
+            msg += (
+                f", split into {ld.get('extra_chunks', 0):,} extra sequences; "
+                f"{ld.get('targets_lost', 0):,} target tokens lost at chunk starts"
+            )
         elif n and pol == "truncate":
             msg += f", truncated: {ld.get('tokens_removed', 0):,} tokens removed"
         elif n and pol == "drop":
             msg += f", dropped: {ld.get('tokens_removed', 0):,} tokens removed"
         lines += ["", msg]
-    lines += ["", "padding waste if every row were padded to max length", "  max_len        rows   padding   docs split"]
+    lines += [
+        "",
+        "padding waste if every row were padded to max length",
+        "  max_len        rows   padding   docs split",
+    ]
     for w in s.get("padding_waste", []):
         mark = " <- --max-seq-len" if w["max_len"] == L else ""
         lines.append(
@@ -163,11 +183,17 @@ def format_stats(stats: dict[str, Any]) -> str:
         )
     pk = s.get("packing", {})
     if pk:
-        lines += ["", f"packing into rows of {pk['max_len']} ({pk['method']}): {pk['rows']:,} rows, "
-                      f"{pk['efficiency']:.1%} of positions hold tokens"]  # fmt: skip
+        lines += [
+            "",
+            f"packing into rows of {pk['max_len']} ({pk['method']}): {pk['rows']:,} rows, "
+            f"{pk['efficiency']:.1%} of positions hold tokens",
+        ]
     rec = s.get("recommended_max_len")
     if rec:
         lines += ["", f"recommended --max-seq-len {rec['reason']}"]
     if "prepare_seconds" in s:
-        lines += ["", f"prepared in {s['prepare_seconds']:.1f} s ({s.get('tokens_per_second', 0):,.0f} tokens/s)"]
+        lines += [
+            "",
+            f"prepared in {s['prepare_seconds']:.1f} s ({s.get('tokens_per_second', 0):,.0f} tokens/s)",
+        ]
     return "\n".join(lines)

@@ -136,10 +136,15 @@ class Worker:
                 where = f"{path}:{loc}" if loc.isdigit() else f"{path}: {loc}"
                 if isinstance(obj, dict) and "__csv_columns__" in obj:
                     got, want = obj["__csv_columns__"]
-                    out.append((where, BadRecord(
-                        f"the row has {got} fields but the header has {want}; quote fields "
-                        "that contain commas or newlines"
-                    )))  # fmt: skip
+                    out.append(
+                        (
+                            where,
+                            BadRecord(
+                                f"the row has {got} fields but the header has {want}; quote fields "
+                                "that contain commas or newlines"
+                            ),
+                        )
+                    )
                 else:
                     out.append((where, _try(parse_record, obj, fields)))
         elif chunk.kind == "arrow":
@@ -252,7 +257,9 @@ class Worker:
         out.update(bad=bad, n_bad=n_bad, n_records=len(recs), kinds=kinds)
         return out
 
-    def tokenize(self, texts: list[str], spans: list[list[tuple[int, int]] | None]) -> dict[str, Any]:
+    def tokenize(
+        self, texts: list[str], spans: list[list[tuple[int, int]] | None]
+    ) -> dict[str, Any]:
         n = len(texts)
         ids: list[list[int]] = [[] for _ in range(n)]
         masks: dict[int, np.ndarray] = {}
@@ -291,8 +298,13 @@ class Worker:
     ) -> dict[str, Any]:
         L, n = self.s.max_seq_len, len(lengths)
         long = lengths > L
-        info = {"long": int(long.sum()), "extra_chunks": 0, "targets_lost": 0,
-                "tokens_removed": 0, "targets_removed": 0}  # fmt: skip
+        info = {
+            "long": int(long.sum()),
+            "extra_chunks": 0,
+            "targets_lost": 0,
+            "tokens_removed": 0,
+            "targets_removed": 0,
+        }
         docs = np.arange(n, dtype=np.int64)
         if self.s.long_docs == "split" or not long.any():
             nseq = np.maximum(1, -(-lengths // L))
@@ -301,7 +313,7 @@ class Worker:
             k = np.arange(len(seq_doc), dtype=np.int64) - first
             seq_len = np.minimum(L, lengths[seq_doc] - k * L)
             cut = starts[seq_doc[k > 0]] + k[k > 0] * L
-            info["extra_chunks"] = int(len(cut))
+            info["extra_chunks"] = len(cut)
             info["targets_lost"] = int(mask[cut].sum())
             mask[cut] = 0
         elif self.s.long_docs == "truncate":
@@ -317,9 +329,15 @@ class Worker:
             info["targets_removed"] = int(mask[~keep].sum())
             tokens, mask = tokens[keep], mask[keep]
             seq_len, seq_doc = lengths[~long], docs[~long]
-        return {"tokens": tokens, "mask": mask, "seq_len": seq_len.astype(np.int64),
-                "seq_doc": seq_doc, "doc_len": lengths, "targets": int(mask.sum()),
-                **info}  # fmt: skip
+        return {
+            "tokens": tokens,
+            "mask": mask,
+            "seq_len": seq_len.astype(np.int64),
+            "seq_doc": seq_doc,
+            "doc_len": lengths,
+            "targets": int(mask.sum()),
+            **info,
+        }
 
 
 def _try(fn: Any, *args: Any) -> Record | BadRecord:
@@ -336,7 +354,9 @@ def _text_record(raw: bytes) -> Record:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise BadRecord(f"invalid UTF-8 at line {line} of the text; re-encode it as UTF-8") from None
+        raise BadRecord(
+            f"invalid UTF-8 at line {line} of the text; re-encode it as UTF-8"
+        ) from None
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         raise BadRecord(f"NUL byte at line {line}: this looks like a binary file, not text")

@@ -12,6 +12,7 @@ does nothing, so the loop never needs `if sampling:`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -106,10 +107,9 @@ class Sampler:
         children = 0
         try:
             for c in self._proc.children(recursive=True):
-                try:
+                # a worker may exit between listing and reading
+                with contextlib.suppress(psutil.Error):
                     children += c.memory_info().rss
-                except psutil.Error:
-                    pass  # a worker that exited between listing and reading
         except psutil.Error:
             pass
         s["children_rss_bytes"] = float(children)
@@ -133,10 +133,8 @@ class Sampler:
         if not self.samples:  # a run shorter than one interval still gets one sample
             self.samples.append(self._sample())
         if self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down NVML is best effort
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass  # shutting down NVML is best effort
             self._nvml = None
 
     def summary(self) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
             problems.append(f"{where}: 'step_seconds' must be a list of per-step seconds")
     if problems:
         raise DataError(
-            problems + ["write profiles with `pitstop profile` or pitstop.hf.PitstopCallback"],
+            [*problems, "write profiles with `pitstop profile` or pitstop.hf.PitstopCallback"],
             header=f"{where} is not a pitstop profile:",
         )
     return profile

@@ -129,7 +129,9 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     if lvl or erratic:
         why = []
         if lvl:
-            why.append(f"unattributed host time ('other') plus logging take {_pct(host)} of step time")
+            why.append(
+                f"unattributed host time ('other') plus logging take {_pct(host)} of step time"
+            )
         if erratic and spread:
             why.append(
                 f"step times are erratic (coefficient of variation {spread['cv']:.2f}, "

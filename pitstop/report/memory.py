@@ -138,7 +138,9 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        return self.embedding + self.block_linear + self.block_other + self.final_norm + self.lm_head
+        return (
+            self.embedding + self.block_linear + self.block_other + self.final_norm + self.lm_head
+        )
 
     @property
     def non_embedding(self) -> int:
@@ -221,6 +223,7 @@ def shape_from_params(n_params: float, vocab: int = 32000) -> ModelShape:
         if 12 * layers * nxt * nxt + 2 * vocab * nxt > n_params:
             break
         d = nxt
+
     # pick whichever of d, d+128 lands closer
     def total(dd: int) -> float:
         return 12 * max(1, dd // 128) * dd * dd + 2 * vocab * dd
@@ -373,8 +376,10 @@ def estimate_memory(
     else:
         blocks = tokens * shape.layers * per_layer
     activations = blocks + tokens * final
-    kernel = "eager attention keeps the T×T probabilities" if attention == "eager" else (
-        f"{attention} attention keeps no T×T matrix"
+    kernel = (
+        "eager attention keeps the T×T probabilities"
+        if attention == "eager"
+        else (f"{attention} attention keeps no T×T matrix")
     )
     notes.append(
         f"activations: {per_layer:,} B per token per layer ({precision}, {kernel}); "
@@ -385,7 +390,14 @@ def estimate_memory(
         f"logits: B·T·V·{a + 3 * FP32} B (lm_head output, fp32 log-softmax, two fp32 "
         "gradients at the start of backward)"
     )
-    forward_peak = activations + logits + copies + (grads if grad_accum > 1 else 0)
+    kept = activations + copies + (grads if grad_accum > 1 else 0)
+    if gradient_checkpointing:
+        # The recomputed layer only exists after the logits' gradients are freed; until
+        # then only the lm_head output (a bytes per value) of the logits is still held.
+        recomputed = tokens * per_layer
+        forward_peak = kept - recomputed + max(logits, recomputed + tokens * shape.vocab * a)
+    else:
+        forward_peak = kept + logits
     peak = weights + states + max(forward_peak, grads + opt_tmp)
     return MemoryEstimate(
         weights=int(weights),
@@ -420,9 +432,7 @@ def sharded(est: MemoryEstimate, n: int) -> int:
     return int((est.weights + est.optimizer_states) / n + gathered + max(forward, step))
 
 
-def max_micro_batch(
-    shape: ModelShape, usable_bytes: int, *, limit: int = 4096, **kw: Any
-) -> int:
+def max_micro_batch(shape: ModelShape, usable_bytes: int, *, limit: int = 4096, **kw: Any) -> int:
     """The largest micro-batch whose estimated peak fits in `usable_bytes` (0 if none)."""
     if estimate_memory(shape, micro_batch_size=1, **kw).peak > usable_bytes:
         return 0

@@ -552,7 +552,8 @@ class Trainer:
         self.trained_tokens += n_targets
         self.seen_tokens += n_seen
         self.padded_tokens += n_pos
-        self.epoch_float = int(meta["epoch"]) + (int(meta["step"]) + 1) / self.steps_per_epoch
+        in_epoch = int(meta.get("epoch_step", meta["step"]))  # the loader's step within the epoch
+        self.epoch_float = int(meta["epoch"]) + (in_epoch + 1) / self.steps_per_epoch
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
         self._skipped_t = self._skipped_t + bad

@@ -1,0 +1,528 @@
+"""`pitstop estimate`: memory, time and cost of a planned run, each with its basis.
+
+Time = work ÷ throughput (+ one-off start-up when a measured run shows it):
+
+* measured (--from-profile): the profile's or run summary's `tokens_per_second`
+  (trained tokens per second, as `pitstop train` defines it) divides the planned
+  trained tokens × epochs. A run summary's `train_seconds` spans first step to last,
+  so checkpoint and eval pauses taken during it are already inside the measured rate;
+  its start-up (`wall_seconds - train_seconds`) is added once.
+* computed (--gpu NAME): positions per second = MFU × peak FLOP/s ÷ training FLOPs
+  per position, with FLOPs per position from `pitstop.measure.flops.FlopsModel`
+  (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
+  `pitstop.measure.peak.gpu_peak`. MFU is the user's --mfu, else one measured on a
+  GPU by the profile, else DEFAULT_MFU, an assumption and labelled so.
+  Positions = tokens ÷ packing efficiency when the data's statistics give it.
+
+Cost = hours × GPUs × price per GPU-hour (the user's price, else an example price
+from `gpus.py`, labelled as an example with its date).
+
+Options for 1, 2, 4, 8 GPUs: throughput(n) = throughput(1) · n · e^log2(n), e being
+the stated scaling efficiency kept per doubling (default 0.9, --scaling-efficiency).
+DDP when the model fits one GPU (plus one gradient-sized bucket buffer that DDP
+allocates), FSDP (full sharding) when it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pitstop.errors import ConfigError, DataError
+from pitstop.measure.flops import FlopsModel
+from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
+from pitstop.report.memory import (
+    MemoryEstimate,
+    ModelShape,
+    estimate_memory,
+    lora_params,
+    max_micro_batch,
+    sharded,
+)
+
+# Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
+# fine-tuning figure for bf16 on A100/H100-class GPUs (PaLM reports 46% at scale;
+# Llama-style fine-tunes with HF + flash attention commonly land around 30-45%).
+# An assumption, labelled as such wherever it is used; measure with --from-profile.
+DEFAULT_MFU = 0.35
+DEFAULT_SCALING = 0.9  # fraction of linear speed-up kept per doubling of GPUs
+CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces: outside torch's allocator
+DEFAULT_HEADROOM = 0.10  # allocator fragmentation and transient buffers
+
+
+@dataclass
+class DataTokens:
+    """How much data a run sees per epoch, and where that number came from."""
+
+    tokens: int  # input tokens (not padding) per epoch
+    trained_tokens: int  # tokens carrying loss per epoch
+    packing_efficiency: float | None
+    max_seq_len: int | None
+    basis: str
+
+
+@dataclass
+class Throughput:
+    trained_tokens_per_second: float | None  # measured path
+    positions_per_second: float | None  # computed path
+    mfu: float | None
+    startup_seconds: float
+    basis: str
+    device: str | None = None
+
+
+@dataclass
+class Estimate:
+    memory: MemoryEstimate | None
+    max_micro_batch: int | None
+    gpu: Gpu | None
+    usable_bytes: int | None
+    train_seconds: float
+    time_basis: str
+    tokens: DataTokens
+    epochs: float
+    price: float | None
+    price_basis: str
+    options: list[dict[str, Any]]
+    flops_per_token: float | None
+    throughput: Throughput
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        mem = None
+        if self.memory is not None:
+            mem = {
+                **{f"{k}_bytes": v for k, v in self.memory.parts().items()},
+                "peak_bytes": self.memory.peak,
+                "micro_batch_size": self.memory.micro_batch_size,
+                "seq_len": self.memory.seq_len,
+                "precision": self.memory.precision,
+                "trainable_params": self.memory.trainable_params,
+                "total_params": self.memory.total_params,
+                "gpu": self.gpu.name if self.gpu else None,
+                "usable_bytes": self.usable_bytes,
+                "fits": self.memory.peak <= self.usable_bytes if self.usable_bytes else None,
+                "max_micro_batch_size": self.max_micro_batch,
+                "assumptions": self.memory.assumptions,
+            }
+        hours = self.train_seconds / 3600
+        return {
+            "memory": mem,
+            "time": {
+                "train_seconds": round(self.train_seconds, 1),
+                "hours": round(hours, 3),
+                "basis": self.time_basis,
+                "epochs": self.epochs,
+                "tokens_per_epoch": self.tokens.tokens,
+                "trained_tokens_per_epoch": self.tokens.trained_tokens,
+                "tokens_basis": self.tokens.basis,
+                "flops_per_token": self.flops_per_token,
+                "mfu": self.throughput.mfu,
+                "startup_seconds": self.throughput.startup_seconds,
+            },
+            "cost": {
+                "price_per_gpu_hour": self.price,
+                "price_basis": self.price_basis,
+                "total": round(hours * self.price, 2) if self.price is not None else None,
+                "currency": "USD" if self.price is not None else None,
+            },
+            "options": self.options,
+            "assumptions": self.assumptions,
+        }
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """A profile.json, a run's summary.json, or a run directory holding summary.json."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("summary.json", "profile.json"):
+            if (p / name).is_file():
+                p = p / name
+                break
+        else:
+            raise DataError(f"{path} holds neither summary.json nor profile.json")
+    if not p.is_file():
+        raise DataError(f"--from-profile {path} does not exist")
+    try:
+        prof = json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{p} is not valid JSON ({e})") from None
+    if not isinstance(prof, dict) or not prof.get("tokens_per_second"):
+        raise DataError(
+            f"{p} has no tokens_per_second; give a profile.json from `pitstop profile` or a "
+            "run directory / summary.json from `pitstop train`"
+        )
+    prof["_path"] = str(p)
+    return prof
+
+
+def data_tokens(
+    data: str | None,
+    tokens: int | None,
+    *,
+    model_dir: str | None = None,
+    max_seq_len: int | None = None,
+    cache_dir: str | None = None,
+) -> DataTokens:
+    """Tokens per epoch from --tokens, a token store's manifest, or a dataset file (prepared)."""
+    if tokens is not None:
+        return DataTokens(
+            tokens, tokens, None, None, f"--tokens {tokens:,} (taken as trained tokens)"
+        )
+    if data is None:
+        raise ConfigError("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
+    path = Path(data)
+    if (path / "manifest.json").is_file():
+        try:
+            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DataError(f"{path / 'manifest.json'} is damaged ({e})") from None
+        stats = manifest.get("stats", {})
+        where = f"token store {path}"
+    elif path.is_file():
+        if model_dir is None:
+            raise ConfigError(
+                f"--data {data} is a dataset file: counting its tokens needs the tokenizer, "
+                "give --model DIR (or prepare it first and pass the token store)"
+            )
+        from pitstop.config import build_config  # lazy: prepare pulls in tokenizers
+        from pitstop.data.prepare import prepare_data
+
+        values: dict[str, Any] = {"data": [str(path)], "model": model_dir}
+        if max_seq_len:
+            values["max_seq_len"] = max_seq_len
+        if cache_dir:
+            values["cache_dir"] = cache_dir
+        prep = prepare_data(build_config(values, command="prepare"), progress=False)
+        stats = prep.stats
+        manifest = {"n_tokens": stats.get("tokens")}
+        where = f"{path}, prepared into {prep.store_path}"
+    else:
+        raise DataError(f"--data {data} is neither a dataset file nor a token store directory")
+    n = int(stats.get("tokens") or manifest.get("n_tokens") or 0)
+    if n <= 0:
+        raise DataError(f"{where}: no token count in its statistics")
+    trained = int(stats.get("target_tokens") or n)
+    eff = (stats.get("packing") or {}).get("efficiency")
+    msl = stats.get("max_seq_len") or manifest.get("max_seq_len")
+    return DataTokens(
+        n,
+        trained,
+        float(eff) if eff else None,
+        int(msl) if msl else None,
+        f"{where}: {n:,} tokens, {trained:,} carry loss"
+        + (f", packing fills {eff:.1%} of positions" if eff else ""),
+    )
+
+
+def _profile_device(prof: dict[str, Any]) -> str:
+    dev = prof.get("device")
+    if isinstance(dev, dict):  # a pitstop.probe.DeviceInfo as a dict
+        name = str(dev.get("name") or "")
+        if dev.get("type") == "cpu":
+            return f"cpu ({name})" if name else "cpu"
+        return name or str(dev.get("type") or "unknown")
+    return str(dev or "unknown")
+
+
+def _is_cpu(device: str) -> bool:
+    return device.lower().startswith("cpu")
+
+
+def throughput(
+    *,
+    profile: dict[str, Any] | None,
+    gpu: Gpu | None,
+    mfu: float | None,
+    precision: str,
+    flops_per_token: float | None,
+) -> Throughput:
+    """The throughput the time estimate divides by, with the basis stated."""
+    pdev = _profile_device(profile) if profile else None
+    same_device = profile is not None and gpu is not None and find_gpu(pdev or "") == gpu
+    if profile is not None and (gpu is None or same_device) and mfu is None:
+        startup = 0.0
+        if profile.get("wall_seconds") and profile.get("train_seconds"):
+            startup = max(0.0, float(profile["wall_seconds"]) - float(profile["train_seconds"]))
+        tps = float(profile["tokens_per_second"])
+        basis = f"measured: {tps:,.0f} trained tokens/s in {profile['_path']} on {pdev}"
+        tb = profile.get("time_breakdown") or {}
+        pauses = sum(float(tb.get(k, 0) or 0) for k in ("checkpoint", "eval"))
+        if profile.get("train_seconds") and pauses:
+            basis += (
+                f"; checkpoint/eval pauses ({pauses / float(profile['train_seconds']):.1%} of "
+                "train time) are inside that rate"
+            )
+        if startup:
+            basis += f"; start-up {startup:.0f} s added once"
+        pm = profile.get("mfu")
+        return Throughput(tps, None, float(pm) if pm else None, startup, basis, pdev)
+    if gpu is None:
+        raise ConfigError("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
+    if flops_per_token is None:
+        raise ConfigError("a FLOPs-based estimate needs the model: give --model DIR or --params N")
+    peak_precision = precision if precision in ("bf16", "fp16") else "tf32"
+    peak, peak_src = gpu.peak_flops(peak_precision)
+    if peak is None:
+        raise ConfigError(
+            f"{gpu.name} has no {peak_precision} peak in pitstop's table ({peak_src})"
+        )
+    if mfu is not None:
+        used, why = mfu, f"MFU {mfu:.0%} (--mfu)"
+    elif profile is not None and profile.get("mfu") and not _is_cpu(pdev or "cpu"):
+        used = float(profile["mfu"])
+        why = f"MFU {used:.0%} measured on {pdev} ({profile['_path']}), assumed to carry over"
+    else:
+        used = DEFAULT_MFU
+        why = f"MFU {used:.0%}: an ASSUMPTION (typical tuned bf16 fine-tuning); measure with --from-profile"
+        if profile is not None:
+            why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
+    pps = used * peak / flops_per_token
+    basis = (
+        f"computed: {pps:,.0f} positions/s = {why} × {peak / 1e12:.0f} TFLOP/s ({peak_src}) "
+        f"÷ {flops_per_token:.3g} training FLOPs per position; no checkpoint/eval overhead "
+        "included (none measured)"
+    )
+    return Throughput(None, pps, used, 0.0, basis, gpu.name)
+
+
+def options_table(
+    *,
+    seconds_1: float,
+    startup: float,
+    gpu_counts: list[int],
+    scaling: float,
+    price: float | None,
+    memory: MemoryEstimate | None,
+    usable: int | None,
+) -> list[dict[str, Any]]:
+    """One row per GPU count: strategy, memory per GPU, time, cost, and the verdict vs 1 GPU."""
+    rows = []
+    work = seconds_1 - startup
+    base_cost = None
+    for n in gpu_counts:
+        speedup = n * scaling ** math.log2(n) if n > 1 else 1.0
+        secs = startup + work / speedup
+        strategy, per_gpu = "single", memory.peak if memory else None
+        if n > 1:
+            strategy = "DDP"
+            if memory is not None:
+                per_gpu = memory.peak + memory.gradients  # DDP's gradient bucket buffer
+                if usable is not None and per_gpu > usable:
+                    strategy, per_gpu = "FSDP", sharded(memory, n)
+        fits = per_gpu <= usable if (usable is not None and per_gpu is not None) else None
+        cost = secs / 3600 * n * price if price is not None else None
+        if n == 1:
+            base_cost, base_secs = cost, secs
+        row = {
+            "gpus": n,
+            "strategy": strategy,
+            "memory_per_gpu_bytes": per_gpu,
+            "fits": fits,
+            "speedup": round(speedup, 3),
+            "train_seconds": round(secs, 1),
+            "hours": round(secs / 3600, 3),
+            "cost": round(cost, 2) if cost is not None else None,
+        }
+        if n > 1:
+            faster = base_secs / secs
+            if cost is not None and base_cost:
+                extra = cost / base_cost - 1
+                verdict = f"{faster:.2f}x sooner for {extra:+.0%} cost"
+                if abs(extra) < 0.02:
+                    verdict = f"{faster:.2f}x sooner at about the same cost"
+            else:
+                verdict = f"{faster:.2f}x sooner"
+            if fits is False:
+                verdict = "does not fit: " + verdict
+            row["verdict"] = verdict
+        else:
+            row["verdict"] = "does not fit" if fits is False else "baseline"
+        rows.append(row)
+    return rows
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    tokens: DataTokens,
+    epochs: float = 1.0,
+    seq_len: int | None = None,
+    micro_batch_size: int = 1,
+    precision: str = "bf16",
+    attention: str = "sdpa",
+    gradient_checkpointing: bool = False,
+    lora_r: int | None = None,
+    load_in_4bit: bool = False,
+    gpu: Gpu | None = None,
+    mfu: float | None = None,
+    profile: dict[str, Any] | None = None,
+    gpu_counts: list[int] | None = None,
+    scaling: float = DEFAULT_SCALING,
+    price: float | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+) -> Estimate:
+    """Memory, time, cost and the multi-GPU options table of a planned run."""
+    seq_len = seq_len or tokens.max_seq_len or 1024
+    notes: list[str] = []
+    if gpu is None and profile is not None:
+        gpu = find_gpu(_profile_device(profile))
+    fused = not (gpu is None and profile is not None and _is_cpu(_profile_device(profile)))
+    mem = estimate_memory(
+        shape,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        attention=attention,
+        gradient_checkpointing=gradient_checkpointing,
+        lora_r=lora_r,
+        load_in_4bit=load_in_4bit,
+        fused_optimizer=fused,
+    )
+    usable = mbs = None
+    if gpu is not None:
+        usable = int((gpu.memory_bytes - CUDA_CONTEXT_BYTES) * (1 - headroom))
+        notes.append(
+            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − 1 GiB CUDA context) "
+            f"× {1 - headroom:.0%} (headroom for allocator fragmentation)"
+        )
+        mbs = max_micro_batch(
+            shape,
+            usable,
+            seq_len=seq_len,
+            precision=precision,
+            attention=attention,
+            gradient_checkpointing=gradient_checkpointing,
+            lora_r=lora_r,
+            load_in_4bit=load_in_4bit,
+            fused_optimizer=fused,
+        )
+    pc = shape.params()
+    if lora_r is not None:
+        fm = FlopsModel(lora_params(shape, lora_r), pc.non_embedding, shape.layers, shape.hidden)
+    else:
+        fm = FlopsModel(pc.non_embedding, 0, shape.layers, shape.hidden)
+    fpt = fm.per_token(seq_len)
+    tp = throughput(profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt)
+    if tp.trained_tokens_per_second:
+        work = tokens.trained_tokens * epochs / tp.trained_tokens_per_second
+    else:
+        positions = tokens.tokens / (tokens.packing_efficiency or 1.0)
+        work = positions * epochs / tp.positions_per_second
+        if tokens.packing_efficiency is None:
+            notes.append("positions = tokens: assumes packed rows with no padding")
+    seconds = tp.startup_seconds + work
+    if price is not None:
+        price_basis = f"{price} per GPU-hour (yours)"
+    elif gpu is not None:
+        price = gpu.example_price_per_hour
+        price_basis = f"EXAMPLE price {price} USD per {gpu.name}-hour: {PRICES_SOURCE}"
+    else:
+        price_basis = "no price: give --price-per-gpu-hour"
+    counts = gpu_counts or [1, 2, 4, 8]
+    if gpu is None:
+        counts = [1]  # a CPU profile: no multi-GPU scaling to speak of
+    notes.append(
+        f"multi-GPU: each doubling keeps {scaling:.0%} of linear speed-up (assumed; "
+        "--scaling-efficiency); DDP adds a gradient-sized bucket buffer per GPU"
+    )
+    opts = options_table(
+        seconds_1=seconds,
+        startup=tp.startup_seconds,
+        gpu_counts=counts,
+        scaling=scaling,
+        price=price,
+        memory=mem,
+        usable=usable,
+    )
+    return Estimate(
+        memory=mem,
+        max_micro_batch=mbs,
+        gpu=gpu,
+        usable_bytes=usable,
+        train_seconds=seconds,
+        time_basis=tp.basis,
+        tokens=tokens,
+        epochs=epochs,
+        price=price,
+        price_basis=price_basis,
+        options=opts,
+        flops_per_token=fpt,
+        throughput=tp,
+        assumptions=notes,
+    )
+
+
+def _gib(b: float | None) -> str:
+    return "-" if b is None else f"{b / GiB:.2f} GiB"
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def format_estimate(est: Estimate) -> str:
+    """The human-readable report printed by `pitstop estimate`."""
+    lines = []
+    m = est.memory
+    if m is not None:
+        lines.append(
+            f"Memory (micro-batch {m.micro_batch_size} × {m.seq_len} tokens, {m.precision}, "
+            f"{m.trainable_params:,} of {m.total_params:,} parameters train)"
+        )
+        for k, v in m.parts().items():
+            if v:
+                lines.append(f"  {k:<24} {_gib(v):>12}")
+        lines.append(f"  {'peak':<24} {_gib(m.peak):>12}")
+        if est.gpu is not None and est.usable_bytes is not None:
+            ok = "fits" if m.peak <= est.usable_bytes else "DOES NOT FIT"
+            lines.append(
+                f"  on {est.gpu.name}: {ok} (usable {_gib(est.usable_bytes)}); largest micro-batch "
+                f"that fits: {est.max_micro_batch}"
+            )
+        for a in m.assumptions:
+            lines.append(f"  - {a}")
+    t = est.to_dict()["time"]
+    lines.append("")
+    lines.append(f"Time: {_dur(est.train_seconds)} for {est.epochs:g} epoch(s)")
+    lines.append(f"  - data: {est.tokens.basis}")
+    lines.append(f"  - throughput: {est.time_basis}")
+    if t["flops_per_token"]:
+        lines.append(f"  - training FLOPs per position: {t['flops_per_token']:.3g} (6N + 12·L·d·T)")
+    lines.append("")
+    c = est.to_dict()["cost"]
+    if c["total"] is not None:
+        lines.append(f"Cost: {c['total']:.2f} USD on one GPU ({c['price_basis']})")
+    else:
+        lines.append(f"Cost: - ({c['price_basis']})")
+    lines.append("")
+    lines.append("Options")
+    lines.append(
+        f"  {'GPUs':>4}  {'strategy':<8} {'mem/GPU':>11} {'fits':>5} {'time':>9} {'cost':>9}  verdict"
+    )
+    for r in est.options:
+        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "no")
+        cost = "-" if r["cost"] is None else f"{r['cost']:.2f}"
+        lines.append(
+            f"  {r['gpus']:>4}  {r['strategy']:<8} {_gib(r['memory_per_gpu_bytes']):>11} "
+            f"{fits:>5} {_dur(r['train_seconds']):>9} {cost:>9}  {r['verdict']}"
+        )
+    for a in est.assumptions:
+        lines.append(f"  - {a}")
+    if m is not None and est.options and est.options[0]["fits"] is False:
+        lines.append(
+            "  - one GPU is not enough: --gradient-checkpointing, a smaller --micro-batch-size, "
+            "--lora-r or --load-in-4bit lower the peak (see the parts above)"
+        )
+    return "\n".join(lines)
+
+
+def resolve_gpu(name: str | None) -> Gpu | None:
+    return get_gpu(name) if name else None
