@@ -182,7 +182,12 @@ def test_workers_give_the_same_batches(store):
     c0 = cfg(batching="bucket")
     ref = list(MicroBatchLoader(store, c0))
     loader = MicroBatchLoader(store, cfg(batching="bucket", loader_workers=1))
-    got = list(loader)
+    got = []
+    for b in loader:  # stop mid-run with batches prefetched, then iterate again
+        got.append(b)
+        if b["meta"]["step"] == 2 and b["meta"]["micro_index"] == b["meta"]["micro_count"] - 1:
+            break
+    got += list(loader)  # the persistent workers continue from the loader's position
     assert len(got) == len(ref) and all(same(a, b) for a, b in zip(ref, got))
     assert loader.state_dict()["global_step"] == loader.total_steps
 

@@ -71,6 +71,9 @@ def choose_batching(
     the loader yields it, still on CPU) and return only when the work is done (on
     CUDA: synchronize, e.g. `loss.item()`); it should not step the optimizer.
     Gradients it accumulates are the caller's to zero. `clock` is injectable for tests.
+
+    With several ranks, each rank times its own shard and timings differ: every rank
+    must use the same strategy (it defines the steps), so broadcast rank 0's choice.
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)

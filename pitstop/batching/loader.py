@@ -311,6 +311,12 @@ class MicroBatchLoader:
             except Exception as e:
                 if self.num_workers == 0:
                     raise
+                # Shut the broken workers down here rather than in a later garbage collection,
+                # and start fresh ones if the caller iterates again.
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+                self._dataloader = None
                 raise LoaderError(
                     f"a DataLoader worker failed while reading batches from {self.store.path}: "
                     f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}. "

@@ -19,8 +19,11 @@ CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[float, int]:
     """(filled fraction, rows) of best-fit-decreasing packing of `lengths` into rows of `max_len`.
 
-    Lengths above `max_len` are split into full rows plus a remainder first.
+    Lengths above `max_len` are split into full rows plus a remainder first, as
+    `--long-docs split` does. The packing is the trainer's own (`pitstop.batching.pack`).
     """
+    from pitstop.batching.pack import bfd_arrays
+
     a = np.asarray(lengths, dtype=np.int64)
     a = a[a > 0]
     if len(a) == 0:
@@ -28,37 +31,8 @@ def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[floa
     full = int((a // max_len).sum())
     rest = a % max_len
     rest = rest[rest > 0]
-    counts = np.bincount(rest, minlength=max_len + 1)
-    caps = np.zeros(max_len + 1, dtype=np.int64)  # caps[c]: open rows with c free positions
-    rows = full
-    for s in range(max_len, 0, -1):
-        left = int(counts[s])
-        while left:
-            fits = np.flatnonzero(caps[s:]) + s
-            if len(fits) == 0:
-                q = max_len // s  # a fresh row takes q items of this size before it is too full
-                rows_new, r = divmod(left, q)
-                if rows_new:
-                    caps[max_len - q * s] += rows_new
-                    rows += rows_new
-                if r:
-                    caps[max_len - r * s] += 1
-                    rows += 1
-                break
-            c = int(fits[0])  # best fit: the tightest row that still has room
-            if c - s >= s:
-                # After taking one item the same row is still the tightest fit, so BFD keeps
-                # filling it: it takes min(c // s, left) items in a row.
-                q = min(c // s, left)
-                caps[c] -= 1
-                caps[c - q * s] += 1
-                left -= q
-            else:
-                # Each row at c takes one item and drops below s; the next tightest is another at c.
-                m = min(int(caps[c]), left)
-                caps[c] -= m
-                caps[c - s] += m
-                left -= m
+    _, bounds = bfd_arrays(rest, max_len)
+    rows = full + len(bounds) - 1
     return float(a.sum()) / (rows * max_len), rows
 
 

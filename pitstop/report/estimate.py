@@ -126,7 +126,7 @@ class Estimate:
             "cost": {
                 "price_per_gpu_hour": self.price,
                 "price_basis": self.price_basis,
-                "total": round(hours * self.price, 2) if self.price is not None else None,
+                "total": round(hours * self.price, 4) if self.price is not None else None,
                 "currency": "USD" if self.price is not None else None,
             },
             "options": self.options,
@@ -325,7 +325,7 @@ def options_table(
             "speedup": round(speedup, 3),
             "train_seconds": round(secs, 1),
             "hours": round(secs / 3600, 3),
-            "cost": round(cost, 2) if cost is not None else None,
+            "cost": round(cost, 4) if cost is not None else None,
         }
         if n > 1:
             faster = base_secs / secs

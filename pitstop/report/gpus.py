@@ -18,6 +18,7 @@ with `--price-per-gpu-hour`. Every output that uses one says it is an example.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from pitstop.errors import ConfigError
@@ -99,8 +100,11 @@ def find_gpu(name: str) -> Gpu | None:
     if n in _ALIASES:
         return by_name[_norm(_ALIASES[n])]
     # A device name as torch reports it ("NVIDIA H100 80GB HBM3"): the longest table
-    # name contained in it wins, so "H100 PCIe" beats "H100".
-    hits = [g for g in GPUS if _norm(g.name) in n]
+    # name contained in it as a whole word wins, so "H100 PCIe" beats "H100" and
+    # "A100" is not taken for "A10".
+    hits = [
+        g for g in GPUS if re.search(r"(?<![a-z0-9])" + re.escape(_norm(g.name)) + r"(?![0-9])", n)
+    ]
     if not hits and "a100" in n:
         hits = [by_name["a100 40gb" if "40" in n else "a100 80gb"]]
     return max(hits, key=lambda g: len(g.name)) if hits else None

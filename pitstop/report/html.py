@@ -188,18 +188,20 @@ def stacked_bars(
         avg = {p: sum(ph.get(p, 0.0) for _, ph in chunk) / len(chunk) for p in phases}
         buckets.append((chunk[0][0], chunk[-1][0], avg))
     tops = [sum(b[2].values()) for b in buckets]
-    f = _Frame([0, len(buckets)], [0, max(tops) or 1.0], w - 150, h, True)
-    f.x0, f.x1 = 0, len(buckets)
+    first, last = steps[0][0], steps[-1][0]
+    # x in step units: bar j spans [its first step, its first step + size)
+    f = _Frame([first, last + size], [0, max(tops) or 1.0], w - 150, h, True)
+    f.x0, f.x1 = first, last + size
     out = [
         f'<svg class="chart" data-chart="{name}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
     ]
     out += f.axes(
         title, "optimizer step" + (f" (mean of {size} per bar)" if size > 1 else ""), "seconds"
     )
-    bw = max(1.0, (f.px(1) - f.px(0)) * 0.85)
-    for j, (s0, s1, avg) in enumerate(buckets):
+    for s0, s1, avg in buckets:
         base = 0.0
-        x = f.px(j) + 0.075 * (f.px(1) - f.px(0))
+        span = f.px(s0 + size) - f.px(s0)
+        x, bw = f.px(s0) + 0.075 * span, max(1.0, 0.85 * span)
         for p in phases:
             v = avg[p]
             if v <= 0:

@@ -127,7 +127,7 @@ def tokens_per_second_series(run: Run) -> list[tuple[float, float]]:
         return pts
     out = []
     for r in run.steps:
-        toks = r.get("trained_tokens") or r.get("tokens")
+        toks = r.get("step_trained_tokens")  # "trained_tokens" is cumulative in the trainer
         secs = r.get("step_seconds") or r.get("step_s") or sum(step_phases(r).values())
         if isinstance(toks, (int, float)) and secs:
             out.append((float(r["step"]), float(toks) / float(secs)))
