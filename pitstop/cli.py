@@ -110,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pitstop.demo import run_demo
 
-    return run_demo(output=args.output, seconds=args.seconds)
+    return run_demo(output=args.output, max_steps=args.max_steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,13 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the embedded default: bundled corpus, tiny model, end to end")
     p.add_argument("--output", default="demo-out", help="where the demo writes (default: demo-out)")
     p.add_argument(
-        "--seconds", type=float, default=60.0, help="approximate training time (default: 60)"
+        "--max-steps", type=int, default=30, help="optimizer steps to train (default: 30)"
     )
     p.set_defaults(func=cmd_demo)
 
     from pitstop.advise.command import register as register_doctor
 
     register_doctor(sub)
+
+    from pitstop.report.command import register as register_report
+
+    register_report(sub)
     return parser
 
 

@@ -1,38 +1,117 @@
 """`pitstop demo`: the embedded default, end to end on whatever device exists.
 
-Builds a tiny Llama and a tokenizer trained on the bundled corpus (no download),
-prepares the corpus into a token store, and prints its statistics. Each later
-stage (training, profile, findings, cost) joins this flow as it lands.
+1. builds a tiny Llama and a tokenizer trained on the bundled corpus (no download);
+2. prepares the corpus into a token store and prints its length statistics;
+3. trains for a fixed number of optimizer steps (about a minute on a 2-core CPU) with
+   every choice made by measurement, and prints where the step time went;
+4. prints the doctor's findings for that run and the outputs' paths.
+
+Everything runs through the same library calls as the individual commands.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pitstop.config import build_config
 from pitstop.corpus import sample_corpus_path
 
 
-def run_demo(output: str = "demo-out", seconds: float = 60.0) -> int:
+def _say(msg: str) -> None:
+    # On stdout with the results, so headings and tables stay in order when both are piped.
+    sys.stderr.flush()
+    print(f"\n[demo] {msg}", flush=True)
+
+
+def format_breakdown(summary: dict[str, Any]) -> str:
+    """Seconds and share per phase of a run's summary, largest first."""
+    phases = summary.get("time_breakdown") or {}
+    total = sum(phases.values()) or 1.0
+    lines = [f"where the {total:.1f} s of training went"]
+    for name, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {name:<15} {sec:8.2f} s  {100 * sec / total:5.1f}%")
+    tps = summary.get("tokens_per_second") or 0.0
+    mfu = summary.get("mfu")
+    mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+    lines.append(
+        f"  trained tokens/s {tps:,.0f}   MFU {mfu_s}   peak memory "
+        f"{(summary.get('peak_memory_bytes') or 0) / 2**20:,.0f} MiB   "
+        f"padding waste {100 * (summary.get('padding_waste') or 0):.1f}%"
+    )
+    return "\n".join(lines)
+
+
+def run_demo(output: str = "demo-out", max_steps: int = 30) -> int:
     from pitstop.data.prepare import format_stats, prepare_data
     from pitstop.tiny import build_model_dir
+    from pitstop.train import run
 
-    out = Path(output)
+    out = Path(output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[demo] building a tiny Llama and its tokenizer in {out / 'model'}", file=sys.stderr)
+    _say(f"building a tiny Llama and its tokenizer in {out / 'model'}")
     model_dir = build_model_dir(out / "model", layers=4, hidden=128, heads=4)
-    cfg = build_config(
-        {
-            "data": [str(sample_corpus_path())],
-            "model": str(model_dir),
-            "max_seq_len": 512,
-            "cache_dir": str(out / "cache"),
-        },
-        command="prepare",
-    )
-    print(f"[demo] preparing the bundled corpus ({sample_corpus_path().name})", file=sys.stderr)
-    prepared = prepare_data(cfg)
+
+    base = {
+        "data": [str(sample_corpus_path())],
+        "model": str(model_dir),
+        "max_seq_len": 512,
+        "cache_dir": str(out / "cache"),
+    }
+    _say(f"preparing the bundled corpus ({sample_corpus_path().name})")
+    prepared = prepare_data(build_config(base, command="prepare"))
     print(format_stats(prepared.stats))
     print(f"\ntoken store: {prepared.store_path}")
+
+    run_dir = out / "run"
+    cfg = build_config(
+        {
+            **base,
+            "data": [str(prepared.store_path)],
+            "output": str(run_dir),
+            "max_steps": max_steps,
+            "log_steps": 5,
+            "overwrite": (run_dir / "summary.json").exists(),
+        },
+        command="train",
+    )
+    _say(f"training {max_steps} optimizer steps into {run_dir}")
+    summary = run(cfg)
+    print()
+    print(format_breakdown(summary))
+
+    _say("the doctor's findings for this run")
+    from pitstop.advise.doctor import doctor
+    from pitstop.advise.finding import format_findings
+
+    report = doctor(
+        config=cfg,
+        data=prepared.store_path,
+        cache_dir=out / "cache",
+        compile_check=False,
+        disk_check=False,
+    )
+    print(format_findings(report["findings"]))
+    # The HTML report shows the findings next to the curves.
+    (run_dir / "findings.json").write_text(json.dumps({"findings": report["findings"]}, indent=1))
+
+    _say("a full epoch of this corpus, estimated from this run's measured throughput")
+    from pitstop.cli import main as cli_main
+    from pitstop.report import write_report
+
+    cli_main(["estimate", "--model", str(model_dir), "--data", str(prepared.store_path),
+              "--from-profile", str(run_dir), "--cache-dir", str(out / "cache")])  # fmt: skip
+    report_path = write_report(run_dir, run_dir / "report.html")
+
+    print(f"\noutputs: {run_dir}")
+    print(
+        f"  report           {report_path}  (self-contained HTML: curves, step-time breakdown, findings)"
+    )
+    print(
+        f"  final model      {run_dir / 'final'}  (AutoModelForCausalLM.from_pretrained loads it)"
+    )
+    print(f"  summary          {run_dir / 'summary.json'}")
+    print(f"  per-step metrics {run_dir / 'metrics.jsonl'}")
     return 0

@@ -161,3 +161,11 @@ def test_report_renders_in_headless_chromium(two_runs: list[Path], tmp_path: Pat
     sampled = len(rows[::8]) * len(range(0, width * bpp, bpp * 4))
     assert len(colours) > 30, f"only {len(colours)} colours: a blank page?"
     assert ink / sampled > 0.05
+
+
+def test_long_runs_are_bucketed(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "long", steps=300)
+    text = render([load_run(run)])
+    bars = re.search(r'<svg[^>]*data-chart="breakdown-long".*?</svg>', text, re.S).group(0)
+    assert "mean of 3 per bar" in bars
+    assert bars.count('class="bar"') == 100 * 5  # 100 buckets x 5 phases

@@ -64,6 +64,9 @@ def choose_batching(
     samples: int = 3,
     warmup: int = 1,
     clock: Callable[[], float] = time.perf_counter,
+    indices: np.ndarray | None = None,
+    lockstep: bool = False,
+    broadcast: bool = True,
 ) -> AutoChoice:
     """Time each candidate strategy with `run_micro_batch` and return the fastest.
 
@@ -73,7 +76,10 @@ def choose_batching(
     Gradients it accumulates are the caller's to zero. `clock` is injectable for tests.
 
     With several ranks, each rank times its own shard and timings differ: every rank
-    must use the same strategy (it defines the steps), so broadcast rank 0's choice.
+    must use the same strategy (it defines the steps), so when a torch.distributed
+    process group is up (and `broadcast`), every rank returns rank 0's choice. All
+    ranks time at once, so each measures under the same load as training. `indices`
+    and `lockstep` are the loader's (held-out split, FSDP micro-batch padding).
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)
@@ -93,11 +99,12 @@ def choose_batching(
             tokens_per_step=settings.tokens_per_step,
             seed=cfg.seed,
             epoch=0,
+            indices=indices,
         )
         specs = [
             spec
             for step in range(plan.n_steps)
-            for spec in step_micro_batches(plan, step, settings, rank)
+            for spec in step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
         ]
         if not specs:
             skipped[strategy] = "no micro-batches (empty store)"
@@ -145,4 +152,16 @@ def choose_batching(
         + ", ".join(parts)
         + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
     )
-    return AutoChoice(best.strategy, reason, timings, skipped)
+    choice = AutoChoice(best.strategy, reason, timings, skipped)
+    return _rank0_choice(choice, world_size) if broadcast else choice
+
+
+def _rank0_choice(choice: AutoChoice, world_size: int) -> AutoChoice:
+    """Every rank adopts rank 0's measured choice (ranks' own timings differ by noise)."""
+    import torch.distributed as dist
+
+    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return choice
+    box = [choice]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -158,8 +158,15 @@ class MicroBatchLoader:
         strategy: Strategy | None = None,
         settings: BatchSettings | None = None,
         pad_id: int | None = None,
+        indices: np.ndarray | None = None,
+        lockstep: bool = False,
     ) -> None:
         self.store = store if isinstance(store, TokenStore) else TokenStore(store)
+        # `indices`: the sequence ids to train on (None: all); the rest (a held-out eval
+        # share) never appears in a plan. `lockstep`: every rank gets as many micro-batches
+        # per step (FSDP; see step_micro_batches).
+        self.indices = None if indices is None else np.asarray(indices, dtype=np.int64)
+        self.lockstep = lockstep
         self.settings = settings or BatchSettings.from_config(
             cfg, world_size=world_size, strategy=strategy
         )
@@ -169,14 +176,15 @@ class MicroBatchLoader:
         self.seed = cfg.seed
         self.lengths = np.asarray(self.store.lengths, dtype=np.int64)
         self.targets = sequence_targets(self.store)
+        used = self.lengths if self.indices is None else self.lengths[self.indices]
         problems = []
-        if len(self.lengths) == 0:
+        if len(used) == 0:
             problems.append(
-                f"the token store {self.store.path} holds no sequences; prepare non-empty data"
+                f"the token store {self.store.path} holds no sequences to train on; prepare non-empty data"
             )
-        elif int(self.lengths.max()) > self.settings.max_seq_len:
+        elif int(used.max()) > self.settings.max_seq_len:
             problems.append(
-                f"the token store {self.store.path} holds sequences of up to {int(self.lengths.max())} "
+                f"the token store {self.store.path} holds sequences of up to {int(used.max())} "
                 f"tokens but max_seq_len is {self.settings.max_seq_len}; prepare it again with "
                 f"--max-seq-len {self.settings.max_seq_len} or raise --max-seq-len"
             )
@@ -222,6 +230,7 @@ class MicroBatchLoader:
                 tokens_per_step=s.tokens_per_step,
                 seed=self.seed,
                 epoch=epoch,
+                indices=self.indices,
             )
             for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
                 del self._plans[old]
@@ -262,11 +271,13 @@ class MicroBatchLoader:
     def micro_batches(self, global_step: int) -> list[MicroBatchSpec]:
         """This rank's micro-batch specs of a step (no data read)."""
         epoch, s = self.locate(global_step)
-        return step_micro_batches(self.plan(epoch), s, self.settings, self.rank)
+        return step_micro_batches(
+            self.plan(epoch), s, self.settings, self.rank, lockstep=self.lockstep
+        )
 
     def efficiency(self, epoch: int = 0) -> Efficiency:
         """Packing efficiency and padding waste of an epoch, over all ranks, without running a model."""
-        return plan_efficiency(self.plan(epoch), self.settings)
+        return plan_efficiency(self.plan(epoch), self.settings, lockstep=self.lockstep)
 
     def _keys(self, start: int) -> Iterator[_Key]:
         total = self.total_steps
@@ -277,7 +288,7 @@ class MicroBatchLoader:
             if epoch not in self._step_targets:
                 self._step_targets[epoch] = plan.per_step_sums(self.targets)
             step_targets = int(self._step_targets[epoch][s])
-            specs = step_micro_batches(plan, s, self.settings, self.rank)
+            specs = step_micro_batches(plan, s, self.settings, self.rank, lockstep=self.lockstep)
             for i, spec in enumerate(specs):
                 yield _Key(epoch, g, s, i, len(specs), step_targets, spec)
             g += 1
@@ -340,9 +351,13 @@ class MicroBatchLoader:
             "strategy": s.strategy,
             "max_seq_len": s.max_seq_len,
             "tokens_per_step": s.tokens_per_step,
-            "n_sequences": len(self.lengths),
-            "n_tokens": int(self.lengths.sum()),
+            **self._data_identity(),
         }
+
+    def _data_identity(self) -> dict[str, int]:
+        """Which sequences the plans cover (a changed held-out split changes every step)."""
+        used = self.lengths if self.indices is None else self.lengths[self.indices]
+        return {"n_sequences": len(used), "n_tokens": int(used.sum())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()`; refuses if the plan-defining inputs changed."""
@@ -352,8 +367,7 @@ class MicroBatchLoader:
             "strategy": s.strategy,
             "max_seq_len": s.max_seq_len,
             "tokens_per_step": s.tokens_per_step,
-            "n_sequences": len(self.lengths),
-            "n_tokens": int(self.lengths.sum()),
+            **self._data_identity(),
         }
         changed = [
             f"{k}: {state[k]!r} then, {v!r} now"

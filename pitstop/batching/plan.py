@@ -132,9 +132,16 @@ def build_plan(
     tokens_per_step: int,
     seed: int,
     epoch: int,
+    indices: np.ndarray | None = None,
 ) -> Plan:
-    """The deterministic plan of one epoch (same arguments, same plan, on every rank)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    """The deterministic plan of one epoch (same arguments, same plan, on every rank).
+
+    `indices` (int64, sorted) restricts the plan to those sequence ids of the store (the
+    rest, e.g. a held-out evaluation share, never appears); `seqs` in the plan are
+    still store ids, each index exactly once per epoch.
+    """
+    all_lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = all_lengths if indices is None else all_lengths[np.asarray(indices, np.int64)]
     n = len(lengths)
     if n and lengths.max() > max_seq_len:
         raise ValueError(
@@ -186,6 +193,8 @@ def build_plan(
         raise ValueError(f"unknown batching strategy {strategy!r}")
     seqs = np.asarray(seqs, dtype=np.int64)
     csum = np.concatenate([[0], np.cumsum(lengths[seqs])])
+    if indices is not None:
+        seqs = np.asarray(indices, np.int64)[seqs]  # positions in the subset -> store ids
     return Plan(
         strategy=strategy,
         epoch=epoch,
@@ -220,7 +229,7 @@ class MicroBatchSpec:
 
 
 def step_micro_batches(
-    plan: Plan, step: int, settings: BatchSettings, rank: int = 0
+    plan: Plan, step: int, settings: BatchSettings, rank: int = 0, *, lockstep: bool = False
 ) -> list[MicroBatchSpec]:
     """Rank `rank`'s micro-batches of `step`: rows dealt round-robin, then split by the micro setting.
 
@@ -228,14 +237,38 @@ def step_micro_batches(
     A rank left without rows (a step with fewer rows than ranks, e.g. the last one of
     an epoch) gets a single filler micro-batch: no data is dropped or repeated, and
     the step's loss normaliser (its target count) is unchanged.
+
+    `lockstep=True` appends filler micro-batches so every rank has as many as the rank
+    with the most: FSDP gathers parameters in every forward, a collective all ranks
+    must join the same number of times (DDP communicates once per step and needs no
+    such padding).
     """
+    specs = _rank_micro_batches(plan, step, settings, rank)
+    if lockstep and settings.world_size > 1:
+        most = max(
+            len(_rank_micro_batches(plan, step, settings, r)) for r in range(settings.world_size)
+        )
+        fixed = plan.strategy in ("pack", "pad")
+        filler = MicroBatchSpec((), plan.max_seq_len if fixed else _filler_width(plan, step))
+        specs = specs + [filler] * (most - len(specs))
+    return specs
+
+
+def _filler_width(plan: Plan, step: int) -> int:
+    r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
+    return int(plan.row_tokens[r0:r1].min()) if r1 > r0 else plan.max_seq_len
+
+
+def _rank_micro_batches(
+    plan: Plan, step: int, settings: BatchSettings, rank: int
+) -> list[MicroBatchSpec]:
     world = settings.world_size
     r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
     rows_idx = list(range(r0 + rank, r1, world))
     fixed = plan.strategy in ("pack", "pad")
     msl = plan.max_seq_len
     if not rows_idx:
-        width = msl if fixed else int(plan.row_tokens[r0:r1].min())
+        width = msl if fixed else _filler_width(plan, step)
         return [MicroBatchSpec((), width)]
     b = plan.row_bounds
     rows = [plan.seqs[b[r] : b[r + 1]] for r in rows_idx]
@@ -276,12 +309,12 @@ class Efficiency:
         return 1.0 - self.packing_efficiency
 
 
-def plan_efficiency(plan: Plan, settings: BatchSettings) -> Efficiency:
+def plan_efficiency(plan: Plan, settings: BatchSettings, *, lockstep: bool = False) -> Efficiency:
     """Efficiency of `plan` over all ranks' micro-batches, without reading tokens or running a model."""
     positions = micro = 0
     for step in range(plan.n_steps):
         for rank in range(settings.world_size):
-            specs = step_micro_batches(plan, step, settings, rank)
+            specs = step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
             micro += len(specs)
             positions += sum(s.n_positions for s in specs)
     return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro)

@@ -161,6 +161,18 @@ def open_binary(path: Path, compression: str | None) -> BinaryIO:
     """Open `path` for reading, decompressing as its extension says (checked by magic bytes)."""
     f = open(path, "rb")  # noqa: SIM115 - handed to the caller
     if compression is None:
+        head = f.read(4)
+        f.seek(0)
+        # A compressed file under a plain name would otherwise fail as "invalid UTF-8",
+        # which sends the user to re-encode a file that only needs renaming.
+        for comp, magic in _MAGIC.items():
+            if head.startswith(magic):
+                f.close()
+                ext = ".gz" if comp == "gzip" else ".zst"
+                raise DataError(
+                    f"{path}: the file is {comp}-compressed but its name does not end in {ext}; "
+                    f"rename it to {path.name}{ext}"
+                )
         return f
     head = f.read(4)
     f.seek(0)
@@ -254,6 +266,10 @@ def _json(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
     text = _read_text(path, compression)
     try:
         data = json.loads(text)
+    except RecursionError:  # hostile nesting must be a DataError, not a traceback
+        raise DataError(
+            f"{path}: invalid JSON: nested too deeply for a dataset; fix the file"
+        ) from None
     except ValueError as e:
         hint = "fix the syntax"
         if getattr(e, "msg", "") == "Extra data":

@@ -121,7 +121,7 @@ def _messages(rec: dict, name: str) -> tuple[tuple[str, str], ...]:
         # CSV cells hold strings: accept a JSON-encoded message list there.
         try:
             msgs = json.loads(msgs)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: hostile nesting
             raise BadRecord(f"field {name!r} is a string that is not a valid JSON list") from None
     if not isinstance(msgs, list):
         raise BadRecord(

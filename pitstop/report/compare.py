@@ -85,7 +85,7 @@ def run_metrics(run: Run, price: float | None = None) -> dict[str, float | None]
 
 def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     sa, sb = flat_settings(a.summary), flat_settings(b.summary)
-    skip = {"output", "overwrite", "resume"}  # where a run was written is not a setting
+    skip = {"output", "cache_dir", "overwrite", "resume"}  # where files went is not a setting
     out = []
     for k in sorted(set(sa) | set(sb)):
         if k in skip:

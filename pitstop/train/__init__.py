@@ -24,10 +24,22 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
     TrainingDiverged after cfg.max_bad_steps non-finite steps in a row, and
     CheckpointError when a checkpoint cannot be written. Keyword arguments go to
     `Trainer` (device=..., loader=..., rank=..., world_size=...).
+
+    Several processes: under torchrun (WORLD_SIZE set) every process calls this and
+    trains its share; with `cfg.nproc > 1` outside torchrun, this process relaunches
+    the run as `cfg.nproc` processes (`pitstop.train.distributed.launch`) and returns
+    rank 0's summary. Multi-node: see `pitstop.train.distributed`.
     """
+    from pitstop.train import distributed
     from pitstop.train.trainer import Trainer
 
-    return Trainer(cfg, **kwargs).fit()
+    if cfg.nproc > 1 and distributed.env_world() == 1 and not kwargs:
+        return distributed.launch(cfg)
+    trainer = Trainer(cfg, **kwargs)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
 
 
 def __getattr__(name: str) -> Any:

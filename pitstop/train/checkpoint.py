@@ -15,6 +15,12 @@ the marker last, and the directory renamed to `step-N` in one `os.replace`.
 Discovery only accepts directories whose marker exists and whose files have the
 sizes it lists, so a crash at any moment leaves the previous checkpoint valid.
 
+Retention keeps the newest `--save-total-limit` checkpoints. With held-out
+evaluation, the checkpoint with the lowest eval loss (a checkpoint taken at a step
+that was evaluated records `eval_loss` in trainer_state.json; align --eval-steps
+with --save-steps so they coincide) is kept too, even when older, and
+`checkpoints/best.json` names it: {"step", "path", "eval_loss"}.
+
 Asynchrony: the loop pauses only for `snapshot()` (state copied to host memory);
 a background thread writes. A new save, and the end of the run, first wait for
 the previous write. A failed write (disk full...) raises `CheckpointError` at the
@@ -218,11 +224,14 @@ class CheckpointWriter:
         keep: int,
         save_model: Callable[[Path, dict[str, torch.Tensor]], None],
         enabled: bool = True,
+        keep_best: bool = False,
     ) -> None:
         self.root = Path(root)
         self.keep = keep
         self.save_model = save_model
         self.enabled = enabled  # False on ranks other than 0
+        self.keep_best = keep_best
+        self.best: dict[str, Any] | None = None  # the lowest-eval-loss checkpoint, when kept
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_written: Path | None = None
@@ -300,13 +309,43 @@ class CheckpointWriter:
 
     def _retain(self) -> None:
         found = complete_checkpoints(self.root)
+        best = _best_by_eval(found) if self.keep_best else None
+        if best is not None:
+            self.best = best
+            _write_json_atomic(self.root / "best.json", best)
         for _, path in found[: max(0, len(found) - self.keep)]:
+            if best is not None and path.name == Path(best["path"]).name:
+                continue
             trash = self.root / f".trash-{path.name}-{secrets.token_hex(4)}"
             try:
                 os.replace(path, trash)  # atomic: discovery never sees half a deletion
             except OSError:
                 continue
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
+    """The complete checkpoint with the lowest recorded eval loss (the earliest on a tie)."""
+    best: dict[str, Any] | None = None
+    for step, path in found:
+        try:
+            ts = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        loss = ts.get("eval_loss")
+        if (
+            isinstance(loss, (int, float))
+            and loss == loss
+            and (best is None or loss < best["eval_loss"])
+        ):
+            best = {"step": step, "path": str(path), "eval_loss": float(loss)}
+    return best
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    _write_json(tmp, obj)
+    os.replace(tmp, path)
 
 
 # --- reading -------------------------------------------------------------------

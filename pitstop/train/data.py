@@ -59,8 +59,14 @@ def build_loader(
     world_size: int,
     run_micro_batch: Callable[[dict[str, Any]], object] | None,
     resume_strategy: str | None = None,
+    indices: Any = None,
+    lockstep: bool = False,
 ) -> tuple[Any, Geometry]:
-    """The run's MicroBatchLoader; `batching: auto` is decided by timing (or kept on resume)."""
+    """The run's MicroBatchLoader; `batching: auto` is decided by timing (or kept on resume).
+
+    `indices`: the store's sequence ids to train on (None: all; `--eval-data auto` holds
+    some out). `lockstep`: equal micro-batch counts on every rank (FSDP).
+    """
     from pitstop.batching import MicroBatchLoader, choose_batching
 
     strategy = None
@@ -74,10 +80,16 @@ def build_loader(
         else:
             if run_micro_batch is None:
                 raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
-            auto = choose_batching(store, cfg, run_micro_batch, rank=rank, world_size=world_size)
+            auto = choose_batching(
+                store, cfg, run_micro_batch, rank=rank, world_size=world_size,
+                indices=indices, lockstep=lockstep,
+            )  # fmt: skip
             strategy = auto.strategy
             batching_reason = f"{strategy} ({auto.reason})"
-    loader = MicroBatchLoader(store, cfg, rank=rank, world_size=world_size, strategy=strategy)
+    loader = MicroBatchLoader(
+        store, cfg, rank=rank, world_size=world_size, strategy=strategy,
+        indices=indices, lockstep=lockstep,
+    )  # fmt: skip
     s = loader.settings
     choices = {
         "batching": Choice(s.strategy, batching_reason or loader.choices["batching"]),
@@ -96,6 +108,37 @@ def build_loader(
     }
     geo = Geometry(s.strategy, s.max_seq_len, s.tokens_per_step, micro, choices, efficiency)
     return loader, geo
+
+
+@dataclass
+class EvalData:
+    """Where held-out evaluation reads: a store and the sequence ids to evaluate."""
+
+    store: Any
+    indices: Any  # int64 sequence ids, or None for the whole store
+    train_indices: Any  # what training keeps (None: the whole training store)
+    source: str  # for the banner and summary
+
+
+def eval_data(cfg: RunConfig, train_store: Any) -> EvalData | None:
+    """`--eval-data`: None when off; `auto` splits `train_store`, else the file is prepared.
+
+    A file goes through the same cache as the training data (`open_store(cfg, data=[path])`),
+    so it is tokenized once, with the run's template, masking and max length.
+    """
+    if not cfg.eval_data:
+        return None
+    if cfg.eval_data == "auto":
+        import numpy as np
+
+        from pitstop.batching.split import holdout_split
+
+        split = holdout_split(np.asarray(train_store.doc_ids))
+        return EvalData(train_store, split.eval, split.train, split.describe())
+    from pitstop.data.prepare import open_store
+
+    store = open_store(cfg, data=[cfg.eval_data], progress=False)
+    return EvalData(store, None, None, f"{cfg.eval_data} ({len(store.lengths)} sequences)")
 
 
 def steps_for(cfg_epochs: float | None, max_steps: int | None, steps_per_epoch: int) -> int:

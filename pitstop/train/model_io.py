@@ -178,6 +178,28 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
         )
 
 
+def read_weights(ckpt: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A checkpoint's full model state by parameter name (CPU), tied weights filled in.
+
+    For loading into a sharded (FSDP2) model, which takes a full state dict by name.
+    """
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(glob.glob(str(ckpt / "*.safetensors"))):
+        state.update(load_file(f))
+    # save_pretrained writes a tied tensor once; the state dict names it twice.
+    by_param: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(p), []).append(name)
+    for names in by_param.values():
+        have = [n for n in names if n in state]
+        for n in names:
+            if n not in state and have:
+                state[n] = state[have[0]]
+    return state
+
+
 def _tied_to_loaded(model: Any, key: str, state: dict, own: dict) -> bool:
     """A key absent from the file is fine when it shares storage with a loaded tensor."""
     ptr = own[key].data_ptr()

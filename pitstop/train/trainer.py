@@ -12,9 +12,19 @@ until then; their metrics.jsonl lines are written at the next logging step.
 
 metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
 (fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
-skipped, trained_tokens / seen_tokens / padded_tokens (cumulative),
+skipped, trained_tokens / seen_tokens / padded_tokens (cumulative, all ranks),
 step_trained_tokens, tokens_per_second (trained tokens of the step / step_seconds),
-step_seconds, and `<phase>_s` seconds per phase of the step.
+step_seconds, and `<phase>_s` seconds per phase of the step. A step that ran a
+held-out evaluation (every --eval-steps, and the last step) also carries
+eval_loss (mean CE per eval target token), eval_ppl (exp of it), eval_targets,
+eval_sequences and eval_seconds on its own line; that evaluation's time is the
+`eval_s` phase of the *next* step (like logging and checkpoints, it runs between
+steps). TensorBoard and wandb get the same scalars (train/*, eval/loss, eval/ppl).
+
+Several processes (torchrun, or --nproc): see `pitstop.train.distributed`. Rank 0
+alone prints, logs and writes; timings are rank 0's. The other ranks agree with it
+on stopping (SIGTERM) and time-based checkpoints at logging steps, the only points
+where all ranks synchronise anyway.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from pitstop.measure.timeline import PHASES, StepRecord, Timeline
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
+from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.optim import build_optimizer
@@ -134,6 +145,42 @@ def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     return SummaryWriter(log_dir=str(out / "tensorboard")), f"on ({out / 'tensorboard'})"
 
 
+class _NullRun:
+    """Stands in for a wandb run when wandb is off or not installed."""
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
+    """A wandb run logging the same scalars as TensorBoard; WANDB_MODE/PROJECT are respected.
+
+    wandb is optional: not installed gives a one-line notice and no logging, never an error.
+    """
+    if not enabled or "wandb" not in cfg.report_to:
+        return _NullRun(), "off (not in --report-to)"
+    try:
+        import wandb
+    except ImportError:
+        print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
+              file=sys.stderr)  # fmt: skip
+        return _NullRun(), "off (wandb not installed)"
+    try:
+        run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
+            config=cfg.to_dict(), resume="allow",
+        )  # fmt: skip
+    except Exception as e:  # no login, no network in online mode...: the run goes on
+        print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
+              "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
+        return _NullRun(), f"off (wandb.init failed: {type(e).__name__})"
+    mode = os.environ.get("WANDB_MODE", "online")
+    return run, f"on ({mode})"
+
+
 def _progress(total: int, initial: int) -> Any:
     from tqdm.auto import tqdm
 
@@ -158,13 +205,11 @@ class Trainer:
         *,
         device: DeviceInfo | None = None,
         loader: Any = None,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.t_process = _process_start()
         self.cfg = cfg
-        self.rank, self.world_size = rank, world_size
-        self.is_main = rank == 0
         self.out = check_output_dir(cfg)
         seed_everything(cfg.seed)
         _quiet_transformers()
@@ -175,6 +220,18 @@ class Trainer:
             device, dev_choice = probe.detect_device(cfg.device)
         else:
             dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
+        if rank is None and world_size is None:
+            # Launched by torchrun: join its process group (and take GPU LOCAL_RANK).
+            self.env, device = dist_mod.init(device)
+        else:  # the caller places this trainer (a test, or a custom launcher with its own group)
+            w = world_size or 1
+            self.env = dist_mod.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
+        self.rank, self.world_size = self.env.rank, self.env.world_size
+        self.is_main = self.rank == 0
+        problems = dist_mod.check_strategy(cfg, self.env)
+        if problems:
+            raise ConfigError(problems, header="invalid configuration for several processes:")
+        self.fsdp = self.env.distributed and cfg.strategy == "fsdp"
         self.dev = device
         self.device = torch.device(device.torch_device)
         self.choices["device"] = dev_choice
@@ -204,13 +261,23 @@ class Trainer:
         self._compiled = False
 
         # --- data (after the model: `batching: auto` times each strategy on it)
+        self.eval_set: Any = None
         if loader is None:
             store = data_mod.open_training_store(cfg)
+            held = data_mod.eval_data(cfg, store)
             resume_strategy = data_mod.saved_strategy(self.out) if cfg.resume else None
             self.loader, self.geometry = data_mod.build_loader(
-                cfg, store=store, rank=rank, world_size=world_size,
+                cfg, store=store, rank=self.rank, world_size=self.world_size,
                 run_micro_batch=self._timing_micro_batch, resume_strategy=resume_strategy,
+                indices=held.train_indices if held else None, lockstep=self.fsdp,
             )  # fmt: skip
+            if held is not None:
+                from pitstop.train.evaluate import EvalSet
+
+                self.eval_set = EvalSet(
+                    held.store, self.loader.settings, indices=held.indices, rank=self.rank,
+                    seed=cfg.seed, lockstep=self.fsdp, source=held.source,
+                )  # fmt: skip
         else:
             self.loader = loader
             self.geometry = data_mod.Geometry(
@@ -218,6 +285,8 @@ class Trainer:
                 int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
                 {"batching": Choice("custom", "a loader object was passed to the Trainer")},
             )  # fmt: skip
+        if loader is not None and cfg.eval_data:
+            self.eval_set = self._custom_eval_set(cfg, loader)
         self.choices.update(self.geometry.choices)
         self.steps_per_epoch = int(self.loader.steps_per_epoch)
         self.total_steps = int(
@@ -227,9 +296,8 @@ class Trainer:
         self.warmup = (
             cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(self.total_steps)
         )
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
-        # --- FLOPs, peak, compile
+        # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
         self.flops = flops_mod.flops_model(self.model)
         self.flops_per_token = self.flops.per_token(self.geometry.max_seq_len)
         self.peak_flops, self.peak_source = device_peak(
@@ -241,10 +309,15 @@ class Trainer:
                 self.total_steps * self.geometry.tokens_per_step * self.flops_per_token
                 / (self.peak_flops * probe.ASSUMED_MFU_FOR_ESTIMATE)
             )  # fmt: skip
+        # After `batching: auto` (it times the plain model, no collectives), before the
+        # optimizer (FSDP2 replaces the parameters by sharded DTensors).
+        self.wrapped, self.choices["strategy"] = dist_mod.wrap(self.model, cfg, self.env)
+        self.forward_model = self.wrapped
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.choices["compile"] = probe.choose_compile(cfg.compile, device, est)
         self._compiled = bool(self.choices["compile"].value)
         if self._compiled:
-            self.forward_model = torch.compile(self.model)
+            self.forward_model = torch.compile(self.wrapped)
 
         # --- optimizer, precision machinery
         self.optimizer = build_optimizer(
@@ -260,8 +333,11 @@ class Trainer:
         self.choices["loss"] = Choice(
             "fp32 token CE / step_targets",
             "computed by pitstop from the logits in fp32, summed over targets and divided by the "
-            "step's target count, so accumulated micro-batches give exactly one big batch's gradient",
-        )
+            "step's target count (all ranks), so accumulated micro-batches give exactly one big "
+            "batch's gradient"
+            + (f"; x{self.world_size} to undo the gradient averaging across ranks"
+               if self.env.distributed else ""),
+        )  # fmt: skip
 
         # --- counters (a resumed run restores them: the summary counts the whole run)
         self.step = 0
@@ -273,7 +349,8 @@ class Trainer:
         self.ckpt_pause = 0.0
         self.phase_totals = dict.fromkeys(PHASES, 0.0)
         self.last_loss: float | None = None
-        self.last_eval: dict[str, float] | None = None
+        self.last_eval: dict[str, Any] | None = None
+        self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
         self.resumed_from: str | None = None
         self.epoch_float = 0.0
         self._bad_run_t = torch.zeros((), device=self.device)
@@ -290,17 +367,20 @@ class Trainer:
                 self.model, self.tokenizer, dest, state
             ),
             enabled=self.is_main,
+            keep_best=self.eval_set is not None,
         )
         self.choices["checkpoints"] = Choice(
             _save_policy(cfg),
             "asynchronous: the loop pauses only to copy state to host memory; a background "
             "thread writes atomically (partial dir, marker, rename)",
         )
-        if cfg.eval_data:
-            # Not silent: the banner says evaluation was asked for and is not done yet.
+        if self.eval_set is not None:
+            every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
             self.choices["eval"] = Choice(
-                False,
-                f"--eval-data {cfg.eval_data} given, but held-out evaluation is not implemented yet",
+                self.eval_set.source,
+                f"held-out loss and perplexity {every}at the end, over {self.eval_set.n_targets:,} "
+                "targets, batched like training; the checkpoint with the lowest eval loss is kept "
+                "beside the newest (checkpoints/best.json)",
             )
         self._compute_loss = self._loss
         nan_steps = os.environ.get("PITSTOP_TEST_NAN_STEPS")  # test hook, see _nan_loss
@@ -308,6 +388,22 @@ class Trainer:
             self._nan_steps = {int(s) for s in nan_steps.split(",") if s}
             self._compute_loss = self._nan_loss
         self._stop_at = int(os.environ.get("PITSTOP_TEST_STOP_AT_STEP", "0")) or None  # test hook
+
+    def _custom_eval_set(self, cfg: RunConfig, loader: Any) -> Any:
+        """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
+        from pitstop.batching.settings import BatchSettings
+        from pitstop.train.evaluate import EvalSet
+
+        settings = getattr(loader, "settings", None) or BatchSettings.from_config(
+            cfg, world_size=self.world_size,
+            strategy="pack" if cfg.batching == "auto" else cfg.batching,
+        )  # fmt: skip
+        if cfg.eval_data == "auto":
+            raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
+        held = data_mod.eval_data(cfg, None)
+        assert held is not None
+        return EvalSet(held.store, settings, indices=None, rank=self.rank, seed=cfg.seed,
+                       lockstep=self.fsdp, source=held.source)  # fmt: skip
 
     # --- set-up of the output directory ----------------------------------------------
 
@@ -320,7 +416,9 @@ class Trainer:
         if self.is_main:
             ckpt.remove_debris(root)
         latest = ckpt.latest_checkpoint(root) if self.cfg.resume else None
-        if self.cfg.resume and latest is None:
+        # Every rank reads the same checkpoint (a shared filesystem across nodes).
+        latest = dist_mod.broadcast_object(latest, self.env)
+        if self.cfg.resume and latest is None and self.is_main:
             print(
                 f"pitstop: no complete checkpoint in {root}; starting from step 0", file=sys.stderr
             )
@@ -332,11 +430,19 @@ class Trainer:
             tmp = out / f".config.yaml.tmp{os.getpid()}"
             tmp.write_text(saved.to_yaml(), encoding="utf-8")
             os.replace(tmp, out / "config.yaml")
+        dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
 
     def _restore(self, path: Path) -> None:
-        model_io.load_weights(self.model, path)
         st = ckpt.read_checkpoint(path)
-        self.optimizer.load_state_dict(st["optimizer"]["optimizer"])
+        if self.fsdp:
+            # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
+            dist_mod.load_full_state(
+                self.model, self.optimizer, model_io.read_weights(path, self.model),
+                st["optimizer"]["optimizer"],
+            )  # fmt: skip
+        else:
+            model_io.load_weights(self.model, path)
+            self.optimizer.load_state_dict(st["optimizer"]["optimizer"])
         if self.scaler is not None and st["optimizer"].get("scaler"):
             self.scaler.load_state_dict(st["optimizer"]["scaler"])
         ckpt.set_rng_state(st["rng"])
@@ -354,6 +460,8 @@ class Trainer:
         self.phase_totals.update(ts["time_breakdown"])
         self.last_loss = ts.get("last_loss")
         self.epoch_float = float(ts.get("epoch", 0.0))
+        self.last_eval = ts.get("last_eval")
+        self._last_ckpt_step = self.step
         self._bad_run_t.fill_(self.bad_run)
         self._skipped_t.fill_(self.skipped_steps)
         self.resumed_from = str(path)
@@ -378,13 +486,16 @@ class Trainer:
             for k in ("input_ids", "labels", "position_ids")
         }
 
-    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar)."""
+    def _loss(self, batch: dict[str, torch.Tensor], model: Any = None) -> torch.Tensor:
+        """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
+
+        `model`: call this module instead of the training forward (evaluation).
+        """
         with torch.autocast(
             self.device.type, dtype=self.autocast_dtype or torch.float32,
             enabled=self.autocast_dtype is not None,
         ):  # fmt: skip
-            out = self._forward(batch)
+            out = self._forward(batch, model)
         logits = out.logits  # [B, T, V]
         labels = batch["labels"]  # [B, T]; the model convention: position t predicts labels[t+1]
         return F.cross_entropy(
@@ -401,7 +512,7 @@ class Trainer:
             loss = loss * float("nan")
         return loss
 
-    def _forward(self, batch: dict[str, torch.Tensor]) -> Any:
+    def _forward(self, batch: dict[str, torch.Tensor], model: Any = None) -> Any:
         # No attention_mask: the model derives a block-diagonal causal mask from position_ids
         # (documents packed in one row never attend to each other).
         kwargs = {
@@ -409,6 +520,8 @@ class Trainer:
             "position_ids": batch["position_ids"],
             "use_cache": False,
         }
+        if model is not None:
+            return model(**kwargs)
         if not self._compiled:
             return self.forward_model(**kwargs)
         try:
@@ -421,12 +534,20 @@ class Trainer:
             return self.forward_model(**kwargs)
 
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], step_targets: int, tl: Timeline
+        self, batch: dict[str, torch.Tensor], step_targets: int, tl: Timeline, *, last: bool = True
     ) -> torch.Tensor:
-        with tl.phase("forward"):
-            loss = self._compute_loss(batch) / max(step_targets, 1)
-        with tl.phase("backward"):
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        """One micro-batch; returns its share of the step's loss (sum CE / step targets).
+
+        `last`: the step's last micro-batch on this rank, the one whose backward
+        communicates gradients (DDP no_sync / FSDP2 gradient sync off before it).
+        """
+        with dist_mod.no_sync(self.wrapped, self.cfg.strategy, last):
+            with tl.phase("forward"):
+                loss = self._compute_loss(batch) / max(step_targets, 1)
+            # DDP/FSDP average gradients over ranks; the step's gradient is their sum.
+            scaled = loss * self.world_size if self.world_size > 1 else loss
+            with tl.phase("backward"):
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
 
     def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -444,7 +565,14 @@ class Trainer:
             norm = torch.nn.utils.get_total_norm(
                 [p.grad for p in self.params if p.grad is not None]
             )
-        bad = ~(torch.isfinite(norm) & torch.isfinite(loss))  # 0-dim bool on the device
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+            norm = norm.full_tensor()
+        if self.env.distributed:
+            # The norm is the same on every rank (reduced gradients); the local loss is not,
+            # and ranks must agree on skipping. A non-finite loss makes non-finite gradients.
+            bad = ~torch.isfinite(norm)
+        else:
+            bad = ~(torch.isfinite(norm) & torch.isfinite(loss))  # 0-dim bool on the device
         if self.sync_free_skip:
             self.optimizer.found_inf = bad.float()  # the fused kernel skips the update itself
             self.optimizer.step()
@@ -463,6 +591,9 @@ class Trainer:
         self._prepare_output()
         self.tb, tb_note = _tensorboard(self.cfg, self.out, self.is_main)
         self.choices["tensorboard"] = Choice(bool(not isinstance(self.tb, _NullWriter)), tb_note)
+        self.wb, wb_note = _wandb(self.cfg, self.out, self.is_main)
+        if "wandb" in self.cfg.report_to:
+            self.choices["wandb"] = Choice(not isinstance(self.wb, _NullRun), wb_note)
         if self.is_main:
             print_banner(self._banner())
         self._batches = iter(self.loader)
@@ -483,18 +614,25 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 done = self.step >= self.total_steps
-                save_due = bool(self.cfg.save_steps and self.step % self.cfg.save_steps == 0) or (
+                save_due = bool(self.cfg.save_steps and self.step % self.cfg.save_steps == 0)
+                log_due = self.step % self.cfg.log_steps == 0 or done
+                time_due = (
                     self.cfg.save_minutes is not None
                     and time.monotonic() - last_save_time >= 60 * self.cfg.save_minutes
                 )
-                stop = self._stop_signal is not None or self.step == self._stop_at
+                signalled = self._stop_signal is not None
+                if self.env.distributed:  # ranks act on these together, at logging steps only
+                    time_due, signalled = self._agree(time_due, signalled, now=log_due or save_due)
+                save_due = save_due or time_due
+                stop = signalled or self.step == self._stop_at
                 self.train_seconds_now = self.train_seconds + time.perf_counter() - t_train0
-                if self.step % self.cfg.log_steps == 0 or done or save_due or stop:
-                    with tl.phase("logging"):
-                        self.log(bar)
-                if self._eval_due():
+                eval_due = self._eval_due(done)
+                if eval_due:  # before logging: the result goes on this step's metrics line
                     with tl.phase("eval"):
                         self.evaluate()
+                if log_due or save_due or stop or eval_due:
+                    with tl.phase("logging"):
+                        self.log(bar)
                 if (save_due or stop) and not done:
                     with tl.phase("checkpoint"):
                         self.checkpoint(t_train0)
@@ -526,7 +664,22 @@ class Trainer:
             write_json_atomic(self.out / "summary.json", summary)
             print(_result_line(summary), file=sys.stderr)
         self.tb.close()
+        self.wb.finish()
         return summary
+
+    def close(self) -> None:
+        """Leave the process group (torchrun runs); safe to call more than once."""
+        dist_mod.shutdown(self.env)
+
+    def _agree(self, *flags: bool, now: bool) -> tuple[bool, ...]:
+        """Each flag true on any rank, at points all ranks reach together; False elsewhere."""
+        if not now:
+            return tuple(False for _ in flags)
+        t = torch.tensor([float(f) for f in flags], device=self.device)
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in t.tolist())
 
     def _train_step(self, tl: Timeline) -> None:
         loss_acc = torch.zeros((), device=self.device)
@@ -541,7 +694,8 @@ class Trainer:
             micro_count = int(meta["micro_count"])
             with tl.phase("host_to_device"):
                 batch = self.to_device(mb)
-            loss_acc += self.forward_backward(batch, int(meta["step_targets"]), tl)
+            last = m == micro_count - 1
+            loss_acc += self.forward_backward(batch, int(meta["step_targets"]), tl, last=last)
             n_targets += int(meta["n_targets"])
             n_seen += int(meta["n_seen"])
             n_pos += int(meta["n_positions"])
@@ -549,41 +703,63 @@ class Trainer:
         with tl.phase("optimizer"):
             norm, bad, lr = self.optimizer_step(loss_acc)
         self.step += 1
-        self.trained_tokens += n_targets
-        self.seen_tokens += n_seen
-        self.padded_tokens += n_pos
-        in_epoch = int(meta.get("epoch_step", meta["step"]))  # the loader's step within the epoch
-        self.epoch_float = int(meta["epoch"]) + (in_epoch + 1) / self.steps_per_epoch
+        # The fraction of the *current* epoch: meta["step"] counts from the start of the run.
+        epoch = int(meta["epoch"])
+        if "epoch_step" in meta:
+            in_epoch = int(meta["epoch_step"])
+        else:  # a caller's loader without it: epochs of steps_per_epoch steps each
+            in_epoch = int(meta["step"]) - epoch * self.steps_per_epoch
+        self.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
         self._skipped_t = self._skipped_t + bad
+        # Token counts are this rank's; log() sums them over ranks with the loss.
         self._pending.append({
             "step": self.step, "epoch": round(self.epoch_float, 6), "loss": loss_acc, "lr": lr,
-            "grad_norm": norm, "bad": bad, "trained_tokens": self.trained_tokens,
-            "seen_tokens": self.seen_tokens, "padded_tokens": self.padded_tokens,
-            "step_trained_tokens": n_targets, "bad_run": self._bad_run_t,
+            "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
+            "bad_run": self._bad_run_t,
         })  # fmt: skip
+
+    def _steps_in_epoch(self, epoch: int) -> int:
+        """Steps of `epoch` (bucket and pad plans may differ by a step between epochs)."""
+        fn = getattr(self.loader, "steps_in_epoch", None)
+        return int(fn(epoch)) if fn is not None else self.steps_per_epoch
 
     def log(self, bar: Any = None) -> None:
         """The logging step: the one place the loop reads device values (a sync)."""
         if not self._pending:
             return
-        # One transfer for every pending scalar: [n, 4] (loss, grad norm, bad, bad run).
-        vals = torch.stack([
-            torch.stack([p["loss"].float(), p["grad_norm"].float(), p["bad"].float(), p["bad_run"].float()])
+        # Summed over ranks: [n, 4] (loss share, targets, seen, positions), float64 so the
+        # counts stay exact; one collective per logging step.
+        summed = torch.stack([
+            torch.cat([p["loss"].double().reshape(1),
+                       torch.tensor(p["counts"], dtype=torch.float64).to(self.device)])
             for p in self._pending
-        ]).tolist()  # fmt: skip
+        ])  # fmt: skip
+        dist_mod.all_reduce_sum(summed, self.env)
+        # The same on every rank: [n, 3] (grad norm, bad, bad run). One transfer for all.
+        same = torch.stack([
+            torch.stack([p["grad_norm"].double(), p["bad"].double(), p["bad_run"].double()])
+            for p in self._pending
+        ])  # fmt: skip
+        vals = torch.cat([summed, same], dim=1).tolist()
         lines = []
-        for p, (loss, norm, bad, bad_run) in zip(self._pending, vals):
+        for p, (loss, n_t, n_s, n_p, norm, bad, bad_run) in zip(self._pending, vals):
             rec: StepRecord = p.pop("record")
             phases = rec.resolve()
             for k, v in phases.items():
                 self.phase_totals[k] += v
             skipped = bool(bad)
-            line = {k: v for k, v in p.items() if k not in ("loss", "grad_norm", "bad", "bad_run")}
+            self.trained_tokens += int(n_t)
+            self.seen_tokens += int(n_s)
+            self.padded_tokens += int(n_p)
+            drop = ("loss", "grad_norm", "bad", "bad_run", "counts")
+            line = {k: v for k, v in p.items() if k not in drop}
             line.update({
                 "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
-                "tokens_per_second": p["step_trained_tokens"] / rec.step_seconds if rec.step_seconds > 0 else None,
+                "trained_tokens": self.trained_tokens, "seen_tokens": self.seen_tokens,
+                "padded_tokens": self.padded_tokens, "step_trained_tokens": int(n_t),
+                "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
                 "step_seconds": rec.step_seconds,
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
@@ -605,9 +781,14 @@ class Trainer:
         append_lines(self.out / "metrics.jsonl", lines)
         last = lines[-1]
         for line in lines:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_second"):
-                if line[key] is not None and math.isfinite(line[key]):
-                    self.tb.add_scalar(f"train/{key}", line[key], line["step"])
+            scalars = {
+                **{f"train/{k}": line[k] for k in ("loss", "lr", "grad_norm", "tokens_per_second")},
+                **{f"eval/{k[5:]}": line[k] for k in ("eval_loss", "eval_ppl") if k in line},
+            }
+            scalars = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
+            for key, v in scalars.items():
+                self.tb.add_scalar(key, v, line["step"])
+            self.wb.log(scalars, step=line["step"])
         self.tb.flush()
         tps = self.trained_tokens / self.train_seconds_now if self.train_seconds_now > 0 else 0.0
         if bar is not None and not bar.disable:
@@ -627,11 +808,35 @@ class Trainer:
             "Try a lower --lr, a longer warm-up (--warmup-steps), or --precision bf16/fp32 instead of fp16"
         )
 
-    def _eval_due(self) -> bool:
-        return False  # evaluation: see pitstop/train/__init__.py notes (not implemented yet)
+    def _eval_due(self, done: bool) -> bool:
+        if self.eval_set is None:
+            return False
+        every = self.cfg.eval_steps
+        return done or bool(every and self.step % every == 0)
 
-    def evaluate(self) -> None:
-        pass
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out loss and perplexity now; attached to the newest pending metrics line.
+
+        Uses the unwrapped model (no DDP hooks; FSDP2's module gathers its shards), in eval
+        mode (no dropout), without gradients. All ranks take part: the sums are all-reduced.
+        """
+        assert self.eval_set is not None
+        t0 = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        try:
+            with torch.no_grad():
+                for mb in self.eval_set.batches():
+                    total += self._loss(self.to_device(mb), model=self.model).double()
+        finally:
+            self.model.train(was_training)
+        dist_mod.all_reduce_sum(total, self.env)
+        res = self.eval_set.result(float(total.item()), self.step, time.perf_counter() - t0)
+        self.last_eval = res
+        if self._pending and self._pending[-1]["step"] == self.step:
+            self._pending[-1].update({k: v for k, v in res.items() if k != "step"})
+        return res
 
     # --- checkpoints ----------------------------------------------------------------
 
@@ -645,22 +850,37 @@ class Trainer:
             "wall_seconds": self.wall_before + time.time() - self.t_process,
             "checkpoint_pause_seconds": self.ckpt_pause,
             "time_breakdown": self.phase_totals, "last_loss": self.last_loss,
+            "last_eval": self.last_eval,
+            # Read by checkpoint retention: the best checkpoint by eval loss is kept.
+            "eval_loss": self.last_eval["eval_loss"]
+            if self.last_eval and self.last_eval["step"] == self.step else None,
         }  # fmt: skip
 
     def checkpoint(self, t_train0: float, *, blocking: bool = False) -> None:
         """Pause only to copy state to host memory; the writer thread does the rest."""
         t0 = time.perf_counter()
         self.log()  # lines up to this step must exist before the checkpoint does
+        self._last_ckpt_step = self.step
+        if self.fsdp:
+            # Collective: every rank sends its shards; rank 0 gets full CPU copies.
+            model_state = dist_mod.full_state(self.model)
+            optim_state = dist_mod.full_optimizer_state(self.model, self.optimizer)
+        if not self.is_main:  # DDP: rank 0's replica is the same as this one
+            self.ckpt_pause += time.perf_counter() - t0
+            return
         self.writer.wait()  # the previous write must be done (and must have succeeded)
+        if not self.fsdp:
+            model_state = ckpt.to_host(model_io.trainable_state(self.model))
+            optim_state = ckpt.to_host(self.optimizer.state_dict())
         snap = ckpt.Snapshot(
             step=self.step,
-            model_state=ckpt.to_host(model_io.trainable_state(self.model)),
-            optimizer=ckpt.to_host(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                }
-            ),
+            model_state=model_state,
+            optimizer={
+                "optimizer": optim_state,
+                "scaler": ckpt.to_host(self.scaler.state_dict())
+                if self.scaler is not None
+                else None,
+            },
             trainer_state=self._trainer_state(t_train0),
             rng=ckpt.rng_state(),
             loader_state=self.loader.state_dict(),
@@ -670,15 +890,15 @@ class Trainer:
 
     def _final_save(self, t_train0: float) -> None:
         """Always: a last checkpoint (unless this step has one) and final/ (HF-loadable)."""
+        if self._last_ckpt_step != self.step:
+            self.checkpoint(t_train0)  # on every rank: FSDP gathers the state collectively
+        t0 = time.perf_counter()
+        state = dist_mod.full_state(self.model) if self.fsdp else None
         if not self.is_main:
             return
-        last = self.writer.last_written
-        if last is None or last.name != f"step-{self.step}":
-            self.checkpoint(t_train0)
-        t0 = time.perf_counter()
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
-        model_io.save_model_dir(self.model, self.tokenizer, tmp, None)
+        model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
         model_io.publish_dir(tmp, self.out / "final")
         self.writer.wait()
         self.final_save_seconds = time.perf_counter() - t0
@@ -692,6 +912,7 @@ class Trainer:
         if self.is_main:
             write_json_atomic(self.out / "summary.json", self.summary(status))
         self.tb.close()
+        self.wb.finish()
 
     # --- signals ------------------------------------------------------------------
 
@@ -707,6 +928,8 @@ class Trainer:
         if self._stop_signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self._stop_signal = signum
+        if not self.is_main:
+            return
         print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.step + 1}, "
               "then saving a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)  # fmt: skip
 
@@ -767,7 +990,11 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "peak_memory_bytes": peak_memory_bytes(self.device.type),
             "final_loss": self.last_loss,
+            "eval_loss": self.last_eval["eval_loss"] if self.last_eval else None,
+            "eval_ppl": self.last_eval["eval_ppl"] if self.last_eval else None,
             "eval": self.last_eval,
+            "best_checkpoint": self.writer.best,
+            "world_size": self.world_size,
             "time_breakdown": dict(self.phase_totals),
             "checkpoint_pause_seconds": self.ckpt_pause,
             "checkpoint_write_seconds": self.writer.write_seconds,

@@ -1,0 +1,388 @@
+"""`pitstop profile` as a library: run W warm-up + K steps of a config and measure them.
+
+The steps run through the real trainer (`pitstop.train.trainer.Trainer`), so what is
+measured is exactly what `pitstop train` would do with the same config: the same
+loader, phases, logging cadence and checkpoint policy. The run goes to a temporary
+output directory that is removed afterwards; the per-step numbers are read back from
+its metrics.jsonl (`<phase>_s`, `step_seconds`, cumulative token counters) and the
+FLOPs/peak figures from its summary, the first W steps (allocator warm-up, lazy
+initialisation, torch.compile) are dropped, and the rest becomes a
+`pitstop.profile/1` dict (`pitstop.measure.schema.make_profile`) with the bottleneck
+verdict (`pitstop.measure.verdict`).
+
+Two small overrides of the trainer's named phase methods (in `MeasuredTrainer`)
+make this possible without touching the loop: `fetch_batch` stamps the start of
+each step (to know when the measured window starts, for device sampling and for
+early stopping in `pitstop tune`), `optimizer_step` steps the torch.profiler
+schedule, and `_final_save` is skipped because a measurement run has no use for a
+final model (writing it can take minutes for a large model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pitstop.config import RunConfig
+from pitstop.measure.timeline import PHASES
+
+# At most this many measured steps go into a Chrome trace: a trace of a real model
+# grows by tens of MB per step, and a few steps show the pattern.
+TRACE_MAX_STEPS = 5
+
+
+# --- peak memory of a window (CPU: resettable peak RSS on Linux) -------------------
+
+
+def reset_peak_memory(device_type: str) -> bool:
+    """Start a new peak-memory window; False when the platform cannot reset it.
+
+    CUDA: the allocator's peak counter. CPU (Linux): writing 5 to /proc/self/clear_refs
+    resets the process's resident-set high-water mark (VmHWM, which getrusage's
+    ru_maxrss reads too), so one process can measure several runs one after another.
+    """
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(device_type: str) -> int:
+    """Peak bytes since the last `reset_peak_memory`: CUDA allocated, or peak RSS on CPU."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if os.uname().sysname == "Darwin" else rss * 1024)
+
+
+# --- the trainer, instrumented ------------------------------------------------------
+
+
+@dataclass
+class StepClock:
+    """Host timestamps of the start of each optimizer step (its first fetch_batch).
+
+    `on_step_start(step_index, clock)` may return True to make the step being started
+    the last one (used by `pitstop tune` to stop once the median is stable).
+    """
+
+    starts: list[float] = field(default_factory=list)
+    end: float | None = None
+    on_step_start: Callable[[int, StepClock], bool] | None = None
+    on_step_end: Callable[[int], None] | None = None
+
+    def durations(self) -> list[float]:
+        """Wall seconds of each completed step (start to next start, the last to `end`)."""
+        marks = [*self.starts, self.end] if self.end is not None else list(self.starts)
+        return [b - a for a, b in zip(marks, marks[1:])]
+
+
+def measured_trainer_class() -> type:
+    """A `Trainer` subclass that reports step boundaries and skips the final save."""
+    from pitstop.train.trainer import Trainer
+
+    class MeasuredTrainer(Trainer):
+        """Trainer with hooks at step boundaries; see the module docstring."""
+
+        clock: StepClock
+
+        def fetch_batch(self) -> dict[str, Any]:
+            mb = super().fetch_batch()
+            if int(mb["meta"].get("micro_index", 0)) == 0:
+                idx = len(self.clock.starts)
+                self.clock.starts.append(time.perf_counter())
+                hook = self.clock.on_step_start
+                if hook is not None and hook(idx, self.clock):
+                    # The loop ends after the step now starting (total_steps is re-read
+                    # every step); the LR schedule does not matter for a measurement.
+                    self.total_steps = self.step + 1
+            return mb
+
+        def optimizer_step(self, loss: Any) -> Any:
+            out = super().optimizer_step(loss)
+            self.clock.end = time.perf_counter()
+            if self.clock.on_step_end is not None:
+                self.clock.on_step_end(self.step)
+            return out
+
+        def _final_save(self, t_train0: float) -> None:
+            # A measurement run keeps no model; still let async checkpoint writes finish.
+            self.writer.wait()
+
+    return MeasuredTrainer
+
+
+def measurement_config(cfg: RunConfig, out_dir: Path, total_steps: int) -> RunConfig:
+    """`cfg` redirected to a scratch output directory for `total_steps` steps."""
+    return dataclasses.replace(
+        cfg,
+        output=str(out_dir),
+        overwrite=True,
+        resume=False,
+        max_steps=total_steps,
+        epochs=None,
+        report_to=["none"],  # TensorBoard files are not part of the step's cost worth keeping
+    )
+
+
+# --- the profile -------------------------------------------------------------------
+
+
+def step_spread(step_seconds: list[float]) -> dict[str, float]:
+    """Median, 10th/90th percentile, min and max of step times (seconds)."""
+    if not step_seconds:
+        return {}
+    a = np.asarray(step_seconds, dtype=float)
+    return {
+        "median_seconds": float(np.median(a)),
+        "p10_seconds": float(np.percentile(a, 10)),
+        "p90_seconds": float(np.percentile(a, 90)),
+        "min_seconds": float(a.min()),
+        "max_seconds": float(a.max()),
+    }
+
+
+def window_utilisation(samples: list[dict[str, float]], t0: float, t1: float) -> dict[str, Any]:
+    """`Sampler.summary()`-shaped means/maxima over the samples taken in [t0, t1]."""
+    inside = [s for s in samples if t0 <= s["t"] <= t1]
+    out: dict[str, Any] = {"samples": len(inside), "window_seconds": round(t1 - t0, 3)}
+    for k in sorted({k for s in inside for k in s} - {"t"}):
+        vals = [s[k] for s in inside if k in s]
+        out[k] = {"mean": sum(vals) / len(vals), "max": max(vals)}
+    return out
+
+
+def _trace_context(trace_dir: Path | None, warmup: int, steps: int, cuda: bool) -> Any:
+    """A torch.profiler stepped once per optimizer step, recording measured steps only."""
+    if trace_dir is None:
+        return None
+    import torch.profiler as tp
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    active = min(steps, TRACE_MAX_STEPS)
+    # Steps before the window are skipped (wait) except the last one, which warms the
+    # profiler up (its data is discarded) so the first traced step is not distorted.
+    warm = 1 if warmup >= 1 else 0
+    path = trace_dir / f"trace-steps-{warmup + 1}-{warmup + active}.json"
+    activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
+    prof = tp.profile(
+        activities=activities,
+        schedule=tp.schedule(wait=warmup - warm, warmup=warm, active=active, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    )
+    prof.trace_path = path  # type: ignore[attr-defined]
+    return prof
+
+
+@dataclass
+class ProfileRun:
+    """What `run_profile` measured: the profile dict, the run's summary, the trace file."""
+
+    profile: dict[str, Any]
+    summary: dict[str, Any]
+    trace_path: Path | None = None
+
+
+def run_profile(
+    cfg: RunConfig,
+    *,
+    steps: int,
+    warmup: int = 2,
+    trace_dir: str | Path | None = None,
+    loader: Any = None,
+    device: Any = None,
+    sample_interval_s: float = 0.25,
+) -> ProfileRun:
+    """Run `warmup` + `steps` optimizer steps of `cfg` and profile the last `steps`.
+
+    `loader` / `device` go to the Trainer (tests pass a slow loader or a pretend
+    device). The run writes only to a temporary directory, removed at the end.
+    """
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    if warmup < 0:
+        raise ValueError("warmup must be 0 or more")
+    from pitstop.measure.flops import mfu as mfu_of
+    from pitstop.measure.sampler import Sampler
+    from pitstop.measure.schema import make_profile
+    from pitstop.measure.verdict import verdict
+    from pitstop.train.summary import read_metrics
+
+    tmp = Path(tempfile.mkdtemp(prefix="pitstop-profile-"))
+    try:
+        run_cfg = measurement_config(cfg, tmp / "run", warmup + steps)
+        kwargs: dict[str, Any] = {}
+        if loader is not None:
+            kwargs["loader"] = loader
+        if device is not None:
+            kwargs["device"] = device
+        trainer = measured_trainer_class()(run_cfg, **kwargs)
+        clock = StepClock()
+        trainer.clock = clock
+        cuda = trainer.device.type == "cuda"
+        prof = _trace_context(Path(trace_dir) if trace_dir else None, warmup, steps, cuda)
+        if prof is not None:
+            clock.on_step_end = lambda _step: prof.step()
+        gpu_index = (trainer.device.index or 0) if cuda else None
+        sampler = Sampler(sample_interval_s, gpu_index=gpu_index)
+        reset_peak_memory(trainer.device.type)
+        ctx: AbstractContextManager[Any] = prof if prof is not None else nullcontext()
+        t_sampler0 = time.perf_counter()  # the sampler's samples count from (about) here
+        with sampler, ctx:
+            summary = trainer.fit()
+        peak = peak_memory(trainer.device.type)
+        lines = read_metrics(tmp / "run" / "metrics.jsonl")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    lines.sort(key=lambda r: int(r["step"]))
+    measured = [r for r in lines if int(r["step"]) > warmup]
+    before = [r for r in lines if int(r["step"]) == warmup]
+    step_phases = [{p: float(r.get(f"{p}_s") or 0.0) for p in PHASES} for r in measured]
+    step_seconds = [float(r["step_seconds"]) for r in measured]
+    trained = sum(int(r.get("step_trained_tokens") or 0) for r in measured)
+    padded0 = int(before[0]["padded_tokens"]) if before else 0
+    positions = int(measured[-1]["padded_tokens"]) - padded0 if measured else 0
+    total = sum(step_seconds)
+    mfu = None
+    if total > 0 and summary.get("flops_per_token"):
+        mfu = mfu_of(positions / total, float(summary["flops_per_token"]), summary.get("peak_flops"))
+    events = {
+        "checkpoints": sum(1 for r in step_phases if r["checkpoint"] > 0),
+        "evals": sum(1 for r in step_phases if r["eval"] > 0),
+        "logs": sum(1 for r in step_phases if r["logging"] > 0),
+    }
+    # Device utilisation over the measured steps only (sampler clock starts at its start).
+    starts = clock.starts
+    notes: list[str] = []
+    util = sampler.summary()
+    if len(starts) > warmup and clock.end is not None:
+        w0, w1 = starts[warmup] - t_sampler0, clock.end - t_sampler0
+        win = window_utilisation(sampler.samples, w0, w1)
+        if win["samples"]:
+            util = {**win, "interval_s": sampler.interval_s, "gpu": sampler.gpu_status}
+        else:
+            notes.append(
+                f"the measured steps took {w1 - w0:.2f} s, shorter than one {sampler.interval_s} s "
+                "sample: device utilisation covers the whole run, model loading included"
+            )
+    trace_path = getattr(prof, "trace_path", None) if prof is not None else None
+    if trace_path is not None:
+        notes.append(
+            f"torch.profiler traced steps {warmup + 1}-{warmup + min(steps, TRACE_MAX_STEPS)}; "
+            "profiling slows the steps it records, so compare timings without --trace"
+        )
+    if len(measured) < steps:
+        notes.append(f"only {len(measured)} of {steps} measured steps ran")
+    profile = make_profile(
+        step_phases,
+        step_seconds,
+        warmup=warmup,
+        source="pitstop",
+        trained_tokens=trained,
+        mfu=mfu,
+        peak_memory_bytes=peak or int(summary.get("peak_memory_bytes") or 0),
+        device=summary.get("device"),
+        choices=summary.get("choices"),
+        config=cfg.to_dict(),
+        events=events,
+        utilisation=util,
+        notes=notes,
+    )
+    profile["step_spread"] = step_spread(step_seconds)
+    profile["verdict"] = verdict(profile).to_dict()
+    return ProfileRun(profile, summary, trace_path if trace_path and trace_path.exists() else None)
+
+
+# --- the terminal report ------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    """The breakdown a user reads: phases, throughput, spread, MFU, memory, utilisation, verdict."""
+    from pitstop.measure.verdict import Verdict, format_verdict, verdict
+
+    p = profile
+    k = int(p["steps"])
+    total = float(sum(p["step_seconds"])) or 1.0
+    mfu = f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ", MFU n/a"
+    lines = [
+        f"pitstop profile: {k} steps measured after {p['warmup']} warm-up step(s): "
+        f"{p['tokens_per_second']:,.0f} tokens/s{mfu}",
+        "",
+        f"  {'phase':<16}{'seconds':>10}{'share':>8}{'per step':>12}",
+    ]
+    for name in PHASES:
+        sec = float(p["phases"].get(name, 0.0))
+        lines.append(f"  {name:<16}{sec:>10.4f}{100 * sec / total:>7.1f}%{sec / max(k, 1):>11.4f}s")
+    lines.append(f"  {'total':<16}{total:>10.4f}{100.0:>7.1f}%{total / max(k, 1):>11.4f}s")
+    sp = p.get("step_spread") or step_spread(list(p["step_seconds"]))
+    if sp:
+        lines += [
+            "",
+            f"step time: median {sp['median_seconds']:.4f} s, p10 {sp['p10_seconds']:.4f} s, "
+            f"p90 {sp['p90_seconds']:.4f} s, min {sp['min_seconds']:.4f} s, "
+            f"max {sp['max_seconds']:.4f} s",
+        ]
+    dev = p.get("device") or {}
+    kind = "peak CUDA memory allocated" if dev.get("type") == "cuda" else "peak resident memory"
+    lines.append(f"memory: {_gib(p.get('peak_memory_bytes') or 0)} ({kind})")
+    u = p.get("utilisation") or {}
+    parts = []
+    if "process_cpu_percent" in u:
+        parts.append(f"this process {u['process_cpu_percent']['mean']:.0f}% of one core (mean)")
+    if "cpu_percent" in u:
+        parts.append(f"machine CPU {u['cpu_percent']['mean']:.0f}%")
+    if "gpu_util_percent" in u:
+        parts.append(f"GPU {u['gpu_util_percent']['mean']:.0f}% busy")
+    if "gpu_power_watts" in u:
+        parts.append(f"{u['gpu_power_watts']['mean']:.0f} W")
+    if parts:
+        lines.append(f"utilisation ({u.get('samples', 0)} samples): " + ", ".join(parts))
+    ev = p.get("events") or {}
+    if ev:
+        lines.append(
+            "events in the measured steps: "
+            + ", ".join(f"{n} {name}" for name, n in ev.items() if name)
+        )
+    v = p.get("verdict")
+    vd = (
+        Verdict(**{**v, "also": [Verdict(**a) for a in v.get("also", [])]}) if v else verdict(p)
+    )
+    lines += ["", format_verdict(vd)]
+    ev_items = {k: val for k, val in vd.evidence.items() if k not in ("shares", "thresholds")}
+    lines.append("  evidence: " + ", ".join(f"{k}={val}" for k, val in ev_items.items()))
+    for note in p.get("notes") or []:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

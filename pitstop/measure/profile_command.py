@@ -1,0 +1,96 @@
+"""`pitstop profile`: the command layer over `pitstop.measure.profile.run_profile`.
+
+Wire it into the CLI with `register(sub)` (`sub` = the parser's subparsers object),
+like `pitstop.advise.command.register`. The command takes every training flag
+(`_add_config_flags(p, "profile")`), plus --steps, --warmup, --trace and --output.
+
+`--output` here is the profile JSON path, not a run directory: a profile never keeps
+its run (the steps run in a temporary directory that is removed), so the RunConfig
+field `output` has nothing to name. The parser is built with
+`conflict_handler="resolve"` so this command's --output replaces the config flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STEPS = 20
+DEFAULT_WARMUP = 3
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `profile` subcommand to an argparse subparsers object; returns its parser."""
+    from pitstop.cli import _add_config_flags
+
+    p = subparsers.add_parser(
+        "profile",
+        allow_abbrev=False,
+        conflict_handler="resolve",
+        help="run a few steps of a config: step-time breakdown and bottleneck verdict",
+        description=(
+            "Run W warm-up + K optimizer steps of a training config through the real trainer "
+            "(in a temporary directory), then print seconds and share per phase, tokens/s, the "
+            "step-time spread, MFU, peak memory, device utilisation and the bottleneck verdict "
+            "with its evidence, and write profile.json (schema pitstop.profile/1, warm-up steps "
+            "left out) for `pitstop doctor --profile`."
+        ),
+    )
+    _add_config_flags(p, "profile")
+    p.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help=f"measured steps K (default: {DEFAULT_STEPS})"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help=f"steps run first and left out (compile, allocator warm-up; default: {DEFAULT_WARMUP})",
+    )
+    p.add_argument(
+        "--output",
+        dest="profile_output",
+        metavar="PROFILE_JSON",
+        default="profile.json",
+        help="where to write the profile (default: profile.json); the run itself is not kept",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="also write a torch.profiler Chrome trace of the first measured steps to DIR "
+        "(open in ui.perfetto.dev or chrome://tracing; profiling slows those steps)",
+    )
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from pitstop.cli import _config_from_args
+    from pitstop.errors import ConfigError
+    from pitstop.measure.profile import format_profile, run_profile
+
+    problems = []
+    if args.steps < 1:
+        problems.append(f"--steps must be at least 1, got {args.steps}")
+    if args.warmup < 0:
+        problems.append(f"--warmup must be 0 or more, got {args.warmup}")
+    cfg = _config_from_args(args, "profile")  # raises every config problem at once
+    if problems:
+        raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
+    result = run_profile(cfg, steps=args.steps, warmup=args.warmup, trace_dir=args.trace)
+    out = Path(args.profile_output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.profile, indent=1, default=str) + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(result.profile, indent=1, default=str))
+    else:
+        print(format_profile(result.profile))
+        print(f"\nprofile written to {out}")
+        if result.trace_path is not None:
+            print(f"Chrome trace written to {result.trace_path}")
+    if result.trace_path is None and args.trace:
+        print(f"pitstop profile: warning: no trace was written to {args.trace}", file=sys.stderr)
+    return 0

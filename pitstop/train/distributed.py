@@ -1,0 +1,293 @@
+"""Data parallelism: process-group set-up, the `--nproc` relauncher, DDP/FSDP2 wrapping.
+
+How a multi-process run starts:
+
+- ``torchrun --nproc-per-node N -m pitstop train ...`` (or any launcher that sets
+  RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT): every process runs
+  the trainer; `init()` joins the process group (nccl on CUDA, gloo on CPU).
+- ``pitstop train --nproc N`` on one machine: `launch()` writes the run's config to a
+  temporary YAML file and starts ``python -m torch.distributed.run --standalone
+  --nproc-per-node N -m pitstop train --config FILE`` (an argv list, no shell), waits,
+  and returns the summary rank 0 wrote. torchrun's --standalone picks a free port.
+
+Multi-node runs use torchrun's own rendezvous; pitstop adds nothing to it. On each of
+the M machines (same code, same data path, a shared filesystem for --output so that
+every rank can read the checkpoint to resume from)::
+
+    torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d \\
+             --rdzv-endpoint HOST:29500 --rdzv-id RUN_ID -m pitstop train ...
+
+Strategies: ``ddp`` (default) replicates the model and all-reduces gradients;
+``fsdp`` shards parameters, gradients and optimizer state with FSDP2
+(`torch.distributed.fsdp.fully_shard`), one group per transformer block plus the root.
+Both work with gloo on CPU (checked with torch 2.13) and nccl on CUDA.
+
+The loss math: the loader divides each micro-batch's summed CE by the step's target
+count over *all* ranks, so the wanted gradient is the *sum* of the ranks' gradients.
+DDP and FSDP2 average instead (divide by world size), so each rank multiplies its
+loss by the world size before backward. Logged losses are all-reduced sums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pitstop.config import RunConfig
+from pitstop.errors import ConfigError, PitstopError
+from pitstop.probe import Choice, DeviceInfo
+
+__all__ = [
+    "DistEnv",
+    "LaunchError",
+    "all_reduce_sum",
+    "broadcast_object",
+    "env_world",
+    "init",
+    "launch",
+    "shutdown",
+]
+
+
+class LaunchError(PitstopError):
+    """A `--nproc` worker process failed; its own message was printed above."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the run (a single process is rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None  # None: no process group
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_world() -> int:
+    """WORLD_SIZE as set by torchrun (1 when not launched by a distributed launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def init(device: DeviceInfo) -> tuple[DistEnv, DeviceInfo]:
+    """Join the process group torchrun described in the environment, if any.
+
+    Returns the environment and the device this rank trains on (cuda:LOCAL_RANK on GPUs).
+    """
+    import torch.distributed as dist
+
+    world = env_world()
+    if world <= 1:
+        return DistEnv(), device
+    rank = int(os.environ["RANK"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if device.type == "cuda":
+        n = torch.cuda.device_count()
+        if local >= n:
+            raise ConfigError(
+                f"local rank {local} has no GPU: this machine has {n} CUDA device(s); "
+                f"use --nproc-per-node {n} or fewer"
+            )
+        device = dataclasses.replace(device, index=local)
+        torch.cuda.set_device(local)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        # device_id binds NCCL's communicator to this rank's GPU at once (no lazy guessing).
+        kw: dict[str, Any] = {"device_id": torch.device("cuda", local)} if backend == "nccl" else {}
+        dist.init_process_group(backend, **kw)
+    return DistEnv(rank, world, local, backend), device
+
+
+def shutdown(env: DistEnv) -> None:
+    import torch.distributed as dist
+
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum `t` over ranks in place (a no-op in a single process)."""
+    if env.distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank (picklable objects only)."""
+    if not env.distributed:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+# --- wrapping -----------------------------------------------------------------------
+
+
+def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
+    """Combinations pitstop does not run (reported before anything is written)."""
+    p = []
+    if env.distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
+        p.append(
+            "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
+            "use the default --strategy ddp)"
+        )
+    if env.distributed and cfg.load_in_4bit:
+        p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
+    return p
+
+
+def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Choice]:
+    """The module the loop calls forward on, and the `strategy` choice for the banner.
+
+    DDP returns a wrapper (the unwrapped `model` stays the one to save); FSDP2 shards
+    `model` in place and returns it.
+    """
+    if not env.distributed:
+        why = "single process" + (
+            " (--strategy fsdp needs several)" if cfg.strategy == "fsdp" else ""
+        )
+        return model, Choice("none", why)
+    if cfg.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        dev_ids = [torch.cuda.current_device()] if on_cuda else None
+        ddp = DDP(model, device_ids=dev_ids)
+        return ddp, Choice(
+            "ddp",
+            f"{env.world_size} processes ({env.backend}): model replicated, gradients all-reduced",
+        )
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    n = 0
+    for m in model.modules():
+        if type(m).__name__ in blocks:
+            fully_shard(m)  # one all-gather per block: memory holds one block's full weights
+            n += 1
+    fully_shard(model)
+    return model, Choice(
+        "fsdp",
+        f"{env.world_size} processes ({env.backend}): FSDP2, parameters/gradients/optimizer "
+        f"state sharded ({n} block groups + root); full state gathered on rank 0 to save",
+    )
+
+
+def no_sync(wrapped: Any, strategy: str, last: bool) -> AbstractContextManager[Any]:
+    """Gradient communication only on a step's last micro-batch (accumulate locally before)."""
+    if strategy == "ddp" and hasattr(wrapped, "no_sync"):
+        return nullcontext() if last else wrapped.no_sync()
+    if strategy == "fsdp" and hasattr(wrapped, "set_requires_gradient_sync"):
+        wrapped.set_requires_gradient_sync(last)
+    return nullcontext()
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """FSDP: the full model state on rank 0's CPU (empty on others). Collective: all ranks call."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=opts)
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """FSDP: the full optimizer state keyed by parameter name, on rank 0's CPU. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_full_state(
+    model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> None:
+    """FSDP: load full (unsharded) model and optimizer state; every rank passes the same dicts."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_sd, options=opts)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=optim_sd, options=opts)
+
+
+# --- the --nproc relauncher -----------------------------------------------------------
+
+
+def launch_argv(config_file: Path, nproc: int) -> list[str]:
+    """The torchrun command line of `--nproc N` (an argv list, never a shell string)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(nproc), "-m", "pitstop", "train", "--config", str(config_file),
+    ]  # fmt: skip
+
+
+def launch(cfg: RunConfig) -> dict[str, Any]:
+    """Run `cfg` as `cfg.nproc` processes on this machine; returns rank 0's summary.
+
+    The config travels as a YAML file rather than re-quoted flags, so a run started from
+    Python (`pitstop.train.run(cfg)`) relaunches exactly like one started from the CLI.
+    """
+    import json
+
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        n = torch.cuda.device_count()
+        if cfg.nproc > n:
+            raise ConfigError(
+                f"--nproc {cfg.nproc} asks for more processes than the {n} visible GPU(s); "
+                f"use --nproc {n} or fewer (or --device cpu)"
+            )
+    with tempfile.TemporaryDirectory(prefix="pitstop-launch-") as tmp:
+        path = Path(tmp) / "run.yaml"
+        path.write_text(cfg.to_yaml(), encoding="utf-8")
+        argv = launch_argv(path, cfg.nproc)
+        env = dict(os.environ)
+        # torchrun sets OMP_NUM_THREADS=1 and prints a banner about it when unset; on a CPU
+        # run split the cores between the ranks instead (torch's default would oversubscribe).
+        if "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))
+        print(f"pitstop: launching {cfg.nproc} processes: {' '.join(argv[1:])}", file=sys.stderr)
+        proc = subprocess.Popen(argv, env=env)
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            rc = proc.wait()  # torchrun forwards the signal; the ranks save and stop
+    out = Path(str(cfg.output))
+    if rc != 0:
+        raise LaunchError(
+            f"the {cfg.nproc} training processes stopped with exit code {rc} (their messages are above)",
+            exit_code=rc if 0 < rc < 256 else 1,
+        )
+    return json.loads((out / "summary.json").read_text(encoding="utf-8"))

@@ -1,0 +1,132 @@
+"""`pitstop tune`: the command layer over `pitstop.tune.tune`.
+
+Wire it into the CLI with `register(sub)` (`sub` = the parser's subparsers object).
+The command takes every training flag (`_add_config_flags(p, "tune")`) plus the
+tuner's own. `--output` is the tuned YAML path (trials run in temporary directories
+and keep nothing), so the parser uses `conflict_handler="resolve"` to let it replace
+the config's `--output`; the run directory written into the YAML comes from
+`--run-output`, else the config's `output`, else `<yaml stem>-run` next to the YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pitstop.tune.space import KNOBS
+from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `tune` subcommand to an argparse subparsers object; returns its parser."""
+    from pitstop.cli import _add_config_flags
+
+    p = subparsers.add_parser(
+        "tune",
+        allow_abbrev=False,
+        conflict_handler="resolve",
+        help="measured search for the fastest settings with the same tokens per optimizer step",
+        description=(
+            "Measure the configuration as given, then short trial runs of alternatives "
+            "(micro-batch size, batching, torch.compile, attention kernel, loader workers and "
+            "prefetch; gradient checkpointing only when nothing fits) by coordinate descent "
+            "within a time budget. Tokens per optimizer step stay exactly the same. Prints the "
+            "trials, the winner and its speed-up measured in this run, and writes the winning "
+            "config as YAML for `pitstop train --config`."
+        ),
+    )
+    _add_config_flags(p, "tune")
+    p.add_argument(
+        "--output",
+        dest="tuned_output",
+        metavar="TUNED_YAML",
+        default="tuned.yaml",
+        help="where to write the tuned config (default: tuned.yaml)",
+    )
+    p.add_argument(
+        "--run-output",
+        metavar="DIR",
+        help="the output directory written into the tuned config (default: the config's "
+        "output, else <yaml name>-run next to the YAML)",
+    )
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=DEFAULT_BUDGET_SECONDS,
+        help=f"time for the whole search (default: {DEFAULT_BUDGET_SECONDS:.0f})",
+    )
+    p.add_argument(
+        "--memory-cap-gb",
+        type=float,
+        help="memory a trial may use (default: the GPU's memory; on CPU 80%% of the RAM "
+        "available at start); 10%% headroom is kept under it",
+    )
+    p.add_argument(
+        "--knobs",
+        default=",".join(KNOBS),
+        help=f"what to tune, comma-separated (default: {','.join(KNOBS)})",
+    )
+    p.add_argument(
+        "--trial-warmup", type=int, default=2, help="steps left out of each trial (default: 2)"
+    )
+    p.add_argument(
+        "--trial-steps",
+        type=int,
+        default=30,
+        help="most measured steps per trial; a trial stops earlier once its median step "
+        "time is stable to 2%% (default: 30)",
+    )
+    p.add_argument(
+        "--no-trial-cache",
+        action="store_true",
+        help="measure every trial again instead of reusing an earlier tune's",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_tune)
+    return p
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pitstop.cli import _config_from_args
+    from pitstop.errors import ConfigError
+    from pitstop.tune.tuner import format_report, tune, write_tuned_config
+
+    knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
+    problems = [
+        f"--knobs: unknown knob {k!r}; choose from {', '.join(KNOBS)}" for k in knobs if k not in KNOBS
+    ]
+    if args.budget_seconds <= 0:
+        problems.append(f"--budget-seconds must be positive, got {args.budget_seconds}")
+    if args.memory_cap_gb is not None and args.memory_cap_gb <= 0:
+        problems.append(f"--memory-cap-gb must be positive, got {args.memory_cap_gb}")
+    if args.trial_warmup < 0 or args.trial_steps < 1:
+        problems.append("--trial-warmup must be 0 or more and --trial-steps at least 1")
+    cfg = _config_from_args(args, "tune")
+    if problems:
+        raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
+
+    def log(msg: str) -> None:
+        print(f"pitstop tune: {msg}", file=sys.stderr, flush=True)
+
+    report = tune(
+        cfg,
+        budget_seconds=args.budget_seconds,
+        knobs=knobs,
+        memory_cap_gb=args.memory_cap_gb,
+        trial_warmup=args.trial_warmup,
+        trial_steps=args.trial_steps,
+        use_cache=not args.no_trial_cache,
+        log=log,
+    )
+    if report.result.best is not None:
+        write_tuned_config(cfg, report, args.tuned_output, run_output=args.run_output)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1, default=str))
+    else:
+        print(format_report(report))
+        if report.tuned_path is not None:
+            print(f"\ntuned config written to {report.tuned_path}; train with:")
+            print(f"  pitstop train --config {report.tuned_path}")
+    return 0 if report.result.best is not None else 1

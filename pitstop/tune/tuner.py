@@ -1,0 +1,320 @@
+"""`tune(cfg)`: measure the user's configuration, search, and write the tuned config.
+
+Ties the pieces together: resolves the tokens per optimizer step the user's config
+means (kept exactly), measures that configuration as written (the baseline, fresh),
+builds the search space for this machine, runs the search within the budget, and
+renders the results (table, JSON, tuned.yaml). The YAML is the user's full
+RunConfig with only the speed knobs changed, checked by loading it back through
+`build_config(..., command="train")`, so `pitstop train --config tuned.yaml` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pitstop.config import RunConfig
+from pitstop.tune.search import OK, OOM, SearchResult, TrialResult, free_memory, is_oom, safe_measure, search
+from pitstop.tune.space import KNOBS, Settings, Space, apply_settings, build_space
+
+DEFAULT_BUDGET_SECONDS = 180.0
+CPU_MEMORY_SHARE = 0.8  # default CPU cap: this share of the RAM available at start
+
+
+@dataclass
+class TuneReport:
+    """The search result plus what the command prints and writes."""
+
+    result: SearchResult
+    space: Space
+    tokens_per_step: int
+    memory_limit_bytes: int | None
+    memory_limit_source: str
+    tuned_config: RunConfig | None = None
+    tuned_path: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result
+        b, w = r.baseline, r.best
+        return {
+            "trials": [_trial_json(t, self.space) for t in r.trials],
+            "baseline": {
+                "settings": _settings_json(b.settings, self.space),
+                "tokens_per_second": b.tokens_per_second,
+                "peak_memory_bytes": b.peak_memory_bytes,
+                "status": b.status,
+            },
+            "best": None
+            if w is None
+            else {
+                "settings": _settings_json(w.settings, self.space),
+                "tokens_per_second": w.tokens_per_second,
+                "peak_memory_bytes": w.peak_memory_bytes,
+            },
+            "speedup": r.speedup,
+            "speedup_basis": "both measured in this run: median step time over stable steps, "
+            "warm-up and compile excluded",
+            "tokens_per_step": self.tokens_per_step,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "memory_limit_source": self.memory_limit_source,
+            "stopped": r.stopped,
+            "elapsed_seconds": r.elapsed_seconds,
+            "tuned_config": str(self.tuned_path) if self.tuned_path else None,
+        }
+
+
+def _settings_json(s: Settings, space: Space) -> dict[str, Any]:
+    return {
+        "batching": s.batching,
+        "tokens_per_micro_batch": s.micro_rows * space.max_seq_len,
+        "micro_batch_rows": s.micro_rows,
+        "micro_batches_per_step": space.micro_batches_per_step(s),
+        "loader_workers": s.loader_workers,
+        "prefetch_factor": s.prefetch_factor,
+        "compile": "on" if s.compile else "off",
+        "attention": s.attention,
+        "gradient_checkpointing": s.gradient_checkpointing,
+    }
+
+
+def _trial_json(t: TrialResult, space: Space) -> dict[str, Any]:
+    d = t.to_dict()
+    d["settings"] = _settings_json(t.settings, space)
+    d.pop("extra", None)
+    return d
+
+
+def memory_limit(dev: Any, cap_gb: float | None) -> tuple[int | None, str]:
+    """The memory a trial may use: the GPU's, or on CPU a cap (given, or a share of free RAM)."""
+    if cap_gb is not None:
+        return int(cap_gb * 2**30), f"--memory-cap-gb {cap_gb:g}"
+    if dev.type == "cuda" and dev.total_memory_bytes:
+        return int(dev.total_memory_bytes), f"{dev.name} memory"
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    rss = psutil.Process().memory_info().rss
+    # This process's own resident memory counts toward a trial's peak RSS, so it is added back.
+    return int(rss + CPU_MEMORY_SHARE * avail), (
+        f"{CPU_MEMORY_SHARE:.0%} of the RAM available at start plus this process "
+        "(set --memory-cap-gb to change)"
+    )
+
+
+def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps: int) -> bool:
+    """Whether `compile: auto` compiles the user's real (long) run, by the trainer's own rule."""
+    from pitstop import probe
+
+    ex = baseline.extra
+    spe = int(ex.get("steps_per_epoch") or 1)
+    steps = cfg.max_steps or math.ceil((cfg.epochs or 1.0) * spe)
+    peak, fpt = ex.get("peak_flops"), ex.get("flops_per_token")
+    if not peak or not fpt:
+        return False
+    est = steps * tps * fpt / (peak * probe.ASSUMED_MFU_FOR_ESTIMATE)
+    return bool(probe.choose_compile("auto", dev, est).value)
+
+
+def _measure_start(cfg: RunConfig, runner: Any, dev: Any) -> TrialResult:
+    """The user's configuration as written; out of memory is a result, other errors are raised."""
+    from pitstop import probe
+    from pitstop.tune.space import settings_from_choices
+
+    try:
+        return runner(None)
+    except Exception as e:
+        if not is_oom(e):
+            raise  # the user's own config is broken: they need to see why, not a table
+        msg = f"{type(e).__name__}: {str(e).strip()[:200]}"
+    free_memory()
+    # What the config would have resolved to, without the timing `batching: auto` does.
+    tps_ok = runner.tokens_per_step % cfg.max_seq_len == 0
+    batching = cfg.batching if cfg.batching != "auto" else ("pack" if tps_ok else "bucket")
+    prec = probe.choose_precision(cfg.precision, dev).value
+    choices = {
+        "batching": {"value": batching},
+        "attention": {"value": probe.choose_attention(cfg.attention, dev, prec).value},
+        "compile": {"value": cfg.compile == "on"},
+    }
+    return TrialResult(settings_from_choices(cfg, choices), status=OOM, error=msg)
+
+
+def tune(
+    cfg: RunConfig,
+    *,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    knobs: tuple[str, ...] = KNOBS,
+    memory_cap_gb: float | None = None,
+    trial_warmup: int = 2,
+    trial_steps: int = 30,
+    trial_seconds: float | None = None,
+    use_cache: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> TuneReport:
+    """Run the tuner on `cfg`; nothing is written (see `write_tuned_config`)."""
+    from pitstop import probe
+    from pitstop.data.cache import cache_root
+    from pitstop.tune.space import resolved_tokens_per_step
+    from pitstop.tune.trial import TrialCache, TrialRunner, cache_context
+
+    say = log or (lambda _msg: None)
+    dev, _ = probe.detect_device(cfg.device)
+    tps = resolved_tokens_per_step(cfg)
+    per_trial = trial_seconds or min(60.0, max(5.0, budget_seconds / 8))
+    runner = TrialRunner(
+        cfg,
+        tokens_per_step=tps,
+        warmup=trial_warmup,
+        max_steps=trial_steps,
+        max_trial_seconds=per_trial,
+        device=dev,
+    )
+    limit, limit_src = memory_limit(dev, memory_cap_gb)
+    say(
+        f"tuning for {budget_seconds:.0f} s on {dev.name}: tokens per optimizer step fixed at "
+        f"{tps:,}; memory limit {limit / 2**30:.1f} GiB ({limit_src}) with 10% headroom"
+        if limit
+        else f"tuning for {budget_seconds:.0f} s on {dev.name}"
+    )
+    baseline = _measure_start(cfg, runner, dev)
+    if baseline.status == OK and cfg.compile == "auto" and not baseline.settings.compile:
+        if "compile" in knobs and _real_run_would_compile(cfg, dev, baseline, tps):
+            # The short trial did not compile, but the user's real run would: measure that.
+            say("compile: auto would compile the full-length run; measuring the baseline compiled")
+            compiled = safe_measure(runner, baseline.settings.replace(compile=True))
+            if compiled.status == OK:  # a failed compile falls back to eager in the real run too
+                baseline = compiled
+    say(_trial_line(1, baseline, "baseline"))
+    space = build_space(cfg, dev, tps, knobs=knobs, baseline=baseline.settings)
+    cache = (
+        TrialCache(cache_root(cfg.cache_dir), cache_context(cfg, dev, runner)) if use_cache else None
+    )
+    counter = [1]
+
+    def on_trial(t: TrialResult) -> None:
+        if t is baseline:
+            return
+        counter[0] += 1
+        say(_trial_line(counter[0], t))
+
+    result = search(
+        space,
+        runner,
+        start=baseline,
+        budget_seconds=budget_seconds,
+        memory_limit_bytes=limit,
+        cache=cache,
+        log=on_trial,
+    )
+    return TuneReport(result, space, tps, limit, limit_src)
+
+
+def _trial_line(i: int, t: TrialResult, tag: str = "") -> str:
+    tok = f"{t.tokens_per_second:,.0f} tokens/s" if t.tokens_per_second else t.status
+    extra = f" [{tag}]" if tag else (" [cached]" if t.cached else "")
+    err = f" ({t.error})" if t.error and t.status != OK else ""
+    return f"trial {i}: {t.settings.label()}: {tok}{extra}{err}"
+
+
+def tuned_config(
+    cfg: RunConfig, report: TuneReport, *, run_output: str | None, yaml_path: Path
+) -> RunConfig:
+    """The user's config with the winner's knobs and an output directory `pitstop train` needs."""
+    best = report.result.best
+    if best is None:
+        raise ValueError("no setting fits; nothing to write")
+    out = run_output or cfg.output or str(yaml_path.with_name(yaml_path.stem + "-run"))
+    tuned = apply_settings(cfg, best.settings, report.tokens_per_step)
+    return dataclasses.replace(tuned, output=out, resume=False, overwrite=False)
+
+
+def write_tuned_config(
+    cfg: RunConfig, report: TuneReport, path: str | Path, *, run_output: str | None = None
+) -> RunConfig:
+    """Write tuned.yaml and check that `pitstop train --config` accepts it as is."""
+    from pitstop.config import build_config, load_yaml
+
+    p = Path(path)
+    tuned = tuned_config(cfg, report, run_output=run_output, yaml_path=p)
+    b, w = report.result.baseline, report.result.best
+    head = [
+        "# written by `pitstop tune`: the starting config with the fastest measured settings;",
+        f"# tokens per optimizer step kept at {report.tokens_per_step}.",
+    ]
+    if report.result.speedup is not None and w is not None and b.tokens_per_second:
+        head.append(
+            f"# measured in the same run: {w.tokens_per_second:,.0f} vs {b.tokens_per_second:,.0f} "
+            f"tokens/s ({report.result.speedup:.2f}x)"
+        )
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(head) + "\n" + tuned.to_yaml(), encoding="utf-8")
+    check = build_config(load_yaml(p), None, source=str(p), command="train")
+    if check != tuned:  # pragma: no cover - a YAML round trip that changes a value is a bug
+        print(f"pitstop tune: warning: {p} does not load back identically", file=sys.stderr)
+    report.tuned_config, report.tuned_path = tuned, p
+    return tuned
+
+
+def format_report(report: TuneReport) -> str:
+    """The trial table, the winner and its measured speed-up."""
+    r, space = report.result, report.space
+    head = (
+        f"{'#':>3}  {'batching':<8} {'micro-batch':>11} {'accum':>5} {'workers':>7} {'prefetch':>8} "
+        f"{'compile':>7} {'attention':<17} {'ckpt':>4} {'tokens/s':>10} {'step s':>8} "
+        f"{'spread':>6} {'peak GiB':>8} {'warm-up s':>9}  status"
+    )
+    lines = [head]
+    for i, t in enumerate(r.trials, 1):
+        s = t.settings
+        tok = f"{t.tokens_per_second:,.0f}" if t.tokens_per_second else "-"
+        step = f"{t.step_seconds:.4f}" if t.step_seconds else "-"
+        spread = f"{100 * t.spread:.0f}%" if t.spread is not None else "-"
+        mem = f"{t.peak_memory_bytes / 2**30:.2f}" if t.peak_memory_bytes else "-"
+        warm = f"{t.warmup_seconds:.1f}" if t.warmup_seconds else "-"
+        status = t.status + (" (cached)" if t.cached else "")
+        if t is r.baseline:
+            status += " baseline"
+        if t is r.best:
+            status += " BEST"
+        lines.append(
+            f"{i:>3}  {s.batching:<8} {s.micro_rows * space.max_seq_len:>11,} "
+            f"{space.micro_batches_per_step(s):>5} {s.loader_workers:>7} "
+            f"{(s.prefetch_factor if s.loader_workers else '-'):>8} "
+            f"{('on' if s.compile else 'off'):>7} {s.attention:<17} "
+            f"{('on' if s.gradient_checkpointing else 'off'):>4} {tok:>10} {step:>8} {spread:>6} "
+            f"{mem:>8} {warm:>9}  {status}"
+        )
+    lines.append("")
+    lines.append(
+        f"micro-batch in padded positions (rows of {space.max_seq_len}); accum = micro-batches "
+        f"per optimizer step of {report.tokens_per_step:,} tokens (fixed). Warm-up steps "
+        "(and compile time) are excluded from tokens/s; step s is the median."
+    )
+    failures = [t for t in r.trials if t.error and t.status != OK]
+    for t in failures:
+        lines.append(f"  {t.settings.label()}: {t.status}: {t.error}")
+    w, b = r.best, r.baseline
+    if w is None:
+        lines.append("no setting fits in memory; nothing written")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s")
+    if r.speedup is not None:
+        lines.append(
+            f"speed-up over the starting config: {r.speedup:.2f}x ({w.tokens_per_second:,.0f} vs "
+            f"{b.tokens_per_second:,.0f} tokens/s, both measured in this run)"
+        )
+    else:
+        lines.append(f"the starting config did not run ({b.status}): no speed-up to report")
+    stop = {
+        "converged": "no knob improved any more",
+        "budget": "the time budget ran out (raise --budget-seconds to search further)",
+        "nothing-fits": "nothing fits",
+    }[r.stopped]
+    lines.append(f"{len(r.trials)} trials in {r.elapsed_seconds:.0f} s; stopped: {stop}")
+    return "\n".join(lines)
