@@ -21,6 +21,7 @@ final model (writing it can take minutes for a large model).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -102,7 +103,7 @@ class StepClock:
     def durations(self) -> list[float]:
         """Wall seconds of each completed step (start to next start, the last to `end`)."""
         marks = [*self.starts, self.end] if self.end is not None else list(self.starts)
-        return [b - a for a, b in zip(marks, marks[1:])]
+        return [b - a for a, b in itertools.pairwise(marks)]
 
 
 def measured_trainer_class() -> type:
@@ -274,7 +275,9 @@ def run_profile(
     total = sum(step_seconds)
     mfu = None
     if total > 0 and summary.get("flops_per_token"):
-        mfu = mfu_of(positions / total, float(summary["flops_per_token"]), summary.get("peak_flops"))
+        mfu = mfu_of(
+            positions / total, float(summary["flops_per_token"]), summary.get("peak_flops")
+        )
     events = {
         "checkpoints": sum(1 for r in step_phases if r["checkpoint"] > 0),
         "evals": sum(1 for r in step_phases if r["eval"] > 0),
@@ -377,9 +380,7 @@ def format_profile(profile: dict[str, Any]) -> str:
             + ", ".join(f"{n} {name}" for name, n in ev.items() if name)
         )
     v = p.get("verdict")
-    vd = (
-        Verdict(**{**v, "also": [Verdict(**a) for a in v.get("also", [])]}) if v else verdict(p)
-    )
+    vd = Verdict(**{**v, "also": [Verdict(**a) for a in v.get("also", [])]}) if v else verdict(p)
     lines += ["", format_verdict(vd)]
     ev_items = {k: val for k, val in vd.evidence.items() if k not in ("shares", "thresholds")}
     lines.append("  evidence: " + ", ".join(f"{k}={val}" for k, val in ev_items.items()))

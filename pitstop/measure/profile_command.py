@@ -41,7 +41,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_config_flags(p, "profile")
     p.add_argument(
-        "--steps", type=int, default=DEFAULT_STEPS, help=f"measured steps K (default: {DEFAULT_STEPS})"
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"measured steps K (default: {DEFAULT_STEPS})",
     )
     p.add_argument(
         "--warmup",

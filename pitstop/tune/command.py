@@ -95,7 +95,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
     problems = [
-        f"--knobs: unknown knob {k!r}; choose from {', '.join(KNOBS)}" for k in knobs if k not in KNOBS
+        f"--knobs: unknown knob {k!r}; choose from {', '.join(KNOBS)}"
+        for k in knobs
+        if k not in KNOBS
     ]
     if args.budget_seconds <= 0:
         problems.append(f"--budget-seconds must be positive, got {args.budget_seconds}")

@@ -258,10 +258,11 @@ def search(
         record(baseline)
     else:
         baseline = run(start, fresh=True, force=True)  # type: ignore[assignment]
-    best: TrialResult | None = baseline if fits(baseline) else None
+    state = _Best(baseline if fits(baseline) else None)
     stopped = "converged"
     try:
-        best = _micro_batch(space, baseline, best, run, better, fits)
+        _micro_batch(space, baseline, state, run, better, fits)
+        best = state.best
         if best is not None:
             for _ in range(max_passes):
                 changed = False
@@ -273,20 +274,27 @@ def search(
                             continue
                         r = run(best.settings.replace(**{name: v}))
                         if better(r, best):
-                            best, changed = r, True
+                            best = state.best = r
+                            changed = True
                 if space.tune_micro_batch:
                     # a new strategy or kernel can move the best micro-batch by one rung
                     ladder = space.micro_ladder()
-                    i = ladder.index(best.settings.micro_rows) if best.settings.micro_rows in ladder else -1
+                    i = (
+                        ladder.index(best.settings.micro_rows)
+                        if best.settings.micro_rows in ladder
+                        else -1
+                    )
                     for j in (i - 1, i + 1):
                         if i >= 0 and 0 <= j < len(ladder):
                             r = run(best.settings.replace(micro_rows=ladder[j]))
                             if better(r, best):
-                                best, changed = r, True
+                                best = state.best = r
+                                changed = True
                 if not changed:
                     break
     except _Budget:
         pass
+    best = state.best
     if out_of_budget:
         stopped = "budget"
     if best is None:
@@ -299,55 +307,61 @@ def search(
     return SearchResult(trials, baseline, best, stopped, clock() - t0, limit)
 
 
+@dataclass
+class _Best:
+    """The best fitting trial so far, shared with helpers so a budget stop keeps it."""
+
+    best: TrialResult | None
+
+
 def _micro_batch(
     space: Space,
     baseline: TrialResult,
-    best: TrialResult | None,
+    state: _Best,
     run: Callable[..., TrialResult | None],
     better: Callable[[TrialResult | None, TrialResult | None], bool],
     fits: Callable[[TrialResult], bool],
-) -> TrialResult | None:
-    """The micro-batch ladder (step 2 of the module docstring); returns the best so far."""
+) -> None:
+    """The micro-batch ladder (step 2 of the module docstring); updates `state.best`."""
     if not space.tune_micro_batch:
-        return best
+        return
     ladder = space.micro_ladder()
     start = baseline.settings
-    if best is None:
+    if state.best is None:
         # The start does not fit (or failed): the largest smaller micro-batch that does.
         for m in [m for m in reversed(ladder) if m < start.micro_rows]:
             r = run(start.replace(micro_rows=m))
             if r is not None and fits(r):
-                best = r
+                state.best = r
                 break
-        if best is None and space.gradient_checkpointing and not start.gradient_checkpointing:
+        if state.best is None and space.gradient_checkpointing and not start.gradient_checkpointing:
             ckpt = start.replace(gradient_checkpointing=True)
             for m in ladder:
                 r = run(ckpt.replace(micro_rows=m))
                 if r is None or not fits(r):
                     break
-                if better(r, best):
-                    best = r
-            return best
-        if best is None:
-            return None
+                if better(r, state.best):
+                    state.best = r
+            return
+        if state.best is None:
+            return
     no_gain = 0
-    for m in [m for m in ladder if m > best.settings.micro_rows]:
-        r = run(best.settings.replace(micro_rows=m))
+    for m in [m for m in ladder if m > state.best.settings.micro_rows]:
+        r = run(state.best.settings.replace(micro_rows=m))
         if r is None or not fits(r):
             break  # larger micro-batches need more memory still
-        if better(r, best):
-            best, no_gain = r, 0
+        if better(r, state.best):
+            state.best, no_gain = r, 0
         else:
             no_gain += 1
             if no_gain >= 2:
                 break
-    if best is baseline and start.micro_rows > 1:
+    if state.best is baseline and start.micro_rows > 1:
         # Bigger did not help (common on CPUs, where cache size rules): try one rung down.
         down = max(m for m in ladder if m < start.micro_rows)
         r = run(start.replace(micro_rows=down))
-        if better(r, best):
-            best = r
-    return best
+        if better(r, state.best):
+            state.best = r
 
 
 def grad_accum_note(space: Space, s: Settings) -> str:

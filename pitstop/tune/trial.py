@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -110,7 +111,7 @@ class TrialRunner:
 
     def _stop_when_stable(self, idx: int, clock: StepClock) -> bool:
         starts = clock.starts
-        done = [b - a for a, b in zip(starts, starts[1:])]  # steps 0 .. idx-1, complete
+        done = [b - a for a, b in itertools.pairwise(starts)]  # steps 0 .. idx-1, complete
         measured = done[self.warmup :]
         if len(measured) >= self.min_steps and median_is_stable(measured, self.rel_tol):
             return True
@@ -119,7 +120,9 @@ class TrialRunner:
     def __call__(self, settings: Settings | None) -> TrialResult:
         t_start = time.perf_counter()
         trial_cfg = (
-            self.cfg if settings is None else apply_settings(self.cfg, settings, self.tokens_per_step)
+            self.cfg
+            if settings is None
+            else apply_settings(self.cfg, settings, self.tokens_per_step)
         )
         tmp = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
         trainer = None
@@ -177,7 +180,9 @@ class TrialRunner:
             result.tokens_per_second = statistics.fmean(tokens) / med if med > 0 else None
         asked_compile = settings.compile if settings is not None else self.cfg.compile == "on"
         if resolved.compile and result.step_seconds is not None:
-            result.compile_seconds = max(0.0, result.warmup_seconds - len(warm) * result.step_seconds)
+            result.compile_seconds = max(
+                0.0, result.warmup_seconds - len(warm) * result.step_seconds
+            )
         if asked_compile and not resolved.compile:
             reason = ((summary.get("choices") or {}).get("compile") or {}).get("reason", "")
             result.status, result.error = COMPILE_FAILED, reason or "torch.compile did not run"

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.config import RunConfig
-from pitstop.tune.search import OK, OOM, SearchResult, TrialResult, free_memory, is_oom, safe_measure, search
+from pitstop.tune.search import (
+    OK,
+    OOM,
+    SearchResult,
+    TrialResult,
+    free_memory,
+    is_oom,
+    safe_measure,
+    search,
+)
 from pitstop.tune.space import KNOBS, Settings, Space, apply_settings, build_space
 
 DEFAULT_BUDGET_SECONDS = 180.0
@@ -182,17 +191,20 @@ def tune(
         else f"tuning for {budget_seconds:.0f} s on {dev.name}"
     )
     baseline = _measure_start(cfg, runner, dev)
-    if baseline.status == OK and cfg.compile == "auto" and not baseline.settings.compile:
-        if "compile" in knobs and _real_run_would_compile(cfg, dev, baseline, tps):
-            # The short trial did not compile, but the user's real run would: measure that.
-            say("compile: auto would compile the full-length run; measuring the baseline compiled")
-            compiled = safe_measure(runner, baseline.settings.replace(compile=True))
-            if compiled.status == OK:  # a failed compile falls back to eager in the real run too
-                baseline = compiled
+    auto_compile = cfg.compile == "auto" and "compile" in knobs
+    uncompiled = baseline.status == OK and not baseline.settings.compile
+    if auto_compile and uncompiled and _real_run_would_compile(cfg, dev, baseline, tps):
+        # The short trial did not compile, but the user's real run would: measure that.
+        say("compile: auto would compile the full-length run; measuring the baseline compiled")
+        compiled = safe_measure(runner, baseline.settings.replace(compile=True))
+        if compiled.status == OK:  # a failed compile falls back to eager in the real run too
+            baseline = compiled
     say(_trial_line(1, baseline, "baseline"))
     space = build_space(cfg, dev, tps, knobs=knobs, baseline=baseline.settings)
     cache = (
-        TrialCache(cache_root(cfg.cache_dir), cache_context(cfg, dev, runner)) if use_cache else None
+        TrialCache(cache_root(cfg.cache_dir), cache_context(cfg, dev, runner))
+        if use_cache
+        else None
     )
     counter = [1]
 
