@@ -50,6 +50,7 @@ class FakeMachine:
     oom_message: str | None = None  # raise RuntimeError(message) instead of OutOfMemoryError
     gc_factor: float = 0.4
     base_gib: float = 1.0
+    spread: float | None = None  # the p10-p90 spread each trial reports
     now: float = 0.0
     calls: list[Settings] = field(default_factory=list)
     tokens_per_step_seen: set[int] = field(default_factory=set)
@@ -88,6 +89,7 @@ class FakeMachine:
         return TrialResult(
             s, tokens_per_second=self.speed(s), step_seconds=1024 / self.speed(s),
             peak_memory_bytes=int(mem), tokens_per_step=bs.tokens_per_step, seconds=cost,
+            spread=self.spread, steps=4,
         )  # fmt: skip
 
 
@@ -112,6 +114,16 @@ def test_finds_the_optimum_without_a_full_grid():
     over = [t for t in r.trials if t.settings.micro_rows == 16]
     assert over and all(t.status == OVER_MEMORY for t in over)
     assert not any(s.gradient_checkpointing for s in m.calls)  # everything fits without it
+
+
+def test_gains_within_measurement_noise_are_not_taken():
+    # every trial's steps spread by 100% of the median over 4 steps: no single change
+    # in the cost model (at most 1.3x) is outside two standard errors of the difference
+    m = FakeMachine(spread=1.0)
+    r = _search(m)
+    assert r.best.settings == START and r.speedup == 1.0
+    quiet = _search(FakeMachine(spread=0.01))
+    assert quiet.best.settings == OPTIMUM
 
 
 def test_tokens_per_step_never_change():

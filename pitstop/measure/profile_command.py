@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     _add_config_flags(p, "profile")
+    _escape_percent(p)
     p.add_argument(
         "--steps",
         type=int,
@@ -68,6 +70,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=cmd_profile)
     return p
+
+
+def _escape_percent(parser: argparse.ArgumentParser) -> None:
+    """Escape a bare '%' in flag help (argparse %-formats help; "5% of the run" breaks --help).
+
+    Already-escaped '%%' and '%(default)s' placeholders are left alone.
+    """
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = re.sub(r"(?<!%)%(?![%(])", "%%", action.help)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from pitstop.measure.profile_command import _escape_percent
 from pitstop.tune.space import KNOBS
 from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS
 
@@ -38,6 +39,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     _add_config_flags(p, "tune")
+    _escape_percent(p)
     p.add_argument(
         "--output",
         dest="tuned_output",

@@ -16,8 +16,10 @@ Order of work, most decisive first:
    climb again.
 3. Coordinate descent over batching, compile, attention, loader workers and
    prefetch: each alternative value is tried with everything else at the best so
-   far, and kept when it is faster by more than `min_gain` (a guard against noise:
-   ties keep the simpler, earlier choice). Passes repeat while something changes
+   far, and kept when it is faster by more than `min_gain` and by more than two
+   standard errors of the difference (estimated from each trial's step-time
+   spread), so measurement noise on a busy machine does not pick the winner; ties
+   keep the earlier choice. Passes repeat while something changes
    and the budget lasts.
 
 A trial is started only when the time left covers its expected cost (the median
@@ -251,7 +253,8 @@ def search(
             return False
         if best is None:
             return True
-        return r.tokens_per_second > best.tokens_per_second * (1 + min_gain)  # type: ignore[operator]
+        margin = max(min_gain, 2 * noise(r, best))
+        return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[operator]
 
     if isinstance(start, TrialResult):
         baseline = judge(start)
@@ -364,10 +367,20 @@ def _micro_batch(
             state.best = r
 
 
-def grad_accum_note(space: Space, s: Settings) -> str:
-    """'k micro-batches of r rows' for a setting, the gradient accumulation it implies."""
-    k = space.micro_batches_per_step(s)
-    return f"{k} x {s.micro_rows} row(s)" if k > 1 else f"1 x {s.micro_rows} row(s)"
+def median_standard_error(r: TrialResult) -> float:
+    """Relative standard error of a trial's median step time, from its p10-p90 spread.
+
+    For normal noise p90 - p10 = 2.563 sigma and the median's standard error is about
+    1.253 sigma / sqrt(n). Zero when the trial reports no spread (a cost model).
+    """
+    if not r.spread or r.steps < 2:
+        return 0.0
+    return 1.253 * (r.spread / 2.563) / math.sqrt(r.steps)
+
+
+def noise(a: TrialResult, b: TrialResult) -> float:
+    """Relative standard error of the ratio of two trials' figures."""
+    return math.hypot(median_standard_error(a), median_standard_error(b))
 
 
 def relative_spread(values: list[float]) -> float:

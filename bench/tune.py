@@ -1,0 +1,220 @@
+"""`pitstop tune` keeps its promise: the tuned config trains as fast as the tuner said.
+
+    .venv/bin/python -m bench.tune [--budget-seconds 180] [--steps 20] [--repeats 2] [--quick]
+
+1. Tunes pitstop's default configuration (only model, data and max_seq_len given) of a
+   tiny Llama (4 layers, width 256, vocab 4096; rows of 256) on this machine, and
+   writes tuned.yaml.
+2. Trains from tuned.yaml and from the defaults with `pitstop.train.run`, alternating,
+   `--repeats` times each for `--steps` steps; a run's figure is the median per-step
+   trained tokens/s from its metrics.jsonl, the first 2 steps (warm-up) left out.
+3. Checks (a) the tuned runs reach within 10% of the tokens/s the tuner reported and
+   (b) the tuned runs are at least as fast as the defaults (a ratio >= 0.97 is counted
+   as "as fast": the same settings measured twice differ by a few percent on a shared
+   machine; the table shows the exact ratio).
+
+Writes bench/results/tune.md with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PITSTOP_PROGRESS", "0")
+
+from bench.common import describe_machine, machine, markdown_table, write_result
+
+WARMUP_STEPS = 2
+AS_FAST_RATIO = 0.97
+
+
+def _store(dest: Path, model_dir: Path, n_docs: int, max_len: int) -> Path:
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from pitstop.corpus import sample_texts
+    from pitstop.data.store import StoreWriter
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    toks, masks, lens = [], [], []
+    for text in sample_texts(n_docs):
+        ids = tok(text)["input_ids"] + [tok.eos_token_id]
+        for a in range(0, len(ids), max_len):
+            c = ids[a : a + max_len]
+            m = np.ones(len(c), np.uint8)
+            m[0] = 0 if a == 0 else 1
+            toks.append(np.asarray(c))
+            masks.append(m)
+            lens.append(len(c))
+    w = StoreWriter(dest, vocab_size=len(tok))
+    w.append(np.concatenate(toks), np.concatenate(masks), lens, np.arange(len(lens)))
+    w.finish(
+        {"max_seq_len": max_len, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    )
+    return dest
+
+
+def _train_rate(cfg) -> tuple[float, dict]:
+    """Median per-step trained tokens/s of one `pitstop.train.run`, warm-up steps left out."""
+    from pitstop.train import run
+
+    summary = run(cfg)
+    lines = [json.loads(x) for x in (Path(cfg.output) / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["tokens_per_second"] for r in lines if r["step"] > WARMUP_STEPS]
+    return statistics.median(rates), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget-seconds", type=float, default=180.0)
+    ap.add_argument("--steps", type=int, default=20, help="steps per comparison run")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each config, alternating")
+    ap.add_argument("--knobs", default=None, help="passed to the tuner (default: all)")
+    ap.add_argument("--quick", action="store_true", help="2-layer model, 40 s budget, 8 steps")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="results file (default: bench/results/tune.md)"
+    )
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.budget_seconds, args.steps, args.repeats = min(args.budget_seconds, 40.0), 8, 1
+
+    from pitstop.config import build_config, load_yaml
+    from pitstop.tiny import build_model_dir
+    from pitstop.tune.space import KNOBS
+    from pitstop.tune.tuner import format_report, tune, write_tuned_config
+
+    work = Path(tempfile.mkdtemp(prefix="pitstop-bench-tune-"))
+    layers, hidden, msl = (2, 64, 128) if args.quick else (4, 256, 256)
+    model_dir = build_model_dir(
+        work / "model", layers=layers, hidden=hidden, heads=4, vocab_size=4096
+    )
+    store = _store(work / "store", model_dir, 120 if args.quick else 300, msl)
+    base_values = {
+        "model": str(model_dir),
+        "data": [str(store)],
+        "max_seq_len": msl,
+        "report_to": ["none"],
+        "cache_dir": str(work / "cache"),
+        "log_steps": 10,
+    }
+    defaults = build_config(base_values, None, command="tune")
+    knobs = tuple(args.knobs.split(",")) if args.knobs else KNOBS
+    print(f"tuning pitstop's defaults for {args.budget_seconds:.0f} s ...", flush=True)
+    report = tune(
+        defaults,
+        budget_seconds=args.budget_seconds,
+        knobs=knobs,
+        use_cache=False,  # the bench measures; it never reuses an earlier machine state
+        log=lambda m: print(f"  {m}", flush=True),
+    )
+    print(format_report(report), flush=True)
+    if report.result.best is None or not report.result.best.tokens_per_second:
+        print("the tuner found nothing that fits", file=sys.stderr)
+        return 1
+    tuned_yaml = work / "tuned.yaml"
+    write_tuned_config(defaults, report, tuned_yaml, run_output=str(work / "tuned-run"))
+    reported = float(report.result.best.tokens_per_second)
+
+    tuned_values = {**load_yaml(tuned_yaml), "max_steps": args.steps, "overwrite": True}
+    tuned_cfg = build_config(tuned_values, None, source=str(tuned_yaml), command="train")
+    default_cfg = build_config(
+        {
+            **base_values,
+            "output": str(work / "default-run"),
+            "max_steps": args.steps,
+            "overwrite": True,
+        },
+        None,
+    )
+    tuned_rates, default_rates = [], []
+    for r in range(args.repeats):
+        # Alternate the order so a drift in machine load does not favour one side.
+        order = [("tuned", tuned_cfg), ("defaults", default_cfg)]
+        for name, cfg in order if r % 2 == 0 else order[::-1]:
+            rate, _ = _train_rate(cfg)
+            (tuned_rates if name == "tuned" else default_rates).append(rate)
+            print(f"repeat {r + 1}: {name}: {rate:,.0f} tokens/s (median step)", flush=True)
+    tuned_med = statistics.median(tuned_rates)
+    default_med = statistics.median(default_rates)
+    gap = abs(tuned_med - reported) / reported
+    ratio = tuned_med / default_med
+    ok_reported = gap <= 0.10
+    ok_defaults = ratio >= AS_FAST_RATIO
+    b = report.result.baseline
+    best = report.result.best
+    rows = [
+        ["pitstop defaults (`pitstop train`, median of runs)", f"{default_med:,.0f}", "1.00×", "—"],
+        [
+            "tuned.yaml (`pitstop train --config`, median of runs)",
+            f"{tuned_med:,.0f}",
+            f"{ratio:.2f}×",
+            "PASS" if ok_defaults else "FAIL",
+        ],
+        [
+            "tuner's figure for the winner",
+            f"{reported:,.0f}",
+            f"{reported / default_med:.2f}×",
+            "—",
+        ],
+        [
+            "tuner's figure for the defaults (baseline trial)",
+            f"{b.tokens_per_second or 0:,.0f}",
+            f"{(b.tokens_per_second or 0) / default_med:.2f}×",
+            "—",
+        ],
+    ]
+    table = markdown_table(["configuration", "trained tokens/s", "vs defaults", "check"], rows)
+    trial_rows = [
+        [
+            i,
+            t.settings.label(),
+            f"{t.tokens_per_second:,.0f}" if t.tokens_per_second else "n/a",
+            f"{t.peak_memory_bytes / 2**30:.2f}" if t.peak_memory_bytes else "n/a",
+            t.status + (" (baseline)" if t is b else "") + (" (best)" if t is best else ""),
+        ]
+        for i, t in enumerate(report.result.trials, 1)
+    ]
+    body = "\n".join(
+        [
+            f"Model: tiny Llama, {layers} layers, width {hidden}, vocab 4096, rows of {msl}; "
+            f"pitstop's default config ({report.tokens_per_step:,} tokens per optimizer step, kept "
+            f"by the tuner). Tuning budget {args.budget_seconds:.0f} s, knobs {','.join(knobs)}; then "
+            f"{args.repeats} alternating run(s) of {args.steps} steps per config, median per-step "
+            f"tokens/s with the first {WARMUP_STEPS} steps left out.",
+            "",
+            table,
+            "",
+            f"- tuned run vs the tuner's reported figure: {100 * gap:.1f}% apart "
+            f"({'PASS' if ok_reported else 'FAIL'}: goal within 10%)",
+            f"- tuned run vs defaults: {ratio:.2f}× ({'PASS' if ok_defaults else 'FAIL'}: goal at "
+            f"least as fast; >= {AS_FAST_RATIO} counts as the same speed within noise)",
+            f"- tuner's measured speed-up in its own run: {report.result.speedup or 0:.2f}× "
+            f"({len(report.result.trials)} trials, stopped: {report.result.stopped})",
+            f"- winner: {best.settings.label()}",
+            "",
+            "Trials:",
+            "",
+            markdown_table(["#", "settings", "tokens/s", "peak GiB", "status"], trial_rows),
+        ]
+    )
+    out = write_result(
+        "tune",
+        "pitstop tune: tuned config vs the tuner's figure and vs defaults",
+        body,
+        machine_info=machine(),
+        path=args.out,
+    )
+    print(f"\nmachine: {describe_machine()}\n{body}\n\nwritten to {out}")
+    return 0 if ok_reported and ok_defaults else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Several processes on CPU (gloo): DDP and FSDP2 give the single-process run's losses.
+
+The loader deals each step's rows to the ranks and every rank divides its summed CE
+by the step's target count over all ranks; undoing DDP's/FSDP's gradient averaging
+(x world size) must then give exactly the single-process gradient. Here: 4 rows per
+step, one process with 2-row micro-batches vs two processes with 1-row micro-batches
+(so each rank also accumulates two micro-batches: no_sync / gradient sync off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    from _train_util import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, store, tmp_path_factory):
+    """The single-process run: 4 rows of 64 per step, micro-batches of 2 rows."""
+    from _train_util import train_config
+
+    from pitstop.train import run
+
+    out = tmp_path_factory.mktemp("ref") / "out"
+    run(train_config(tiny_model_dir, store, out, max_steps=STEPS, micro_batch_size=2))
+    return out
+
+
+def _args(model: Path, store: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--model", str(model), "--data", str(store), "--output", str(out),
+            "--max-seq-len", "64", "--tokens-per-step", "256", "--micro-batch-size", "1",
+            "--batching", "pack", "--max-steps", str(STEPS), "--log-steps", "2", "--lr", "1e-3",
+            "--report-to", "none", "--compile", "off", "--save-steps", "2",
+            "--cache-dir", str(out.parent / "cache"), *extra]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_run(ref: Path, out: Path) -> None:
+    a, b = _metrics(ref), _metrics(out)
+    assert [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+        for k in ("trained_tokens", "seen_tokens", "step_trained_tokens"):
+            assert y[k] == x[k], k  # counted over both ranks
+    wa = load_file(ref / "final" / "model.safetensors")
+    wb = load_file(out / "final" / "model.safetensors")
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-5), k
+
+
+def test_nproc_2_ddp_matches_one_process_and_resumes(tiny_model_dir, store, reference, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "pitstop", *_args(tiny_model_dir, store, out), "--nproc", "2"]
+    # Stop after step 2 (as SIGTERM would), then resume with two processes again.
+    cut = subprocess.run(cmd, env=_env(PITSTOP_TEST_STOP_AT_STEP="2"), capture_output=True,
+                         text=True, timeout=240)  # fmt: skip
+    assert cut.returncode != 0 and "launching 2 processes" in cut.stderr, cut.stderr
+    assert "--nproc-per-node 2" in cut.stderr
+    assert (out / "checkpoints" / "step-2" / "COMPLETE.json").is_file()
+    done = subprocess.run([*cmd, "--resume"], env=_env(), capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["choices"]["strategy"]["value"] == "ddp"
+    assert s["resumed_from"].endswith("step-2")
+    _same_run(reference, out)
+    assert done.stderr.count("pitstop train: ") == 1  # one banner: rank 1 stays quiet
+
+
+def test_torchrun_fsdp2_on_gloo_matches_one_process(tiny_model_dir, store, reference, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(_free_port()), "-m", "pitstop",
+           *_args(tiny_model_dir, store, out), "--strategy", "fsdp"]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["choices"]["strategy"]["value"] == "fsdp"
+    _same_run(reference, out)
+    AutoModelForCausalLM.from_pretrained(out / "final")  # the gathered full state loads
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_launch_argv_is_a_list_without_a_shell(tmp_path):
+    from pitstop.train.distributed import launch_argv
+
+    argv = launch_argv(tmp_path / "run.yaml", 3)
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "3"
+    assert argv[-4:] == ["pitstop", "train", "--config", str(tmp_path / "run.yaml")]
