@@ -39,6 +39,10 @@ $(VENV)/.bench-installed: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(PY) -m bench.run_all
 
+# The long crash-and-resume loop: at least 20 SIGKILLs at random moments, then bit-identical resume.
+soak: $(STAMP)
+	$(PY) -m pytest tests/reliability -m soak -s
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

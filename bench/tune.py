@@ -74,17 +74,26 @@ def _train_rate(cfg) -> tuple[float, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-seconds", type=float, default=180.0)
-    ap.add_argument("--steps", type=int, default=20, help="steps per comparison run")
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each config, alternating")
+    ap.add_argument(
+        "--budget-seconds", type=float, default=None, help="default 180 (40 with --quick)"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="steps per comparison run (20; 8 quick)"
+    )
+    ap.add_argument("--repeats", type=int, default=None, help="runs of each config (2; 1 quick)")
     ap.add_argument("--knobs", default=None, help="passed to the tuner (default: all)")
-    ap.add_argument("--quick", action="store_true", help="2-layer model, 40 s budget, 8 steps")
+    ap.add_argument(
+        "--quick", action="store_true", help="2-layer 64-wide model, 40 s budget, 8 steps, 1 repeat"
+    )
     ap.add_argument(
         "--out", type=Path, default=None, help="results file (default: bench/results/tune.md)"
     )
     args = ap.parse_args(argv)
-    if args.quick:
-        args.budget_seconds, args.steps, args.repeats = min(args.budget_seconds, 40.0), 8, 1
+    quick = {"budget_seconds": 40.0, "steps": 8, "repeats": 1}
+    full = {"budget_seconds": 180.0, "steps": 20, "repeats": 2}
+    for k, v in (quick if args.quick else full).items():
+        if getattr(args, k) is None:  # an explicit value wins over the preset
+            setattr(args, k, v)
 
     from pitstop.config import build_config, load_yaml
     from pitstop.tiny import build_model_dir

@@ -38,7 +38,7 @@ def test_headline_quick_writes_the_table(tmp_path: Path) -> None:
         [
             "--quick",
             "--systems",
-            "hf_dynamic,trl,ceiling",
+            "hf_slow,trl,ceiling",
             "--workdir",
             str(tmp_path / "w"),
             "--out",
@@ -50,8 +50,8 @@ def test_headline_quick_writes_the_table(tmp_path: Path) -> None:
     text = out.read_text()
     assert "| system |" in text and "held-out loss" in text
     assert "python -m bench.headline --quick" in text  # the exact command is recorded
-    results = json.loads((tmp_path / "w" / "results.json").read_text())
-    for name in ("hf_dynamic", "trl", "ceiling"):
+    results = json.loads((tmp_path / "w" / "results.json").read_text())["results"]
+    for name in ("hf_slow", "trl", "ceiling"):
         r = results[name]
         assert r["status"] == "ok", r
         assert isinstance(r["heldout_loss"], float)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -112,7 +113,7 @@ def test_epoch_fraction_over_two_epochs(tiny_model_dir, tmp_path):
     assert epochs[per_epoch - 1] == pytest.approx(1.0)  # end of epoch 0
     assert epochs[per_epoch] == pytest.approx(1 + 1 / per_epoch)  # not 1 + (per_epoch+1)/per_epoch
     assert epochs[-1] == pytest.approx(2.0) and s["epochs"] == pytest.approx(2.0)
-    assert all(a < b for a, b in zip(epochs, epochs[1:]))
+    assert all(a < b for a, b in itertools.pairwise(epochs))
 
 
 def test_wandb_not_installed_is_a_one_line_notice(tiny_model_dir, tmp_path, monkeypatch, capsys):

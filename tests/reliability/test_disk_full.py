@@ -10,6 +10,8 @@ never failed.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,7 +71,6 @@ def _can_mount_tmpfs(tmp: Path) -> str | None:
 def test_real_full_tmpfs_keeps_the_previous_checkpoint(
     tiny_model_dir, rel_store, reference, tmp_path
 ):
-    import os
 
     why = _can_mount_tmpfs(tmp_path)
     if why:
@@ -87,7 +88,7 @@ def test_real_full_tmpfs_keeps_the_previous_checkpoint(
     # run's directory is copied out (cp -a) for the checks after the run.
     script = (
         f"mount -t tmpfs -o size={size_kb}k tmpfs {disk} && "
-        f"{{ {' '.join(map(_q, cmd))} 2> {tmp_path / 'err.txt'}; echo $? > {tmp_path / 'rc.txt'}; }}; "
+        f"{{ {' '.join(map(shlex.quote, cmd))} 2> {tmp_path / 'err.txt'}; echo $? > {tmp_path / 'rc.txt'}; }}; "
         f"cp -a {out} {saved}"
     )
     flags = "-m" if os.geteuid() == 0 else "-rm"
@@ -102,9 +103,3 @@ def test_real_full_tmpfs_keeps_the_previous_checkpoint(
         # Known finding: torch.save on a full disk fails with "[enforce fail at
         # inline_container.cc] unexpected pos ..." and the message never says the disk is full.
         pytest.xfail("the checkpoint error does not name the full disk: " + err[-300:])
-
-
-def _q(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -246,7 +245,6 @@ def test_a_100mb_single_line_is_bounded(tiny_model_dir, tmp_path):
     assert m["rc"] == 1 and f"{f}:2: invalid JSON" in r.stderr, r.stderr[-1000:]
     assert m["self_mb"] < 1500 and m["children_mb"] < 1500, m  # a few copies of the line at most
     print(m)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # (the parent is untouched)
 
 
 # --- property-based: generated files through the full prepare path --------------------
