@@ -29,7 +29,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         tp = field_type(name)
-        help_ = f.metadata["help"]
+        help_ = f.metadata["help"].replace("%", "%%")
         if name == "data":
             parser.add_argument(
                 flag, action="append", metavar="FILE", help=help_, default=argparse.SUPPRESS
@@ -46,6 +46,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
                 metavar = name.split("_")[-1].upper()
             default = f.default if f.default is not dataclasses.MISSING else None
             shown = f"{help_} (default: {default})" if default not in (None, False) else help_
+
             parser.add_argument(flag, metavar=metavar, help=shown, default=argparse.SUPPRESS)
 
 
@@ -152,13 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
     from pitstop.report.command import register as register_report
 
     register_report(sub)
+
+    from pitstop.measure.profile_command import register as register_profile
+    from pitstop.tune.command import register as register_tune
+
+    register_profile(sub)
+    register_tune(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown and args.command not in ("prepare", "train"):
+    if unknown and args.command not in ("prepare", "train", "profile", "tune"):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.unknown = unknown
     func: Callable[[argparse.Namespace], int] = args.func
