@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -172,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except PitstopError as e:
-        print(f"pitstop {args.command}: error: {e.render()}", file=sys.stderr)
+        # Under torchrun every rank raises the same error; rank 0 says it once.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"pitstop {args.command}: error: {e.render()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"pitstop {args.command}: interrupted", file=sys.stderr)
