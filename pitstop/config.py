@@ -396,4 +396,10 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
         p.append("--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R")
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:
         p.append("--template must be 'alpaca' or contain {instruction} (and optionally {input})")
+    if command in RUNNERS:
+        # Checks that need the machine (CUDA, the output directory) but no model: listed
+        # with the flag problems. Lazy import: the probe imports torch only when called.
+        from pitstop.probe import config_problems
+
+        p += config_problems(cfg, command=command)
     return p

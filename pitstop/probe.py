@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pitstop.errors import ConfigError
@@ -80,11 +81,7 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInf
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
-        raise ConfigError(
-            "--device cuda was asked for, but torch sees no CUDA device "
-            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
-            "use --device cpu or install a CUDA build of torch"
-        )
+        raise ConfigError(no_cuda_problem())
     if requested == "cpu" or not has_cuda:
         why = (
             "asked for with --device cpu"
@@ -110,15 +107,38 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInf
     )
 
 
+def no_cuda_problem() -> str:
+    import torch
+
+    return (
+        "--device cuda was asked for, but torch sees no CUDA device "
+        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+        "use --device cpu or install a CUDA build of torch"
+    )
+
+
+def precision_problem(requested: str, dev: DeviceInfo) -> str | None:
+    """Why `--precision requested` cannot run on `dev`, or None."""
+    if dev.type == "cpu" and requested in ("bf16", "fp16"):
+        return (
+            f"--precision {requested} needs a CUDA GPU; this run is on the CPU, where pitstop "
+            "trains in fp32 (CPU autocast is slower than fp32 on most CPUs); "
+            "use --precision fp32 or auto"
+        )
+    if dev.type == "cuda" and requested == "bf16" and not dev.bf16:
+        return (
+            f"--precision bf16: {dev.name} (compute capability {dev.capability}) has no bf16 "
+            "support; use --precision fp16 (with loss scaling) or auto"
+        )
+    return None
+
+
 def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
     """bf16 autocast where the GPU has it, fp16 + GradScaler on older GPUs, fp32 on CPU."""
+    problem = precision_problem(requested, dev)
+    if problem:
+        raise ConfigError(problem)
     if dev.type == "cpu":
-        if requested in ("bf16", "fp16"):
-            raise ConfigError(
-                f"--precision {requested} needs a CUDA GPU; this run is on the CPU, where pitstop "
-                "trains in fp32 (CPU autocast is slower than fp32 on most CPUs); "
-                "use --precision fp32 or auto"
-            )
         why = (
             "asked for"
             if requested == "fp32"
@@ -126,11 +146,6 @@ def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
         )
         return Choice("fp32", why)
     if requested == "bf16":
-        if not dev.bf16:
-            raise ConfigError(
-                f"--precision bf16: {dev.name} (compute capability {dev.capability}) has no bf16 "
-                "support; use --precision fp16 (with loss scaling) or auto"
-            )
         return Choice("bf16", "asked for; the GPU supports bf16")
     if requested == "fp16":
         return Choice("fp16", "asked for; trained with fp16 autocast and a GradScaler")
@@ -172,13 +187,78 @@ def flash_attn_status(dev: DeviceInfo, precision: str) -> tuple[bool, str]:
     return True, "flash_attn is installed and the GPU supports it"
 
 
+def attention_problem(requested: str, dev: DeviceInfo, precision: str) -> str | None:
+    """Why `--attention requested` cannot run on `dev` at `precision`, or None."""
+    if requested != "flash_attention_2":
+        return None
+    ok, why = flash_attn_status(dev, precision)
+    return None if ok else f"--attention flash_attention_2 is not possible: {why}; use sdpa or auto"
+
+
+def four_bit_problem(dev: DeviceInfo) -> str | None:
+    if dev.type != "cuda":
+        return "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
+    return None
+
+
+def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> str | None:
+    """Why `--output` cannot be written to as asked (a file, or another run without
+    --resume/--overwrite), or None. Reads only."""
+    if not output:
+        return None
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        return f"--output {out} is a file; give a directory"
+    has_run = out.is_dir() and any((out / n).exists() for n in ("summary.json", "checkpoints", "final"))
+    if has_run and not (resume or overwrite):
+        return (
+            f"--output {out} already holds a run; add --resume to continue it from its newest "
+            "checkpoint, --overwrite to replace it, or choose another directory"
+        )
+    return None
+
+
+def config_problems(cfg: Any, device: DeviceInfo | None = None, *, command: str = "train") -> list[str]:
+    """Every problem with `cfg` that needs this machine but no model load: device,
+    precision, attention kernel, 4-bit, multi-process strategy and (for `train`) the
+    output directory. The messages are the ones the trainer raises for the same problem,
+    so `build_config` can report them together with the flag problems."""
+    p: list[str] = []
+    if device is None:
+        import torch
+
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            p.append(no_cuda_problem())
+        device, _ = detect_device("cpu" if cfg.device == "cpu" else "auto")
+    prec = precision_problem(cfg.precision, device)
+    if prec:
+        p.append(prec)
+        precision = cfg.precision
+    else:
+        precision = choose_precision(cfg.precision, device).value
+    for problem in (
+        attention_problem(cfg.attention, device, precision),
+        four_bit_problem(device) if cfg.load_in_4bit else None,
+    ):
+        if problem:
+            p.append(problem)
+    from pitstop.train.distributed import strategy_problems
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    p += strategy_problems(cfg, distributed=max(cfg.nproc, world) > 1)
+    if command == "train":
+        out = output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
+        if out:
+            p.append(out)
+    return p
+
+
 def choose_attention(requested: str, dev: DeviceInfo, precision: str) -> Choice:
     ok, why = flash_attn_status(dev, precision)
     if requested == "flash_attention_2":
-        if not ok:
-            raise ConfigError(
-                f"--attention flash_attention_2 is not possible: {why}; use sdpa or auto"
-            )
+        problem = attention_problem(requested, dev, precision)
+        if problem:
+            raise ConfigError(problem)
         return Choice("flash_attention_2", "asked for; " + why)
     if requested in ("sdpa", "eager"):
         return Choice(requested, "asked for")

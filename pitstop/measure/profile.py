@@ -151,6 +151,8 @@ def measurement_config(cfg: RunConfig, out_dir: Path, total_steps: int) -> RunCo
         max_steps=total_steps,
         epochs=None,
         report_to=["none"],  # TensorBoard files are not part of the step's cost worth keeping
+        eval_data=None,  # evaluation would run inside the measured steps
+        eval_steps=None,
     )
 
 

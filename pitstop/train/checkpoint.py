@@ -31,8 +31,10 @@ stays valid, and the partial directory is removed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pickle
 import random
 import re
 import secrets
@@ -236,6 +238,7 @@ class CheckpointWriter:
         self._error: BaseException | None = None
         self.last_written: Path | None = None
         self.write_seconds = 0.0
+        self._write_bytes = 0  # tensor bytes of the write in progress (for a disk-full message)
 
     def submit(self, snap: Snapshot, *, blocking: bool = False) -> None:
         """Start writing `snap` (after the previous write has finished)."""
@@ -260,14 +263,33 @@ class CheckpointWriter:
         if self._error is not None:
             err, self._error = self._error, None
             raise CheckpointError(
-                f"writing a checkpoint under {self.root} failed: {err}. The run stopped so no "
+                f"writing a checkpoint under {self.root} failed: {_one_line(err)}"
+                f"{self._disk_full_note(err)}. The run stopped so no "
                 "more unsaved work is paid for; the previous complete checkpoint "
                 f"({self.last_written or 'none'}) is intact: free space or fix the cause, then "
                 "rerun with --resume"
             ) from err
 
+    def _disk_full_note(self, err: BaseException) -> str:
+        """'; the disk holding ROOT is full (N MB free)' when that is the likely cause."""
+        where = self.root
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            return ""
+        enospc = any(
+            isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _causes(err)
+        ) or "No space left" in str(err)
+        # Low: less room than the checkpoint being written needs (the partial one is deleted).
+        if enospc or free < max(self._write_bytes, _LOW_FREE_BYTES):
+            return f"; the disk holding {self.root} is full ({free / 1e6:.0f} MB free)"
+        return ""
+
     def _run(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
+        self._write_bytes = _tensor_bytes((snap.model_state, snap.optimizer, snap.loader_state))
         tmp = self.root / f".step-{snap.step}.partial-{secrets.token_hex(4)}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -324,6 +346,33 @@ class CheckpointWriter:
             shutil.rmtree(trash, ignore_errors=True)
 
 
+_LOW_FREE_BYTES = 1 << 20  # below this, a failed write is blamed on the disk whatever the size
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and len(out) < 10:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
     """The complete checkpoint with the lowest recorded eval loss (the earliest on a tie)."""
     best: dict[str, Any] | None = None
@@ -353,9 +402,10 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Everything but the model weights: optimizer, trainer state, RNG, loader state."""
+    current = path / "optimizer.pt"
     try:
         out: dict[str, Any] = {
-            "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
+            "optimizer": torch.load(current, weights_only=True, map_location="cpu"),
             "trainer_state": json.loads((path / "trainer_state.json").read_text(encoding="utf-8")),
             "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
         }
@@ -364,7 +414,15 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
                 (path / "loader_state.json").read_text(encoding="utf-8")
             )
         else:
-            out["loader_state"] = torch.load(path / "loader_state.pt", weights_only=True)
+            current = path / "loader_state.pt"
+            out["loader_state"] = torch.load(current, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"checkpoint {path}: {current.name} is not a pitstop checkpoint file (it holds "
+            "objects other than tensors and plain values, so it may have been tampered with) "
+            "and was not loaded; "
+            "delete this checkpoint to resume from an older one, or start again with --overwrite"
+        ) from None
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {path} cannot be read ({e}); delete it to resume from an older one"

@@ -155,13 +155,18 @@ def barrier(env: DistEnv) -> None:
 
 def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
     """Combinations pitstop does not run (reported before anything is written)."""
+    return strategy_problems(cfg, distributed=env.distributed)
+
+
+def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
+    """check_strategy before the process group exists (`distributed`: several processes)."""
     p = []
-    if env.distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
+    if distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
         p.append(
             "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
             "use the default --strategy ddp)"
         )
-    if env.distributed and cfg.load_in_4bit:
+    if distributed and cfg.load_in_4bit:
         p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
     return p
 

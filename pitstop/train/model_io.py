@@ -9,6 +9,7 @@ the adapter in fp32.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import secrets
 import shutil
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 
 from pitstop.errors import ConfigError, MissingDependencyError
-from pitstop.probe import Choice, DeviceInfo
+from pitstop.probe import Choice, DeviceInfo, four_bit_problem
+from pitstop.train.checkpoint import CheckpointError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -39,7 +41,6 @@ def load_model(
     cfg: Any, dev: DeviceInfo, precision: str, attention: Choice
 ) -> tuple[torch.nn.Module, Choice, Choice | None]:
     """The model on `dev`, ready to train; returns (model, attention actually used, lora choice)."""
-    from transformers import AutoModelForCausalLM
 
     model_dir = Path(cfg.model)
     if not (model_dir / "config.json").is_file():
@@ -47,26 +48,24 @@ def load_model(
             f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
             "give a local directory with config.json, weights and tokenizer files"
         )
+    check_model_dir(model_dir, cfg.trust_remote_code)
     weights_dtype = torch.float32 if cfg.lora_r is None else _DTYPES[precision]
     kwargs: dict[str, Any] = {
         "local_files_only": True,
         "trust_remote_code": cfg.trust_remote_code,
         "dtype": weights_dtype,
+        "use_safetensors": True,  # never unpickle pytorch_model.bin
     }
     if cfg.load_in_4bit:
         kwargs["quantization_config"] = _four_bit_config(dev, precision)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, attn_implementation=attention.value, **kwargs
-        )
+        model = _from_pretrained(model_dir, attention.value, kwargs)
     except (ValueError, ImportError) as e:
         if attention.value == "eager" or cfg.attention != "auto":
             raise ConfigError(
                 f"cannot load {model_dir} with attention {attention.value}: {e}"
             ) from None
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, attn_implementation="eager", **kwargs
-        )
+        model = _from_pretrained(model_dir, "eager", kwargs)
         attention = Choice(
             "eager", f"the model does not support {attention.value} ({e}); eager attention"
         )
@@ -82,11 +81,73 @@ def load_model(
     return model, attention, lora
 
 
+def _remote_code_problem(model_dir: Path, model_type: Any) -> str:
+    return (
+        f"--model {model_dir} (model type {model_type!r}) needs code from its directory to "
+        "load (its config.json names Python modules in auto_map), and pitstop runs code from "
+        "a model directory only with --trust-remote-code; pass --trust-remote-code only if "
+        "you trust the files in that directory"
+    )
+
+
+def _no_safetensors_problem(model_dir: Path) -> str:
+    return (
+        f"--model {model_dir} has no .safetensors weights; pitstop loads weights only from "
+        "safetensors, never from pickle files such as pytorch_model.bin (unpickling can run "
+        "code). Convert them, only if you trust the file, with: python -c \"from transformers "
+        "import AutoModelForCausalLM as M; "
+        f"M.from_pretrained('{model_dir}').save_pretrained('{model_dir}', "
+        "safe_serialization=True)\""
+    )
+
+
+def check_model_dir(model_dir: Path, trust_remote_code: bool) -> None:
+    """Refuse, before transformers reads anything, a model directory pitstop cannot load
+    safely: weights that are not safetensors, or an architecture that needs its own code."""
+    if not glob.glob(str(model_dir / "*.safetensors")):
+        raise ConfigError(_no_safetensors_problem(model_dir))
+    if trust_remote_code:
+        return
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model {model_dir}: config.json cannot be read ({e})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    from transformers import CONFIG_MAPPING
+
+    if model_type in CONFIG_MAPPING:
+        return
+    if isinstance(raw, dict) and raw.get("auto_map"):
+        raise ConfigError(_remote_code_problem(model_dir, model_type))
+    import transformers
+
+    raise ConfigError(
+        f"--model {model_dir}: model type {model_type!r} is not an architecture transformers "
+        f"{transformers.__version__} knows; upgrade transformers, or fix model_type in its "
+        "config.json"
+    )
+
+
+def _from_pretrained(model_dir: Path, attn: str, kwargs: dict[str, Any]) -> Any:
+    """AutoModelForCausalLM.from_pretrained, with the errors a user can act on as ConfigError."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn, **kwargs)
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ConfigError(_remote_code_problem(model_dir, "custom")) from None
+        raise
+    except OSError as e:
+        if "safetensors" in str(e):
+            raise ConfigError(_no_safetensors_problem(model_dir)) from None
+        raise
+
+
 def _four_bit_config(dev: DeviceInfo, precision: str) -> Any:
-    if dev.type != "cuda":
-        raise ConfigError(
-            "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
-        )
+    problem = four_bit_problem(dev)
+    if problem:
+        raise ConfigError(problem)
     try:
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig
@@ -123,7 +184,17 @@ def _apply_lora(model: torch.nn.Module, cfg: Any) -> tuple[torch.nn.Module, Choi
         target_modules=targets,
         task_type="CAUSAL_LM",
     )
-    model = peft.get_peft_model(model, lcfg)
+    if cfg.lora_target_modules:
+        _check_lora_targets(model, list(cfg.lora_target_modules))
+        try:
+            model = peft.get_peft_model(model, lcfg)
+        except ValueError as e:  # e.g. a target that is not a layer type LoRA can adapt
+            raise ConfigError(
+                f"--lora-target-modules {','.join(targets)}: {e} "
+                f"(the model's linear layers: {', '.join(_linear_names(model))})"
+            ) from None
+    else:
+        model = peft.get_peft_model(model, lcfg)
     for p in model.parameters():  # adapters train in fp32 whatever the base precision
         if p.requires_grad:
             p.data = p.data.float()
@@ -134,6 +205,26 @@ def _apply_lora(model: torch.nn.Module, cfg: Any) -> tuple[torch.nn.Module, Choi
         f"LoRA on {targets if isinstance(targets, str) else ','.join(targets)}: "
         f"{n_train:,} of {n_all:,} parameters train ({100 * n_train / n_all:.2f}%)",
     )
+
+
+def _linear_names(model: torch.nn.Module) -> list[str]:
+    """The distinct leaf names of the model's nn.Linear modules (what LoRA can target)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return sorted(names)
+
+
+def _check_lora_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """ConfigError naming every target that matches no module (peft's own matching rule:
+    the module's full name, or its name ending in '.' + target)."""
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ConfigError(
+            f"--lora-target-modules: {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not a module of this model; the model's "
+            f"linear layers are: {', '.join(_linear_names(model))} (or leave the option out "
+            "to adapt every linear layer)"
+        )
 
 
 def is_peft(model: Any) -> bool:
@@ -163,19 +254,42 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     if is_peft(model):
         import peft
 
-        peft.set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+        adapter = ckpt / "adapter_model.safetensors"
+        if not adapter.is_file():
+            raise CheckpointError(
+                f"checkpoint {ckpt}: no safetensors weights in it (adapter_model.safetensors "
+                "is missing); pitstop loads weights only from safetensors. Delete this "
+                "checkpoint to resume from an older one"
+            )
+        peft.set_peft_model_state_dict(model, load_file(adapter))
         return
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(glob.glob(str(ckpt / "*.safetensors"))):
-        state.update(load_file(f))
+    state = _safetensors_state(ckpt)
     result = model.load_state_dict(state, strict=False)
     own = model.state_dict()
     missing = [k for k in result.missing_keys if not _tied_to_loaded(model, k, state, own)]
     if missing or result.unexpected_keys:
-        raise RuntimeError(
+        raise CheckpointError(
             f"checkpoint {ckpt} does not match the model: missing {missing[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
+            f"unexpected {result.unexpected_keys[:5]}; resume with the --model the run "
+            "started from, or delete this checkpoint"
         )
+
+
+def _safetensors_state(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's *.safetensors files; CheckpointError when there are none."""
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(str(ckpt / "*.safetensors")))
+    if not files:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: no safetensors weights in it (no *.safetensors file); "
+            "pitstop loads weights only from safetensors and never from pickle files such "
+            "as pytorch_model.bin. Delete this checkpoint to resume from an older one"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
 
 
 def read_weights(ckpt: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -183,11 +297,7 @@ def read_weights(ckpt: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     For loading into a sharded (FSDP2) model, which takes a full state dict by name.
     """
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(glob.glob(str(ckpt / "*.safetensors"))):
-        state.update(load_file(f))
+    state = _safetensors_state(ckpt)
     # save_pretrained writes a tied tensor once; the state dict names it twice.
     by_param: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):

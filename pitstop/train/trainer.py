@@ -86,20 +86,10 @@ class TrainingDiverged(PitstopError):
 
 def check_output_dir(cfg: RunConfig) -> Path:
     """Refuse to touch a directory holding a run unless --resume or --overwrite. Writes nothing."""
-    out = Path(cfg.output)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--output {out} is a file; give a directory")
-    has_run = out.is_dir() and (
-        (out / "summary.json").exists()
-        or (out / "checkpoints").exists()
-        or (out / "final").exists()
-    )
-    if has_run and not (cfg.resume or cfg.overwrite):
-        raise ConfigError(
-            f"--output {out} already holds a run; add --resume to continue it from its newest "
-            "checkpoint, --overwrite to replace it, or choose another directory"
-        )
-    return out
+    problem = probe.output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
+    if problem:
+        raise ConfigError(problem)
+    return Path(cfg.output)
 
 
 def _clear_run(out: Path) -> None:
