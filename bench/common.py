@@ -23,15 +23,10 @@ REPO_ROOT = BENCH_DIR.parent
 
 
 def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (platform's guess elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    """The CPU model name (pitstop's probe reads /proc/cpuinfo)."""
+    from pitstop.probe import cpu_name
+
+    return cpu_name()
 
 
 def cpu_cores() -> int:

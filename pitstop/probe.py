@@ -197,7 +197,9 @@ def attention_problem(requested: str, dev: DeviceInfo, precision: str) -> str | 
 
 def four_bit_problem(dev: DeviceInfo) -> str | None:
     if dev.type != "cuda":
-        return "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
+        return (
+            "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
+        )
     return None
 
 
@@ -209,7 +211,9 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
-    has_run = out.is_dir() and any((out / n).exists() for n in ("summary.json", "checkpoints", "final"))
+    has_run = out.is_dir() and any(
+        (out / n).exists() for n in ("summary.json", "checkpoints", "final")
+    )
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "
@@ -218,7 +222,9 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     return None
 
 
-def config_problems(cfg: Any, device: DeviceInfo | None = None, *, command: str = "train") -> list[str]:
+def config_problems(
+    cfg: Any, device: DeviceInfo | None = None, *, command: str = "train"
+) -> list[str]:
     """Every problem with `cfg` that needs this machine but no model load: device,
     precision, attention kernel, 4-bit, multi-process strategy and (for `train`) the
     output directory. The messages are the ones the trainer raises for the same problem,

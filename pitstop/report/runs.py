@@ -16,18 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.errors import DataError
+from pitstop.measure.timeline import PHASES
 
-PHASE_ORDER = (
-    "data_wait",
-    "host_to_device",
-    "forward",
-    "backward",
-    "optimizer",
-    "checkpoint",
-    "eval",
-    "logging",
-    "other",
-)
+PHASE_ORDER = PHASES  # the trainer's phase names, in its order
 # Flat keys ending in _s that are not phases.
 _NOT_PHASES = {"step", "elapsed", "time", "wall", "train", "step_time", "total", "eta"}
 

@@ -94,10 +94,10 @@ def _no_safetensors_problem(model_dir: Path) -> str:
     return (
         f"--model {model_dir} has no .safetensors weights; pitstop loads weights only from "
         "safetensors, never from pickle files such as pytorch_model.bin (unpickling can run "
-        "code). Convert them, only if you trust the file, with: python -c \"from transformers "
+        'code). Convert them, only if you trust the file, with: python -c "from transformers '
         "import AutoModelForCausalLM as M; "
         f"M.from_pretrained('{model_dir}').save_pretrained('{model_dir}', "
-        "safe_serialization=True)\""
+        'safe_serialization=True)"'
     )
 
 
@@ -209,7 +209,9 @@ def _apply_lora(model: torch.nn.Module, cfg: Any) -> tuple[torch.nn.Module, Choi
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
     """The distinct leaf names of the model's nn.Linear modules (what LoRA can target)."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    names = {
+        n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    }
     return sorted(names)
 
 

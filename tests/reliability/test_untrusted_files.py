@@ -4,9 +4,8 @@ weights_only=True, and model-directory code runs only with --trust-remote-code.
 Each planted file would create a marker file if it were executed (a pickle whose
 __reduce__ calls pathlib.Path.touch; a modeling_x.py that touches at import). The
 security guarantee is that the marker never appears. A separate assertion wants a
-clear error rather than a traceback; where pitstop still lets an exception escape,
-that part is an xfail (strict, raising `Uncaught`) naming the finding, so the test
-flips to a failure, and the mark must go, once the bug is fixed.
+clear error naming the file rather than a traceback (`Uncaught` when an exception
+escapes the CLI).
 """
 
 from __future__ import annotations
@@ -75,17 +74,17 @@ def stopped_run(tmp_path_factory, tiny_model_dir, rel_store) -> Path:
 
 PLANTS = {
     # the optimizer state: torch.load(weights_only=True) must refuse the pickle
-    "optimizer.pt": ("optimizer.pt", None, "UnpicklingError escapes read_checkpoint"),
+    "optimizer.pt": ("optimizer.pt", None),
     # a non-JSON loader state is read with torch.load too
-    "loader_state.pt": ("loader_state.pt", "loader_state.json", "UnpicklingError escapes"),
+    "loader_state.pt": ("loader_state.pt", "loader_state.json"),
     # a pytorch_model.bin instead of safetensors: weights load only from safetensors
-    "pytorch_model.bin": ("pytorch_model.bin", "model.safetensors", "RuntimeError escapes load_weights"),
+    "pytorch_model.bin": ("pytorch_model.bin", "model.safetensors"),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("plant", list(PLANTS))
-def test_planted_pickle_in_a_checkpoint_never_runs(plant, stopped_run, tiny_model_dir, rel_store, tmp_path, capsys, request):  # fmt: skip
-    name, replaces, finding = PLANTS[plant]
+def test_planted_pickle_in_a_checkpoint_never_runs(plant, stopped_run, tiny_model_dir, rel_store, tmp_path, capsys):  # fmt: skip
+    name, replaces = PLANTS[plant]
     out = tmp_path / "out"
     shutil.copytree(stopped_run, out)
     ck = out / "checkpoints" / "step-2"
@@ -99,7 +98,6 @@ def test_planted_pickle_in_a_checkpoint_never_runs(plant, stopped_run, tiny_mode
     assert not marker.exists(), "unpickling ran code from a checkpoint"
     assert exc is not None or rc not in (None, 0), "a planted checkpoint was used"
     if exc is not None:
-        request.applymarker(pytest.mark.xfail(raises=Uncaught, strict=True, reason=finding))
         raise Uncaught(f"{type(exc).__name__}: {str(exc)[:300]}")
     assert str(ck) in err and "Traceback" not in err
 
@@ -121,7 +119,7 @@ def test_pytorch_model_bin_beside_safetensors_is_ignored(
     assert not marker.exists()
 
 
-def test_pytorch_model_bin_instead_of_safetensors_is_refused(tiny_model_dir, rel_store, tmp_path, capsys, request):  # fmt: skip
+def test_pytorch_model_bin_instead_of_safetensors_is_refused(tiny_model_dir, rel_store, tmp_path, capsys):  # fmt: skip
     model = _model_copy(tiny_model_dir, tmp_path / "model")
     (model / "model.safetensors").unlink()
     marker = tmp_path / "PWNED"
@@ -132,9 +130,6 @@ def test_pytorch_model_bin_instead_of_safetensors_is_refused(tiny_model_dir, rel
     assert not marker.exists(), "a pickled model file ran code"
     assert rc != 0 and not out.exists()
     if exc is not None:
-        request.applymarker(pytest.mark.xfail(raises=Uncaught, strict=True,
-            reason="finding: model_io.load_model lets transformers read pytorch_model.bin "
-                   "(no use_safetensors=True) and does not catch UnpicklingError"))  # fmt: skip
         raise Uncaught(f"{type(exc).__name__}: {str(exc)[:300]}")
     assert "safetensors" in err and "Traceback" not in err
 
@@ -198,9 +193,7 @@ def test_remote_code_is_ignored_for_a_known_architecture(
     assert not marker.exists(), "model-directory code ran without --trust-remote-code"
 
 
-def test_remote_code_only_architecture_is_refused(
-    tiny_model_dir, rel_store, tmp_path, capsys, request
-):
+def test_remote_code_only_architecture_is_refused(tiny_model_dir, rel_store, tmp_path, capsys):
     marker = tmp_path / "PWNED"
     d = _remote_code_model(tiny_model_dir, tmp_path / "m", marker, "xcustom")
     out = tmp_path / "out"
@@ -209,8 +202,5 @@ def test_remote_code_only_architecture_is_refused(
     assert not marker.exists(), "model-directory code ran without --trust-remote-code"
     assert rc != 0 and not out.exists()
     if exc is not None:
-        request.applymarker(pytest.mark.xfail(raises=Uncaught, strict=True,
-            reason="finding: model_io.load_model retries with eager attention and lets "
-                   "transformers' ValueError (trust_remote_code) escape"))  # fmt: skip
         raise Uncaught(f"{type(exc).__name__}: {str(exc)[:300]}")
     assert "--trust-remote-code" in err and "Traceback" not in err
