@@ -248,3 +248,134 @@ def test_cpu_fp16_is_a_config_error_before_anything_is_written(tiny_model_dir, s
 
 def test_choice_serialises():
     assert Choice(True, "why").to_dict() == {"value": True, "reason": "why"}
+
+
+class _Plant:
+    """Unpickling this would create `path`: proof that code ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def _written_checkpoint(root: Path) -> Path:
+    def save_model(dest: Path, state: dict) -> None:
+        from safetensors.torch import save_file
+
+        save_file(state, dest / "model.safetensors")
+
+    w = ckpt.CheckpointWriter(root, keep=2, save_model=save_model)
+    w.submit(ckpt.Snapshot(1, {"w": torch.ones(3)}, {"optimizer": {}}, {"step": 1},
+                           ckpt.rng_state(), {"pos": 1}), blocking=True)  # fmt: skip
+    return root / "step-1"
+
+
+def test_a_pickle_in_a_checkpoint_is_a_checkpoint_error_naming_the_file(tmp_path):
+    path = _written_checkpoint(tmp_path / "checkpoints")
+    marker = tmp_path / "PWNED"
+    torch.save(_Plant(marker), path / "optimizer.pt")
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.read_checkpoint(path)
+    assert not marker.exists()
+    msg = str(e.value)
+    assert str(path) in msg and "optimizer.pt" in msg and "not a pitstop checkpoint file" in msg
+
+
+def test_a_checkpoint_without_safetensors_is_a_checkpoint_error(tmp_path):
+    from pitstop.train.model_io import load_weights
+
+    path = _written_checkpoint(tmp_path / "checkpoints")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="no safetensors weights"):
+        load_weights(torch.nn.Linear(3, 1), path)
+
+
+def test_a_failed_write_on_a_full_disk_names_the_disk(tmp_path, monkeypatch):
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+
+    def save_model(dest: Path, state: dict) -> None:  # what torch.save says on a full disk
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    root = tmp_path / "checkpoints"
+    w = ckpt.CheckpointWriter(root, keep=2, save_model=save_model)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda _p: usage._replace(free=4096))
+    snap = ckpt.Snapshot(1, {"w": torch.ones(1 << 16)}, {"optimizer": {}}, {"step": 1},
+                         ckpt.rng_state(), {"pos": 1})  # fmt: skip
+    with pytest.raises(ckpt.CheckpointError) as e:
+        w.submit(snap, blocking=True)
+    assert f"the disk holding {root} is full (0 MB free)" in str(e.value)
+    # plenty of room: the cause is something else, and the message does not blame the disk
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda _p: usage._replace(free=10**12))
+    with pytest.raises(ckpt.CheckpointError) as e:
+        w.submit(snap, blocking=True)
+    assert "is full" not in str(e.value) and "unexpected pos" in str(e.value)
+
+
+def test_model_dir_with_only_pickled_weights_is_refused(tiny_model_dir, tmp_path):
+    import shutil
+
+    from pitstop.train.model_io import check_model_dir
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    check_model_dir(d, trust_remote_code=False)
+    (d / "model.safetensors").unlink()
+    torch.save({"w": torch.ones(1)}, d / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"no \.safetensors weights"):
+        check_model_dir(d, trust_remote_code=False)
+
+
+def test_custom_architecture_needs_trust_remote_code(tiny_model_dir, tmp_path):
+    import shutil
+
+    from pitstop.train.model_io import check_model_dir
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="xcustom", auto_map={"AutoModelForCausalLM": "modeling_x.X"})
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="--trust-remote-code only if you trust"):
+        check_model_dir(d, trust_remote_code=False)
+    check_model_dir(d, trust_remote_code=True)  # trusted: transformers decides
+
+
+def test_machine_problems_match_the_trainer_messages(tmp_path):
+    from pitstop.config import RunConfig
+    from pitstop.probe import config_problems
+
+    def cfg(**kw):
+        return RunConfig(model="m", data=["d"], output=str(tmp_path / "out"), **kw)
+
+    assert config_problems(cfg(), CPU) == []
+    [fp16] = config_problems(cfg(precision="fp16"), CPU)
+    with pytest.raises(ConfigError) as e:
+        choose_precision("fp16", CPU)
+    assert str(e.value) == fp16
+    [bf16] = config_problems(cfg(precision="bf16"), V100)
+    assert "no bf16" in bf16
+    probs = config_problems(cfg(attention="flash_attention_2", lora_r=4, load_in_4bit=True), CPU)
+    assert any("flash-attn needs a CUDA GPU" in p for p in probs)
+    assert any("--load-in-4bit needs a CUDA GPU" in p for p in probs)
+    assert config_problems(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == [
+        "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
+        "use the default --strategy ddp)"
+    ]
+    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    [held] = config_problems(cfg(), CPU)
+    assert "already holds a run" in held
+    assert config_problems(cfg(resume=True), CPU) == []
+    assert config_problems(cfg(), CPU, command="profile") == []
+
+
+def test_measurement_config_turns_evaluation_off(tmp_path):
+    from pitstop.config import RunConfig
+    from pitstop.measure.profile import measurement_config
+
+    cfg = RunConfig(model="m", data=["d"], eval_data="auto", eval_steps=5)
+    run_cfg = measurement_config(cfg, tmp_path / "run", 4)
+    assert run_cfg.eval_data is None and run_cfg.eval_steps is None

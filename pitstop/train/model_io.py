@@ -42,13 +42,7 @@ def load_model(
 ) -> tuple[torch.nn.Module, Choice, Choice | None]:
     """The model on `dev`, ready to train; returns (model, attention actually used, lora choice)."""
 
-    model_dir = Path(cfg.model)
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
-            "give a local directory with config.json, weights and tokenizer files"
-        )
-    check_model_dir(model_dir, cfg.trust_remote_code)
+    model_dir = check_model_dir(Path(cfg.model), cfg.trust_remote_code)
     weights_dtype = torch.float32 if cfg.lora_r is None else _DTYPES[precision]
     kwargs: dict[str, Any] = {
         "local_files_only": True,
@@ -101,13 +95,19 @@ def _no_safetensors_problem(model_dir: Path) -> str:
     )
 
 
-def check_model_dir(model_dir: Path, trust_remote_code: bool) -> None:
+def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
     """Refuse, before transformers reads anything, a model directory pitstop cannot load
-    safely: weights that are not safetensors, or an architecture that needs its own code."""
+    safely: no config.json, weights that are not safetensors, or an architecture that
+    needs its own code without --trust-remote-code. Returns `model_dir`."""
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(
+            f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
+            "give a local directory with config.json, weights and tokenizer files"
+        )
     if not glob.glob(str(model_dir / "*.safetensors")):
         raise ConfigError(_no_safetensors_problem(model_dir))
     if trust_remote_code:
-        return
+        return model_dir
     try:
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -116,7 +116,7 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> None:
     from transformers import CONFIG_MAPPING
 
     if model_type in CONFIG_MAPPING:
-        return
+        return model_dir
     if isinstance(raw, dict) and raw.get("auto_map"):
         raise ConfigError(_remote_code_problem(model_dir, model_type))
     import transformers

@@ -234,7 +234,8 @@ class Trainer:
         attention = probe.choose_attention(cfg.attention, device, self.precision)
         self.choices["optimizer"] = probe.choose_optimizer(device)
 
-        # --- model
+        # --- model (the directory is checked before the tokenizer reads its config)
+        model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
         self.tokenizer = model_io.load_tokenizer(cfg)
         self.model, attention, lora = model_io.load_model(cfg, device, self.precision, attention)
         self.choices["attention"] = attention
