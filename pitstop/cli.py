@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the embedded default: bundled corpus, tiny model, end to end")
     p.add_argument("--output", default="demo-out", help="where the demo writes (default: demo-out)")
     p.add_argument(
-        "--max-steps", type=int, default=30, help="optimizer steps to train (default: 30)"
+        "--max-steps", type=int, default=80, help="optimizer steps to train (default: 80)"
     )
     p.set_defaults(func=cmd_demo)
 

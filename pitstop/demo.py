@@ -44,7 +44,7 @@ def format_breakdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(output: str = "demo-out", max_steps: int = 30) -> int:
+def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
     from pitstop.data.prepare import format_stats, prepare_data
     from pitstop.tiny import build_model_dir
     from pitstop.train import run
