@@ -32,11 +32,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow"
 
-$(VENV)/.bench-installed: $(STAMP)
-	$(PIP) install --quiet -e ".[dev,bench]" "$(TORCH_PIN)"
-	touch $@
-
-bench: $(VENV)/.bench-installed
+bench: $(STAMP)
 	$(PY) -m bench.run_all
 
 # The long crash-and-resume loop: at least 20 SIGKILLs at random moments, then bit-identical resume.

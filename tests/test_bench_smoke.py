@@ -31,7 +31,6 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not PEERS_INSTALLED, reason="needs the bench extra: pip install -e '.[bench]'")
 def test_headline_quick_writes_the_table(tmp_path: Path) -> None:
     out = tmp_path / "headline.md"
     proc = _run(
