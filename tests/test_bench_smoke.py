@@ -8,7 +8,6 @@ the GPU plan builds without CUDA and that ``run_all`` finds the benchmark module
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS_INSTALLED = all(importlib.util.find_spec(m) for m in ("trl", "datasets", "accelerate"))
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
