@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pitstop.atomic import write_cache_entry
 from pitstop.probe import DeviceInfo, compile_status, detect_device, flash_attn_status
 
 READ_LIMIT_BYTES = 256 * 1024 * 1024
@@ -105,13 +106,7 @@ def check_compile(
         "reason": reason,
     }
     if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"key": key, "result": result}), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # an unwritable cache only costs a re-check next time
+        write_cache_entry(path, json.dumps({"key": key, "result": result}))
     return result
 
 

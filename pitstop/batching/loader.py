@@ -57,9 +57,9 @@ def default_loader_workers(n_tokens: int, cpu_count: int | None = None) -> tuple
     """(workers, reason): 0 for tiny data, else min(4, cores - 1) so the main process keeps a core."""
     cores = cpu_count or os.cpu_count() or 1
     if n_tokens < TINY_STORE_TOKENS:
-        return 0, f"0 (the store is {n_tokens:,} tokens: reading in the main process is cheaper)"
+        return 0, f"the store is {n_tokens:,} tokens: reading in the main process is cheaper"
     n = max(0, min(4, cores - 1))
-    return n, f"{n} (min(4, {cores} cores - 1): overlaps reading with compute)"
+    return n, f"min(4, {cores} cores - 1): overlaps reading with compute"
 
 
 def sequence_targets(store: TokenStore) -> np.ndarray:
@@ -194,20 +194,20 @@ class MicroBatchLoader:
         self.epochs = cfg.epochs
         self.max_steps = cfg.max_steps
         if cfg.loader_workers is not None:
-            self.num_workers, why_workers = cfg.loader_workers, f"{cfg.loader_workers} (set)"
+            self.num_workers, why_workers = cfg.loader_workers, "set"
         else:
             self.num_workers, why_workers = default_loader_workers(self.store.n_tokens)
         cuda = torch.cuda.is_available()
         self.pin_memory = cuda and cfg.pin_memory != "off"
         why_pin = (
-            "on (CUDA available)" if self.pin_memory
-            else "off (no CUDA: pinned host memory only helps copies to a GPU)" if not cuda
-            else "off (set)"
+            "CUDA available" if self.pin_memory
+            else "no CUDA: pinned host memory only helps copies to a GPU" if not cuda
+            else "set"
         )  # fmt: skip
         self.prefetch_factor = cfg.prefetch_factor
-        # Shown in the run banner: each choice with its reason.
+        # Reasons shown in the run banner beside each value (the value is not repeated).
         self.choices = {
-            "batching": f"{self.settings.strategy} ({self.settings.reason})",
+            "batching": self.settings.reason or "set",
             "loader_workers": why_workers,
             "pin_memory": why_pin,
         }

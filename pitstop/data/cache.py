@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pitstop.atomic import write_cache_entry
+
 PREP_VERSION = 1  # bump when the pipeline changes the tokens it writes for the same inputs
 STALE_PARTIAL_SECONDS = 24 * 3600
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
@@ -56,13 +58,7 @@ def file_fingerprint(path: str | Path, root: Path) -> str:
     except OSError:
         pass
     digest = _digest_file(Path(real))
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f"{memo.name}.tmp{os.getpid()}")
-        tmp.write_text(digest)
-        os.replace(tmp, memo)
-    except OSError:
-        pass  # a read-only cache only costs speed
+    write_cache_entry(memo, digest)  # a read-only cache only costs speed
     return digest
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.atomic import fsync_dir
 from pitstop.errors import DataError
 
 FORMAT_VERSION = 1
@@ -102,7 +103,7 @@ class StoreWriter:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return self.dest
         os.replace(self.tmp, self.dest)
-        _fsync_dir(self.dest.parent)
+        fsync_dir(self.dest.parent)
         return self.dest
 
     def abort(self) -> None:
@@ -116,17 +117,6 @@ class StoreWriter:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:
             self.abort()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TokenStore:

@@ -10,10 +10,11 @@ directory, keyed by CPU model, thread count and torch version.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
+
+from pitstop.atomic import write_cache_entry
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
 # Matching is by substring of torch.cuda.get_device_name(), most specific first.
@@ -90,13 +91,7 @@ def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
             pass
     flops = measure_cpu_peak()
     if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"key": key, "flops": flops}), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs a re-measurement next time
+        write_cache_entry(path, json.dumps({"key": key, "flops": flops}))
     return flops, "measured fp32 1024x1024 matmul peak on this CPU"
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
 
 MARKER = "COMPLETE.json"
@@ -180,18 +181,7 @@ def _fsync_tree(path: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -320,7 +310,7 @@ class CheckpointWriter:
                 os.replace(dest, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             os.replace(tmp, dest)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             self.last_written = dest
             self._retain()
         except BaseException as e:  # reported to the training thread by wait()
@@ -334,7 +324,7 @@ class CheckpointWriter:
         best = _best_by_eval(found) if self.keep_best else None
         if best is not None:
             self.best = best
-            _write_json_atomic(self.root / "best.json", best)
+            write_json_atomic(self.root / "best.json", best)
         for _, path in found[: max(0, len(found) - self.keep)]:
             if best is not None and path.name == Path(best["path"]).name:
                 continue
@@ -389,12 +379,6 @@ def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
         ):
             best = {"step": step, "path": str(path), "eval_loss": float(loss)}
     return best
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    _write_json(tmp, obj)
-    os.replace(tmp, path)
 
 
 # --- reading -------------------------------------------------------------------

@@ -74,9 +74,7 @@ def build_loader(
     if cfg.batching == "auto":
         if resume_strategy is not None:
             strategy = resume_strategy
-            batching_reason = (
-                f"{strategy} (kept from the checkpoint: a resumed run keeps its data order)"
-            )
+            batching_reason = "kept from the checkpoint: a resumed run keeps its data order"
         else:
             if run_micro_batch is None:
                 raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
@@ -85,7 +83,7 @@ def build_loader(
                 indices=indices, lockstep=lockstep,
             )  # fmt: skip
             strategy = auto.strategy
-            batching_reason = f"{strategy} ({auto.reason})"
+            batching_reason = auto.reason
     loader = MicroBatchLoader(
         store, cfg, rank=rank, world_size=world_size, strategy=strategy,
         indices=indices, lockstep=lockstep,

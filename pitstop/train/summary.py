@@ -16,15 +16,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from pitstop.atomic import write_text_atomic
 
 
 def _clean(v: Any) -> Any:
@@ -63,13 +55,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_metrics(path) if int(r.get("step", 0)) <= last_step]
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def peak_memory_bytes(device_type: str) -> int:

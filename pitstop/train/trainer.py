@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from pitstop import probe
+from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
@@ -63,7 +64,6 @@ from pitstop.train.summary import (
     append_lines,
     peak_memory_bytes,
     truncate_metrics,
-    write_json_atomic,
 )
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
@@ -122,7 +122,7 @@ class _NullWriter:
 
 def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     if not enabled or "tensorboard" not in cfg.report_to:
-        return _NullWriter(), "off (not in --report-to)"
+        return _NullWriter(), "not in --report-to"
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -131,8 +131,8 @@ def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
             "(pip install 'pitstop[tensorboard]')",
             file=sys.stderr,
         )
-        return _NullWriter(), "off (tensorboard not installed)"
-    return SummaryWriter(log_dir=str(out / "tensorboard")), f"on ({out / 'tensorboard'})"
+        return _NullWriter(), "tensorboard not installed"
+    return SummaryWriter(log_dir=str(out / "tensorboard")), f"events in {out / 'tensorboard'}"
 
 
 class _NullRun:
@@ -151,13 +151,13 @@ def _wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     wandb is optional: not installed gives a one-line notice and no logging, never an error.
     """
     if not enabled or "wandb" not in cfg.report_to:
-        return _NullRun(), "off (not in --report-to)"
+        return _NullRun(), "not in --report-to"
     try:
         import wandb
     except ImportError:
         print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
               file=sys.stderr)  # fmt: skip
-        return _NullRun(), "off (wandb not installed)"
+        return _NullRun(), "wandb not installed"
     try:
         run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
@@ -166,9 +166,9 @@ def _wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     except Exception as e:  # no login, no network in online mode...: the run goes on
         print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
               "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
-        return _NullRun(), f"off (wandb.init failed: {type(e).__name__})"
+        return _NullRun(), f"wandb.init failed: {type(e).__name__}"
     mode = os.environ.get("WANDB_MODE", "online")
-    return run, f"on ({mode})"
+    return run, f"mode {mode}"
 
 
 def _progress(total: int, initial: int) -> Any:
@@ -418,9 +418,7 @@ class Trainer:
         if self.is_main:
             truncate_metrics(out / "metrics.jsonl", self.step)
             saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
-            tmp = out / f".config.yaml.tmp{os.getpid()}"
-            tmp.write_text(saved.to_yaml(), encoding="utf-8")
-            os.replace(tmp, out / "config.yaml")
+            write_text_atomic(out / "config.yaml", saved.to_yaml())
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
 
     def _restore(self, path: Path) -> None:

@@ -31,7 +31,6 @@ import io
 import itertools
 import json
 import math
-import os
 import shutil
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import __version__
+from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.measure.profile import (
     StepClock,
@@ -267,12 +267,6 @@ class TrialCache:
     def put(self, r: TrialResult) -> None:
         if r.status not in (OK, COMPILE_FAILED, "oom", "over-memory"):
             return
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            path = self.dir / f"{self.key(r.settings)}.json"
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            rec = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "result": r.to_dict()}
-            tmp.write_text(json.dumps(rec, default=str), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs re-measuring next time
+        rec = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "result": r.to_dict()}
+        path = self.dir / f"{self.key(r.settings)}.json"
+        write_cache_entry(path, json.dumps(rec, default=str))  # read-only: re-measure next time
