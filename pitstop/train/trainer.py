@@ -121,7 +121,9 @@ class _NullWriter:
 
 
 def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
-    if not enabled or "tensorboard" not in cfg.report_to:
+    if not enabled:
+        return _NullWriter(), "rank 0 writes the events"
+    if "tensorboard" not in cfg.report_to:
         return _NullWriter(), "not in --report-to"
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -150,7 +152,9 @@ def _wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
 
     wandb is optional: not installed gives a one-line notice and no logging, never an error.
     """
-    if not enabled or "wandb" not in cfg.report_to:
+    if not enabled:
+        return _NullRun(), "rank 0 logs the run"
+    if "wandb" not in cfg.report_to:
         return _NullRun(), "not in --report-to"
     try:
         import wandb
@@ -654,6 +658,9 @@ class Trainer:
             print(_result_line(summary), file=sys.stderr)
         self.tb.close()
         self.wb.finish()
+        # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
+        # final model was seen to abort ("terminate called without an active exception").
+        dist_mod.barrier(self.env)
         return summary
 
     def close(self) -> None:
