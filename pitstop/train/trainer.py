@@ -796,6 +796,8 @@ class Trainer:
                   f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
 
     def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
+        # A checkpoint may still be on its way to disk: let it land before naming it.
+        self.writer.wait()
         last = self.writer.last_written
         raise TrainingDiverged(
             f"training stopped at step {step}: {self.bad_run} optimizer steps in a row had a "
