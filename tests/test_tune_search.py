@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from pitstop.batching.settings import BatchSettings
 from pitstop.config import build_config, load_yaml
-from pitstop.tune.search import OK, OOM, OVER_MEMORY, TrialResult, is_oom, search
+from pitstop.tune.search import OK, OOM, OVER_MEMORY, TrialResult, is_oom, pool, search
 from pitstop.tune.space import Settings, Space, apply_settings, resolved_tokens_per_step
 from pitstop.tune.trial import TrialCache, median_is_stable
 from pitstop.tune.tuner import TuneReport, format_report, write_tuned_config
@@ -104,11 +105,19 @@ def test_finds_the_optimum_without_a_full_grid():
     m = FakeMachine()
     r = _search(m)
     assert r.best.settings == OPTIMUM
-    assert r.baseline.settings == START and r.trials[0] is r.baseline
+    assert r.baseline.settings == START and r.trials[0].role == "start"
     assert r.speedup == pytest.approx(m.speed(OPTIMUM) / m.speed(START))
     grid = 2 * 5 * 3 * 2 * 2 * 2
-    assert len(m.calls) < grid / 4  # coordinate descent, not a grid
-    assert len(set(m.calls)) == len(m.calls)  # no setting measured twice
+    assert len(set(m.calls)) < grid / 4  # coordinate descent, not a grid
+    searched = [t.settings for t in r.trials if t.role == "search"]
+    assert len(set(searched)) == len(searched)  # no setting searched twice
+    # every change taken was measured again before it was taken (a recheck)...
+    rechecked = {t.settings for t in r.trials if t.role == "recheck"}
+    assert OPTIMUM in rechecked
+    # ...and the winner and the start were measured side by side at the end
+    confirm = [t.settings for t in r.trials if t.role == "confirm"]
+    assert confirm == [START, OPTIMUM, OPTIMUM, START] and r.confirmed is True
+    assert r.best.measurements == 2 and r.baseline.measurements == 2
     assert r.stopped == "converged"
     # 16 rows (9 GiB) is over the limit: tried once, marked, never the winner
     over = [t for t in r.trials if t.settings.micro_rows == 16]
@@ -137,10 +146,11 @@ def test_tokens_per_step_never_change():
 def test_respects_the_budget_and_returns_the_best_found(budget):
     m = FakeMachine()
     r = _search(m, budget=budget)
-    assert m.now <= budget  # no trial was started that could not finish in time
+    assert m.now <= budget  # no trial (the confirmation included) that could not finish in time
     assert r.stopped == "budget"
-    ok = [t for t in r.trials if t.status == OK]
-    assert r.best.tokens_per_second == max(t.tokens_per_second for t in ok)
+    assert r.best.tokens_per_second >= r.baseline.tokens_per_second
+    if r.best.settings != START:  # a change was taken: checked, then confirmed
+        assert r.confirmed is True and r.best.measurements == 2
 
 
 def test_budget_below_one_trial_still_measures_the_start():
@@ -204,8 +214,64 @@ def test_cached_trials_are_reused_but_the_winner_is_measured_again(tmp_path):
     r = _search(second, cache=cache)
     assert r.best.settings == OPTIMUM and not r.best.cached  # measured in this run
     assert not r.baseline.cached
-    assert len(second.calls) == 2  # the baseline and the winner; every other trial from cache
+    # the start, then the confirmation (2 rounds of start and winner); the rest from cache
+    assert len(second.calls) == 5
+    assert second.calls[1:] == [START, OPTIMUM, OPTIMUM, START]
     assert TrialCache(tmp_path, {"model": "other"}).get(OPTIMUM) is None  # keyed by context
+
+
+@dataclass
+class LuckyMachine(FakeMachine):
+    """Every setting runs at the same speed, but `lucky` settings measure fast at first.
+
+    `lucky(s)` says whether `s` is lucky; its first `lucky_trials` measurements come out
+    1.5x faster (a quiet moment on a shared machine), later ones at the true speed.
+    """
+
+    lucky: Any = None
+    lucky_trials: int = 1
+    seen: dict = field(default_factory=dict)
+
+    def speed(self, s: Settings) -> float:
+        n = self.seen.get(s, 0)
+        return 1000.0 * (1.5 if self.lucky(s) and n < self.lucky_trials else 1.0)
+
+    def __call__(self, s: Settings) -> TrialResult:
+        r = super().__call__(s)
+        self.seen[s] = self.seen.get(s, 0) + 1
+        return r
+
+
+def test_one_lucky_trial_does_not_steer_the_search():
+    m = LuckyMachine(lucky=lambda s: s.loader_workers == 1)
+    r = _search(m)
+    assert r.best.settings.loader_workers == 0
+    lucky = [t for t in r.trials if t.settings.loader_workers == 1]
+    assert lucky[0].tokens_per_second == 1500.0  # it did look faster once...
+    assert [t.role for t in lucky] == ["search", "recheck"]  # ...and was checked, not taken
+    assert r.speedup == 1.0
+
+
+def test_confirmation_keeps_the_start_when_the_winner_does_not_hold_up():
+    # bucket looks 1.5x faster in its search trial and in its recheck, then never again
+    m = LuckyMachine(lucky=lambda s: s.batching == "bucket", lucky_trials=2)
+    r = _search(m)
+    assert r.confirmed is False
+    assert r.rejected is not None and r.rejected.settings.batching == "bucket"
+    assert r.best.settings == START and r.speedup == 1.0
+    assert [t.settings.batching for t in r.trials if t.role == "confirm"] == [
+        "pack", "bucket", "bucket", "pack"
+    ]  # fmt: skip
+
+
+def test_pooled_figure_is_the_median_over_all_steps():
+    s = START
+    a = TrialResult(s, tokens_per_second=1.0, step_times=[1.0, 1.0, 9.0], step_tokens=[100] * 3)
+    b = TrialResult(s, tokens_per_second=1.0, step_times=[2.0, 2.0], step_tokens=[100] * 2)
+    p = pool([a, b])
+    assert p.step_seconds == 2.0 and p.tokens_per_second == 50.0
+    assert p.steps == 5 and p.measurements == 2
+    assert pool([a]) is a
 
 
 def test_median_stability_rule():

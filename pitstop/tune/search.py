@@ -16,19 +16,32 @@ Order of work, most decisive first:
    climb again.
 3. Coordinate descent over batching, compile, attention, loader workers and
    prefetch: each alternative value is tried with everything else at the best so
-   far, and kept when it is faster by more than `min_gain` and by more than two
-   standard errors of the difference (estimated from each trial's step-time
-   spread), so measurement noise on a busy machine does not pick the winner; ties
-   keep the earlier choice. Passes repeat while something changes
+   far, and wins when it is faster by more than `min_gain` and by more than two
+   standard errors of the difference (estimated from the trials' step-time
+   spreads); ties keep the earlier choice. Passes repeat while something changes
    and the budget lasts.
+4. A win is checked before it is taken: the incumbent and the challenger are
+   measured once more each (incumbent first), and the challenger is taken only if
+   it wins this fresh pair by the same rule. One lucky trial (a quiet moment on a
+   shared machine) therefore cannot steer the search. Every measurement of a
+   setting is pooled into its figure (the median over all its steps).
+5. Confirmation: when the winner is not the starting configuration, both are
+   measured `confirm_rounds` more times, alternating which goes first, and the
+   reported figures (and the speed-up) come from these measurements only. Picking
+   the largest of many noisy figures favours a lucky one (the winner's curse);
+   figures measured after the choice was made, side by side with the start, are
+   not biased that way. If the winner does not beat the start in the confirmation
+   by the same rule as in step 3, the starting configuration is kept.
 
 A trial is started only when the time left covers its expected cost (the median
-of earlier trials; a first compile trial adds pitstop's compile-time basis), so
-the search ends with the best found when the budget runs out, never mid-trial.
+of earlier trials; a first compile trial adds pitstop's compile-time basis) plus
+the confirmation's, so the search ends with the best found and a confirmed
+figure when the budget runs out, never mid-trial.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
@@ -68,6 +81,12 @@ class TrialResult:
     cached: bool = False
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Per measured step (warm-up excluded): seconds and trained tokens, so that several
+    # measurements of one setting can be pooled into one median.
+    step_times: list[float] = field(default_factory=list)
+    step_tokens: list[float] = field(default_factory=list)
+    measurements: int = 1  # trials pooled into this figure
+    role: str = "search"  # start | search | recheck | confirm (why it ran) | pooled
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,6 +99,47 @@ class TrialResult:
 
 
 Measure = Callable[[Settings], TrialResult]
+
+
+def pool(results: list[TrialResult]) -> TrialResult:
+    """One figure from several measurements of the same settings.
+
+    With per-step data: tokens/s = mean trained tokens per step / median step time over
+    every measured step of every trial (the same rule as one trial). Without (a cost
+    model): the mean of the trials' figures. Only fitting measurements are pooled.
+    """
+    ok = [r for r in results if r.status == OK and r.tokens_per_second]
+    if not ok:
+        return results[-1]
+    if len(ok) == 1:
+        return ok[0]
+    first = ok[0]
+    times = [t for r in ok for t in r.step_times]
+    tokens = [t for r in ok for t in r.step_tokens]
+    if times and tokens and all(r.step_times for r in ok):
+        med = statistics.median(times)
+        tps = statistics.fmean(tokens) / med if med > 0 else None
+        spread, steps = relative_spread(times), len(times)
+    else:
+        tps = statistics.fmean(float(r.tokens_per_second or 0) for r in ok)
+        med = statistics.fmean(float(r.step_seconds or 0) for r in ok) or None
+        spread = max((r.spread for r in ok if r.spread is not None), default=None)
+        steps = sum(r.steps for r in ok)
+    peaks = [r.peak_memory_bytes for r in ok if r.peak_memory_bytes is not None]
+    return dataclasses.replace(
+        first,
+        tokens_per_second=tps,
+        step_seconds=med,
+        spread=spread,
+        steps=steps,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        seconds=sum(r.seconds for r in ok),
+        cached=all(r.cached for r in ok),
+        step_times=times,
+        step_tokens=tokens,
+        measurements=sum(r.measurements for r in ok),
+        role="pooled",
+    )
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -138,7 +198,12 @@ def safe_measure(measure: Measure, settings: Settings) -> TrialResult:
 
 @dataclass
 class SearchResult:
-    """Every trial in order, the reference and the winner, and why the search stopped."""
+    """Every trial in order, the start and the winner, and why the search stopped.
+
+    `trials` holds every measurement (search, recheck and confirmation trials);
+    `baseline` and `best` are pooled figures: from the confirmation trials when the
+    winner differs from the start, else from every measurement of the start.
+    """
 
     trials: list[TrialResult]
     baseline: TrialResult
@@ -146,6 +211,10 @@ class SearchResult:
     stopped: str  # converged | budget | nothing-fits
     elapsed_seconds: float
     memory_limit_bytes: int | None = None
+    # None: no confirmation was needed (the start won, or did not fit); True: the winner
+    # beat the start again side by side; False: it did not, and the start was kept.
+    confirmed: bool | None = None
+    rejected: TrialResult | None = None  # the search's winner the confirmation turned down
 
     @property
     def speedup(self) -> float | None:
@@ -173,20 +242,22 @@ def search(
     clock: Callable[[], float] = time.monotonic,
     compile_estimate_seconds: float | None = None,
     max_passes: int = 3,
+    confirm_rounds: int = 2,
     log: Callable[[TrialResult], None] | None = None,
 ) -> SearchResult:
     """Find the fastest settings that fit; see the module docstring for the strategy.
 
     `start` is the user's configuration, measured here unless a TrialResult is given
     (the CLI measures it itself, as the user wrote it). `cache` (a `TrialCache`) lets
-    trials measured by an earlier tune be reused; the baseline and the winner are
-    always measured in this run, so the speed-up compares like with like.
+    trials measured by an earlier tune be reused; the figures reported for the start
+    and the winner are always measured in this run, so the speed-up compares like with
+    like.
     """
     t0 = clock()
     if isinstance(start, TrialResult):
         t0 -= start.seconds  # the caller's baseline trial spent the budget too
     trials: list[TrialResult] = []
-    seen: dict[Settings, TrialResult] = {}
+    history: dict[Settings, list[TrialResult]] = {}
     limit = memory_limit_bytes
     out_of_budget = False
     if compile_estimate_seconds is None:
@@ -194,8 +265,8 @@ def search(
 
         compile_estimate_seconds = COMPILE_SECONDS_BASIS
 
-    def fits(r: TrialResult) -> bool:
-        return r.status == OK and r.tokens_per_second is not None
+    def fits(r: TrialResult | None) -> bool:
+        return r is not None and r.status == OK and r.tokens_per_second is not None
 
     def judge(r: TrialResult) -> TrialResult:
         if (
@@ -211,6 +282,10 @@ def search(
             )
         return r
 
+    def figure(s: Settings) -> TrialResult:
+        """Every measurement of `s` so far, pooled."""
+        return pool(history[s])
+
     def expected_cost(s: Settings) -> float:
         done = [t.seconds for t in trials if not t.cached and t.seconds > 0]
         base = statistics.median(done) if done else 0.0
@@ -219,95 +294,150 @@ def search(
             return base + compile_estimate_seconds
         return max(base, statistics.median(compiled)) if s.compile and compiled else base
 
-    def run(s: Settings, *, fresh: bool = False, force: bool = False) -> TrialResult | None:
+    def reserve(s: Settings) -> float:
+        """Time kept for the confirmation, should `s` (or the best so far) win."""
+        if not confirm_rounds or not fits(baseline):
+            return 0.0
+        cand = max(expected_cost(s), expected_cost(state.best.settings) if state.best else 0.0)
+        return confirm_rounds * (expected_cost(baseline.settings) + cand)
+
+    def run(s: Settings, *, fresh: bool = False, force: bool = False, role: str = "search"):
         nonlocal out_of_budget
-        if s in seen and not fresh:
-            return seen[s]
+        if s in history and not fresh:
+            return figure(s)
         if cache is not None and not fresh:
             hit = cache.get(s)
             if hit is not None:
                 hit.cached = True
                 return record(judge(hit))
-        if not force and clock() - t0 + expected_cost(s) > budget_seconds:
+        if not force and clock() - t0 + expected_cost(s) + reserve(s) > budget_seconds:
+            out_of_budget = True
             if not s.compile:
-                out_of_budget = True
                 raise _Budget
-            out_of_budget = True  # a compile trial is dearer; cheaper ones may still fit
-            return None
+            return None  # a compile trial is dearer; cheaper ones may still fit
         t = clock()
         r = judge(safe_measure(measure, s))
         r.seconds = r.seconds or (clock() - t)
-        if cache is not None and r.status in (OK, OOM, OVER_MEMORY, COMPILE_FAILED):
+        r.role = role
+        if cache is not None and role in ("search", "start"):
             cache.put(r)
         return record(r)
 
     def record(r: TrialResult) -> TrialResult:
         trials.append(r)
-        seen[r.settings] = r
+        history.setdefault(r.settings, []).append(r)
         if log is not None:
             log(r)
-        return r
+        return figure(r.settings)
 
     def better(r: TrialResult | None, best: TrialResult | None) -> bool:
-        if r is None or not fits(r):
+        if not fits(r):
             return False
         if best is None:
             return True
-        margin = max(min_gain, 2 * noise(r, best))
-        return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[operator]
+        margin = max(min_gain, 2 * noise(r, best))  # type: ignore[arg-type]
+        return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[union-attr,operator]
+
+    def adopt(r: TrialResult | None, best: TrialResult | None) -> TrialResult | None:
+        """`r`'s pooled figure if it beats `best`, checked by a second measurement of each."""
+        if not better(r, best):
+            return None
+        if best is None:
+            return r
+        c, b = figure(r.settings), figure(best.settings)  # type: ignore[union-attr]
+        if c.measurements >= 2:  # checked before (a pooled figure from the cache)
+            return c
+        # The challenger was picked *because* it measured fast, so the decision rests on a
+        # fresh pair measured side by side, the incumbent first (the order alternates with
+        # the challenger's first trial). No time for it (a compile trial over budget): the
+        # change is not taken.
+        rb = run(b.settings, fresh=True, role="recheck")
+        rc = run(c.settings, fresh=True, role="recheck") if rb is not None else None
+        if rb is None or rc is None:
+            return None
+        pair_won = better(history[c.settings][-1], history[b.settings][-1])
+        c, b = figure(c.settings), figure(b.settings)
+        if cache is not None:
+            cache.put(c)  # pooled: a later tune need not check it again
+            cache.put(b)
+        state.best = b  # the incumbent's figure may have moved
+        return c if pair_won else None
 
     if isinstance(start, TrialResult):
         baseline = judge(start)
+        baseline.role = "start"
         record(baseline)
     else:
-        baseline = run(start, fresh=True, force=True)  # type: ignore[assignment]
+        baseline = run(start, fresh=True, force=True, role="start")  # type: ignore[assignment]
     state = _Best(baseline if fits(baseline) else None)
     stopped = "converged"
     try:
-        _micro_batch(space, baseline, state, run, better, fits)
-        best = state.best
-        if best is not None:
+        _micro_batch(space, baseline, state, run, adopt, fits)
+        if state.best is not None:
             for _ in range(max_passes):
                 changed = False
                 for name, values in space.coordinates():
-                    if name == "prefetch_factor" and best.settings.loader_workers == 0:
+                    if name == "prefetch_factor" and state.best.settings.loader_workers == 0:
                         continue  # prefetching needs worker processes
                     for v in values:
-                        if v == getattr(best.settings, name):
+                        if v == getattr(state.best.settings, name):
                             continue
-                        r = run(best.settings.replace(**{name: v}))
-                        if better(r, best):
-                            best = state.best = r
-                            changed = True
+                        r = run(state.best.settings.replace(**{name: v}))
+                        won = adopt(r, state.best)
+                        if won is not None:
+                            state.best, changed = won, True
                 if space.tune_micro_batch:
                     # a new strategy or kernel can move the best micro-batch by one rung
                     ladder = space.micro_ladder()
-                    i = (
-                        ladder.index(best.settings.micro_rows)
-                        if best.settings.micro_rows in ladder
-                        else -1
-                    )
+                    m = state.best.settings.micro_rows
+                    i = ladder.index(m) if m in ladder else -1
                     for j in (i - 1, i + 1):
                         if i >= 0 and 0 <= j < len(ladder):
-                            r = run(best.settings.replace(micro_rows=ladder[j]))
-                            if better(r, best):
-                                best = state.best = r
-                                changed = True
+                            r = run(state.best.settings.replace(micro_rows=ladder[j]))
+                            won = adopt(r, state.best)
+                            if won is not None:
+                                state.best, changed = won, True
                 if not changed:
                     break
     except _Budget:
         pass
-    best = state.best
     if out_of_budget:
         stopped = "budget"
+    best = state.best
+    confirmed: bool | None = None
+    rejected: TrialResult | None = None
     if best is None:
         stopped = "nothing-fits"
+    elif fits(baseline) and best.settings != baseline.settings:
+        if confirm_rounds > 0:
+            pair = [best.settings, baseline.settings]
+            for i in range(confirm_rounds):
+                for s in pair if i % 2 else pair[::-1]:  # the start first in round 1
+                    run(s, fresh=True, force=True, role="confirm")
+            if cache is not None:
+                cache.put(figure(best.settings))
+
+            def confirmed_figure(s: Settings) -> TrialResult:
+                return pool([t for t in history[s] if t.role == "confirm"])
+
+            base_c, best_c = confirmed_figure(baseline.settings), confirmed_figure(best.settings)
+            if not fits(base_c):  # the start failed this time: its earlier figures stand
+                base_c = figure(baseline.settings)
+            baseline = base_c
+            if fits(best_c) and better(best_c, base_c):
+                best, confirmed = best_c, True
+            else:
+                rejected, best, confirmed = best_c, base_c, False
+        else:
+            baseline = figure(baseline.settings)
+    elif fits(baseline):
+        baseline = best = figure(baseline.settings)
     elif best.cached:
         # A number from an earlier tune is not a measurement of this run: measure again.
-        fresh = run(best.settings, fresh=True, force=True)
-        if fresh is not None and fits(fresh):
-            best = fresh
-    return SearchResult(trials, baseline, best, stopped, clock() - t0, limit)
+        fresh = run(best.settings, fresh=True, force=True, role="confirm")
+        if fits(fresh):
+            best = pool([t for t in history[best.settings] if not t.cached])
+    return SearchResult(trials, baseline, best, stopped, clock() - t0, limit, confirmed, rejected)
 
 
 @dataclass
@@ -322,8 +452,8 @@ def _micro_batch(
     baseline: TrialResult,
     state: _Best,
     run: Callable[..., TrialResult | None],
-    better: Callable[[TrialResult | None, TrialResult | None], bool],
-    fits: Callable[[TrialResult], bool],
+    adopt: Callable[[TrialResult | None, TrialResult | None], TrialResult | None],
+    fits: Callable[[TrialResult | None], bool],
 ) -> None:
     """The micro-batch ladder (step 2 of the module docstring); updates `state.best`."""
     if not space.tune_micro_batch:
@@ -334,37 +464,39 @@ def _micro_batch(
         # The start does not fit (or failed): the largest smaller micro-batch that does.
         for m in [m for m in reversed(ladder) if m < start.micro_rows]:
             r = run(start.replace(micro_rows=m))
-            if r is not None and fits(r):
+            if fits(r):
                 state.best = r
                 break
         if state.best is None and space.gradient_checkpointing and not start.gradient_checkpointing:
             ckpt = start.replace(gradient_checkpointing=True)
             for m in ladder:
                 r = run(ckpt.replace(micro_rows=m))
-                if r is None or not fits(r):
+                if not fits(r):
                     break
-                if better(r, state.best):
-                    state.best = r
+                won = adopt(r, state.best)
+                if won is not None:
+                    state.best = won
             return
         if state.best is None:
             return
     no_gain = 0
     for m in [m for m in ladder if m > state.best.settings.micro_rows]:
         r = run(state.best.settings.replace(micro_rows=m))
-        if r is None or not fits(r):
+        if not fits(r):
             break  # larger micro-batches need more memory still
-        if better(r, state.best):
-            state.best, no_gain = r, 0
+        won = adopt(r, state.best)
+        if won is not None:
+            state.best, no_gain = won, 0
         else:
             no_gain += 1
             if no_gain >= 2:
                 break
-    if state.best is baseline and start.micro_rows > 1:
+    if state.best.settings == start and start.micro_rows > 1:
         # Bigger did not help (common on CPUs, where cache size rules): try one rung down.
         down = max(m for m in ladder if m < start.micro_rows)
-        r = run(start.replace(micro_rows=down))
-        if better(r, state.best):
-            state.best = r
+        won = adopt(run(start.replace(micro_rows=down)), state.best)
+        if won is not None:
+            state.best = won
 
 
 def median_standard_error(r: TrialResult) -> float:

@@ -178,6 +178,7 @@ class TrialRunner:
             result.steps = len(secs)
             result.spread = relative_spread(secs)
             result.tokens_per_second = statistics.fmean(tokens) / med if med > 0 else None
+            result.step_times, result.step_tokens = secs, [float(t) for t in tokens]
         asked_compile = settings.compile if settings is not None else self.cfg.compile == "on"
         if resolved.compile and result.step_seconds is not None:
             result.compile_seconds = max(

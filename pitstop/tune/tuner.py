@@ -57,6 +57,7 @@ class TuneReport:
                 "tokens_per_second": b.tokens_per_second,
                 "peak_memory_bytes": b.peak_memory_bytes,
                 "status": b.status,
+                "measurements": b.measurements,
             },
             "best": None
             if w is None
@@ -64,10 +65,19 @@ class TuneReport:
                 "settings": _settings_json(w.settings, self.space),
                 "tokens_per_second": w.tokens_per_second,
                 "peak_memory_bytes": w.peak_memory_bytes,
+                "measurements": w.measurements,
             },
             "speedup": r.speedup,
-            "speedup_basis": "both measured in this run: median step time over stable steps, "
-            "warm-up and compile excluded",
+            "speedup_basis": "both measured in this run, side by side after the search when "
+            "the winner is not the start: median step time over stable steps, warm-up and "
+            "compile excluded",
+            "confirmed": r.confirmed,
+            "rejected": None
+            if r.rejected is None
+            else {
+                "settings": _settings_json(r.rejected.settings, self.space),
+                "tokens_per_second": r.rejected.tokens_per_second,
+            },
             "tokens_per_step": self.tokens_per_step,
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_limit_source": self.memory_limit_source,
@@ -94,7 +104,8 @@ def _settings_json(s: Settings, space: Space) -> dict[str, Any]:
 def _trial_json(t: TrialResult, space: Space) -> dict[str, Any]:
     d = t.to_dict()
     d["settings"] = _settings_json(t.settings, space)
-    d.pop("extra", None)
+    for bulky in ("extra", "step_times", "step_tokens"):
+        d.pop(bulky, None)
     return d
 
 
@@ -228,6 +239,7 @@ def tune(
 
 def _trial_line(i: int, t: TrialResult, tag: str = "") -> str:
     tok = f"{t.tokens_per_second:,.0f} tokens/s" if t.tokens_per_second else t.status
+    tag = tag or (t.role if t.role in ("recheck", "confirm") else "")
     extra = f" [{tag}]" if tag else (" [cached]" if t.cached else "")
     err = f" ({t.error})" if t.error and t.status != OK else ""
     return f"trial {i}: {t.settings.label()}: {tok}{extra}{err}"
@@ -289,9 +301,9 @@ def format_report(report: TuneReport) -> str:
         mem = f"{t.peak_memory_bytes / 2**30:.2f}" if t.peak_memory_bytes else "-"
         warm = f"{t.warmup_seconds:.1f}" if t.warmup_seconds else "-"
         status = t.status + (" (cached)" if t.cached else "")
-        if t is r.baseline:
-            status += " baseline"
-        if t is r.best:
+        if t.role != "search":
+            status += f" {'baseline' if t.role == 'start' else t.role}"
+        if r.best is not None and t.settings == r.best.settings and t.status == OK:
             status += " BEST"
         lines.append(
             f"{i:>3}  {s.batching:<8} {s.micro_rows * space.max_seq_len:>11,} "
@@ -315,7 +327,24 @@ def format_report(report: TuneReport) -> str:
         lines.append("no setting fits in memory; nothing written")
         return "\n".join(lines)
     lines.append("")
+    lines.append(
+        "recheck: a setting that won its trial, measured again beside the best so far before "
+        "it was taken; confirm: the winner and the starting config, alternating, after the "
+        "search"
+    )
     lines.append(f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s")
+    if r.confirmed is True:
+        lines.append(
+            f"confirmed: it beat the starting config again in {w.measurements} alternating "
+            "rounds; both figures below come from those rounds only"
+        )
+    elif r.confirmed is False and r.rejected is not None:
+        x = r.rejected
+        lines.append(
+            f"not confirmed: {x.settings.label()} won the search but measured "
+            f"{x.tokens_per_second or 0:,.0f} vs {b.tokens_per_second or 0:,.0f} tokens/s for "
+            "the starting config side by side (within noise): the starting config is kept"
+        )
     if r.speedup is not None:
         lines.append(
             f"speed-up over the starting config: {r.speedup:.2f}x ({w.tokens_per_second:,.0f} vs "
