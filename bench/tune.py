@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "—",
         ],
         [
-            "tuner's figure for the defaults (baseline trial)",
+            "tuner's figure for the defaults (baseline, same rounds)",
             f"{b.tokens_per_second or 0:,.0f}",
             f"{(b.tokens_per_second or 0) / default_med:.2f}×",
             "—",
@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             t.settings.label(),
             f"{t.tokens_per_second:,.0f}" if t.tokens_per_second else "n/a",
             f"{t.peak_memory_bytes / 2**30:.2f}" if t.peak_memory_bytes else "n/a",
-            t.status + (" (baseline)" if t is b else "") + (" (best)" if t is best else ""),
+            t.status
+            + ("" if t.role == "search" else f" ({'baseline' if t.role == 'start' else t.role})")
+            + (" (winner)" if t.settings == best.settings and t.status == "ok" else ""),
         ]
         for i, t in enumerate(report.result.trials, 1)
     ]
@@ -207,7 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             f"least as fast; >= {AS_FAST_RATIO} counts as the same speed within noise)",
             f"- tuner's measured speed-up in its own run: {report.result.speedup or 0:.2f}× "
             f"({len(report.result.trials)} trials, stopped: {report.result.stopped})",
-            f"- winner: {best.settings.label()}",
+            f"- winner: {best.settings.label()}; "
+            + {
+                True: f"confirmed against the start in {best.measurements} alternating rounds",
+                False: f"the search's winner ({report.result.rejected.settings.label()}) was "
+                "not confirmed against the start, so the start was kept"
+                if report.result.rejected
+                else "",
+                None: "the start itself (no confirmation needed)",
+            }[report.result.confirmed],
             "",
             "Trials:",
             "",

@@ -83,7 +83,7 @@ class TrialRunner:
         *,
         tokens_per_step: int,
         warmup: int = 2,
-        min_steps: int = 5,
+        min_steps: int = 8,
         max_steps: int = 30,
         rel_tol: float = 0.02,
         max_trial_seconds: float = 30.0,
