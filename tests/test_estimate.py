@@ -160,3 +160,50 @@ def test_cli_reports_every_bad_flag_at_once(capsys: pytest.CaptureFixture[str]) 
         assert part in err
     assert run_cli(["estimate", "--params", "1e9", "--tokens", "1000"]) == 2
     assert "give --gpu NAME" in capsys.readouterr().err
+
+
+def _real_run(dest: Path, step_seconds: list[float], checkpoint_s: dict[int, float] | None = None):
+    """A run directory as `pitstop train` writes it (per-step step_seconds and tokens)."""
+    dest.mkdir(parents=True)
+    lines = []
+    for i, sec in enumerate(step_seconds, 1):
+        ck = (checkpoint_s or {}).get(i, 0.0)
+        lines.append({"step": i, "step_seconds": sec, "step_trained_tokens": 1000,
+                      "checkpoint_s": ck, "eval_s": 0.0})  # fmt: skip
+    (dest / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    train = sum(step_seconds)
+    summary = {"tokens_per_second": 1000 * len(step_seconds) / train, "train_seconds": train,
+               "wall_seconds": train + 4.0, "device": {"type": "cpu", "name": "test"}}  # fmt: skip
+    (dest / "summary.json").write_text(json.dumps(summary))
+    return dest
+
+
+def test_a_short_run_predicts_from_its_steady_steps(tmp_path: Path) -> None:
+    # two slow warm-up steps (a process's first steps), then 1 s steps with one 3x burst
+    run = _real_run(tmp_path / "run", [6.0, 4.0] + [1.0] * 9 + [3.0])
+    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(run))
+    assert est.throughput.trained_tokens_per_second == pytest.approx(1000.0)  # median step
+    # start-up: wall - train (4 s) + the warm-up's time above two steady steps (10 - 2)
+    assert est.throughput.startup_seconds == pytest.approx(12.0)
+    assert est.train_seconds == pytest.approx(1_000_000 / 1000 + 12.0)
+    assert "median of 10 steps after 2 warm-up steps" in est.time_basis
+    # the whole-run mean would have said 1000 * 12 / 20 = 600 tokens/s: 1.67x too slow
+
+
+def test_checkpoint_pauses_stay_in_the_steady_rate(tmp_path: Path) -> None:
+    # every 5th steady step also wrote a checkpoint for 2 s: the full run pays that too
+    secs = [1.0, 1.0] + [1.0, 1.0, 1.0, 1.0, 3.0] * 2
+    run = _real_run(tmp_path / "run", secs, checkpoint_s={7: 2.0, 12: 2.0})
+    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(run)).throughput
+    assert rate.trained_tokens_per_second == pytest.approx(1000 / 1.4)
+    assert "pauses 0.4 s per step added" in rate.basis
+
+
+def test_a_profile_json_uses_its_median_step(tmp_path: Path) -> None:
+    p = tmp_path / "profile.json"
+    prof = {"tokens_per_second": 500.0, "step_seconds": [1.0, 1.0, 1.0, 5.0], "warmup": 2,
+            "tokens_per_step": 1000, "phases": {"checkpoint": 0.0}, "device": "cpu"}  # fmt: skip
+    p.write_text(json.dumps(prof))
+    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(p)).throughput
+    assert rate.trained_tokens_per_second == pytest.approx(1000.0)
+    assert rate.startup_seconds == 0.0

@@ -47,6 +47,12 @@ def test_tune_end_to_end_writes_a_train_config(tiny_model_dir, store, cache_dir,
         if t["status"] == "ok":
             assert t["tokens_per_step"] == 512  # the training math never moved
             assert t["steps"] >= 1 and t["step_seconds"] > 0
+    # a winner other than the start is confirmed side by side with it after the search
+    roles = [t["role"] for t in out["trials"]]
+    assert roles[0] == "start"
+    if best["settings"] != base["settings"]:
+        assert out["confirmed"] is True and roles.count("confirm") == 4
+        assert best["measurements"] == 2 and base["measurements"] == 2
     # the tuned YAML is a complete config that `pitstop train --config` accepts as is
     cfg = build_config(load_yaml(tuned), None, source=str(tuned), command="train")
     assert resolved_tokens_per_step(cfg) == 512 and cfg.grad_accum is None

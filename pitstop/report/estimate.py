@@ -218,6 +218,76 @@ def data_tokens(
     )
 
 
+# Steps of a run directory left out of its steady rate (allocator and kernel warm-up,
+# torch.compile): the same default as `pitstop profile --warmup`.
+RUN_WARMUP_STEPS = 2
+
+
+@dataclass
+class SteadyRate:
+    """Trained tokens/s of the steady steps of a profile or run, and what it rests on."""
+
+    tokens_per_second: float
+    extra_startup_seconds: float  # warm-up steps' time above steady steps (a run dir)
+    detail: str
+
+
+def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
+    """The rate a long run keeps up: median step time of the steps after the warm-up.
+
+    A short run's whole-run mean counts its warm-up steps (the first steps of a process
+    run slower: kernels are created per new shape, allocator pools grow, torch.compile
+    compiles) as if every step of the full run paid them; the median of the later
+    steps is also robust to a burst of load on a shared machine. Checkpoint and
+    evaluation pauses inside the measured steps are added back at their mean per step,
+    since the full run pays them at the same cadence. The warm-up's time above steady
+    steps is paid once (start-up). None when there are no per-step times to use.
+    """
+    import statistics
+
+    path = Path(prof.get("_path", ""))
+    if isinstance(prof.get("step_seconds"), list) and prof.get("step_seconds"):
+        # a pitstop.profile/1 dict: its steps are already the measured ones
+        secs = [float(x) for x in prof["step_seconds"]]
+        tokens_per_step = prof.get("tokens_per_step")
+        if not tokens_per_step:
+            return None
+        phases = prof.get("phases") or {}
+        pauses = [(float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)]
+        pause_free = secs  # per-step pause shares are unknown; pauses are rare steps
+        warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
+        tokens = float(tokens_per_step)
+    else:
+        from pitstop.train.summary import read_metrics
+
+        lines = sorted(read_metrics(path.with_name("metrics.jsonl")), key=lambda r: r["step"])
+        lines = [r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r]
+        if len(lines) < 3:
+            return None
+        left_out = RUN_WARMUP_STEPS if len(lines) >= RUN_WARMUP_STEPS + 3 else 1
+        warm, steady = lines[:left_out], lines[left_out:]
+        secs = [float(r["step_seconds"]) for r in steady]
+        pauses = [float(r.get("checkpoint_s") or 0) + float(r.get("eval_s") or 0) for r in steady]
+        pause_free = [t - q for t, q in zip(secs, pauses)]
+        tokens = statistics.fmean(float(r["step_trained_tokens"]) for r in steady)
+        med_all = statistics.median(pause_free)
+        warm_extra = max(0.0, sum(float(r["step_seconds"]) for r in warm) - left_out * med_all)
+    step = statistics.median(pause_free) + statistics.fmean(pauses)
+    if step <= 0 or tokens <= 0:
+        return None
+    detail = (
+        f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (median of "
+        f"{len(secs)} steps after {left_out} warm-up steps"
+        + (
+            f", checkpoint/eval pauses {statistics.fmean(pauses):.3g} s per step added"
+            if any(pauses)
+            else ""
+        )
+        + ")"
+    )
+    return SteadyRate(tokens / step, warm_extra, detail)
+
+
 def _profile_device(prof: dict[str, Any]) -> str:
     dev = prof.get("device")
     if isinstance(dev, dict):  # a pitstop.probe.DeviceInfo as a dict
@@ -247,15 +317,24 @@ def throughput(
         startup = 0.0
         if profile.get("wall_seconds") and profile.get("train_seconds"):
             startup = max(0.0, float(profile["wall_seconds"]) - float(profile["train_seconds"]))
-        tps = float(profile["tokens_per_second"])
-        basis = f"measured: {tps:,.0f} trained tokens/s in {profile['_path']} on {pdev}"
-        tb = profile.get("time_breakdown") or {}
-        pauses = sum(float(tb.get(k, 0) or 0) for k in ("checkpoint", "eval"))
-        if profile.get("train_seconds") and pauses:
-            basis += (
-                f"; checkpoint/eval pauses ({pauses / float(profile['train_seconds']):.1%} of "
-                "train time) are inside that rate"
+        steady = steady_rate(profile)
+        if steady is not None:
+            tps = steady.tokens_per_second
+            startup += steady.extra_startup_seconds
+            basis = (
+                f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in "
+                f"{profile['_path']} on {pdev}"
             )
+        else:
+            tps = float(profile["tokens_per_second"])
+            basis = f"measured: {tps:,.0f} trained tokens/s in {profile['_path']} on {pdev}"
+            tb = profile.get("time_breakdown") or {}
+            pauses = sum(float(tb.get(k, 0) or 0) for k in ("checkpoint", "eval"))
+            if profile.get("train_seconds") and pauses:
+                basis += (
+                    f"; checkpoint/eval pauses ({pauses / float(profile['train_seconds']):.1%} "
+                    "of train time) are inside that rate"
+                )
         if startup:
             basis += f"; start-up {startup:.0f} s added once"
         pm = profile.get("mfu")
