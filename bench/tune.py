@@ -205,13 +205,18 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"- tuned run vs the tuner's reported figure: {100 * gap:.1f}% apart "
             f"({'PASS' if ok_reported else 'FAIL'}: goal within 10%)",
+            f"- machine drift (for reading the line above, not a goal): the defaults' runs "
+            f"measured {default_med / (b.tokens_per_second or default_med):.2f}× the tuner's "
+            "figure for the same configuration, taken minutes earlier; by that yardstick the "
+            f"tuned run is {abs(tuned_med / default_med * (b.tokens_per_second or 0) / reported - 1):.1%} "
+            "from the tuner's figure",
             f"- tuned run vs defaults: {ratio:.2f}× ({'PASS' if ok_defaults else 'FAIL'}: goal at "
             f"least as fast; >= {AS_FAST_RATIO} counts as the same speed within noise)",
             f"- tuner's measured speed-up in its own run: {report.result.speedup or 0:.2f}× "
             f"({len(report.result.trials)} trials, stopped: {report.result.stopped})",
             f"- winner: {best.settings.label()}; "
             + {
-                True: f"confirmed against the start in {best.measurements} alternating rounds",
+                True: f"confirmed against the start side by side after the search ({best.measurements} round(s))",
                 False: f"the search's winner ({report.result.rejected.settings.label()}) was "
                 "not confirmed against the start, so the start was kept"
                 if report.result.rejected

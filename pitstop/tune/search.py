@@ -26,7 +26,8 @@ Order of work, most decisive first:
    shared machine) therefore cannot steer the search. Every measurement of a
    setting is pooled into its figure (the median over all its steps).
 5. Confirmation: when the winner is not the starting configuration, both are
-   measured `confirm_rounds` more times, alternating which goes first, and the
+   measured again, side by side (`confirm_rounds` rounds, default 1, alternating
+   which goes first; the start first in round 1), and the
    reported figures (and the speed-up) come from these measurements only. Picking
    the largest of many noisy figures favours a lucky one (the winner's curse);
    figures measured after the choice was made, side by side with the start, are
@@ -242,7 +243,7 @@ def search(
     clock: Callable[[], float] = time.monotonic,
     compile_estimate_seconds: float | None = None,
     max_passes: int = 3,
-    confirm_rounds: int = 2,
+    confirm_rounds: int = 1,
     log: Callable[[TrialResult], None] | None = None,
 ) -> SearchResult:
     """Find the fastest settings that fit; see the module docstring for the strategy.

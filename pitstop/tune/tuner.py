@@ -357,8 +357,8 @@ def format_report(report: TuneReport) -> str:
     lines.append(f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s")
     if r.confirmed is True:
         lines.append(
-            f"confirmed: it beat the starting config again in {w.measurements} alternating "
-            "rounds; both figures below come from those rounds only"
+            f"confirmed: it beat the starting config again, measured side by side after the "
+            f"search ({w.measurements} round(s)); both figures below come from that only"
         )
     elif r.confirmed is False and r.rejected is not None:
         x = r.rejected
