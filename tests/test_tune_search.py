@@ -52,6 +52,7 @@ class FakeMachine:
     gc_factor: float = 0.4
     base_gib: float = 1.0
     spread: float | None = None  # the p10-p90 spread each trial reports
+    slow_from_call: int | None = None  # from this call on, the machine runs 30% slower
     now: float = 0.0
     calls: list[Settings] = field(default_factory=list)
     tokens_per_step_seen: set[int] = field(default_factory=set)
@@ -87,8 +88,11 @@ class FakeMachine:
             if self.oom_message:
                 raise RuntimeError(self.oom_message)
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        slow = (
+            0.7 if self.slow_from_call is not None and len(self.calls) > self.slow_from_call else 1
+        )
         return TrialResult(
-            s, tokens_per_second=self.speed(s), step_seconds=1024 / self.speed(s),
+            s, tokens_per_second=slow * self.speed(s), step_seconds=1024 / (slow * self.speed(s)),
             peak_memory_bytes=int(mem), tokens_per_step=bs.tokens_per_step, seconds=cost,
             spread=self.spread, steps=4,
         )  # fmt: skip
@@ -117,7 +121,8 @@ def test_finds_the_optimum_without_a_full_grid():
     # ...and the winner and the start were measured side by side at the end
     confirm = [t.settings for t in r.trials if t.role == "confirm"]
     assert confirm == [START, OPTIMUM] and r.confirmed is True
-    assert r.best.measurements == 1 and r.baseline.measurements == 1
+    assert r.best.measurements == 1  # the winner's side-by-side round
+    assert r.baseline.measurements == sum(t.settings == START for t in r.trials)  # all of them
     two = _search(FakeMachine(), confirm_rounds=2)  # rounds alternate which goes first
     assert [t.settings for t in two.trials if t.role == "confirm"] == [
         START, OPTIMUM, OPTIMUM, START
@@ -264,6 +269,24 @@ def test_confirmation_keeps_the_start_when_the_winner_does_not_hold_up():
     assert r.rejected is not None and r.rejected.settings.batching == "bucket"
     assert r.best.settings == START and r.speedup == 1.0
     assert [t.settings.batching for t in r.trials if t.role == "confirm"] == ["pack", "bucket"]
+
+
+def test_the_speedup_survives_a_drift_in_machine_speed():
+    plain = FakeMachine()
+    _search(plain)
+    # the same search, but the machine slows by 30% for the confirmation round (the last two)
+    m = FakeMachine(slow_from_call=len(plain.calls) - 2)
+    r = _search(m)
+    true_ratio = m.speed(OPTIMUM) / m.speed(START)
+    assert r.best.settings == OPTIMUM and r.speedup == pytest.approx(true_ratio)
+    starts = [t.tokens_per_second for t in r.trials if t.settings == START]
+    assert starts[-1] == pytest.approx(0.7 * m.speed(START))  # measured in the slow spell
+    # the winner's figure: the start's level over all its trials x the side-by-side ratio
+    level = sum(starts) / len(starts)
+    assert r.baseline.tokens_per_second == pytest.approx(level)
+    assert r.best.tokens_per_second == pytest.approx(level * true_ratio)
+    side = r.best.extra["side_by_side"]
+    assert side["tokens_per_second"] == pytest.approx(0.7 * m.speed(OPTIMUM))  # kept, not hidden
 
 
 def test_pooled_figure_is_the_median_over_all_steps():

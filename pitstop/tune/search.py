@@ -27,12 +27,13 @@ Order of work, most decisive first:
    setting is pooled into its figure (the median over all its steps).
 5. Confirmation: when the winner is not the starting configuration, both are
    measured again, side by side (`confirm_rounds` rounds, default 1, alternating
-   which goes first; the start first in round 1), and the
-   reported figures (and the speed-up) come from these measurements only. Picking
-   the largest of many noisy figures favours a lucky one (the winner's curse);
-   figures measured after the choice was made, side by side with the start, are
-   not biased that way. If the winner does not beat the start in the confirmation
-   by the same rule as in step 3, the starting configuration is kept.
+   which goes first; the start first in round 1). Picking the largest of many
+   noisy figures favours a lucky one (the winner's curse); figures measured after
+   the choice was made, side by side with the start, are not biased that way. If
+   the winner does not beat the start there by the same rule as in step 3, the
+   starting configuration is kept. The speed-up is the side-by-side ratio; the
+   winner's tokens/s is the start's figure over all its trials (spread across the
+   tune, so drift in the machine's speed averages out) times that ratio.
 
 A trial is started only when the time left covers its expected cost (the median
 of earlier trials; a first compile trial adds pitstop's compile-time basis) plus
@@ -424,11 +425,12 @@ def search(
             base_c, best_c = confirmed_figure(baseline.settings), confirmed_figure(best.settings)
             if not fits(base_c):  # the start failed this time: its earlier figures stand
                 base_c = figure(baseline.settings)
-            baseline = base_c
+            level = figure(baseline.settings)  # every measurement of the start in this run
+            baseline = level
             if fits(best_c) and better(best_c, base_c):
-                best, confirmed = best_c, True
+                best, confirmed = _scaled(best_c, level, base_c), True
             else:
-                rejected, best, confirmed = best_c, base_c, False
+                rejected, best, confirmed = best_c, level, False
         else:
             baseline = figure(baseline.settings)
     elif fits(baseline):
@@ -439,6 +441,35 @@ def search(
         if fits(fresh):
             best = pool([t for t in history[best.settings] if not t.cached])
     return SearchResult(trials, baseline, best, stopped, clock() - t0, limit, confirmed, rejected)
+
+
+def _scaled(best_c: TrialResult, level: TrialResult, base_c: TrialResult) -> TrialResult:
+    """The winner's figure: the start's level times the side-by-side ratio.
+
+    The machine's speed drifts (on a shared host by 20% within minutes), so one round
+    says little about the level but much about the ratio of two settings measured
+    back to back. The start's figure pools every one of its trials across the whole
+    tune (it was fixed before any choice, so no selection bias); the ratio comes from
+    the confirmation round only. Both raw side-by-side figures stay in `extra`.
+    """
+    ratio = float(best_c.tokens_per_second) / float(base_c.tokens_per_second)  # type: ignore[arg-type]
+    tps = float(level.tokens_per_second) * ratio  # type: ignore[arg-type]
+    return dataclasses.replace(
+        best_c,
+        tokens_per_second=tps,
+        step_seconds=(best_c.step_seconds or 0) * float(best_c.tokens_per_second) / tps or None,  # type: ignore[arg-type]
+        role="pooled",
+        extra={
+            **best_c.extra,
+            "side_by_side": {
+                "tokens_per_second": best_c.tokens_per_second,
+                "start_tokens_per_second": base_c.tokens_per_second,
+                "ratio": ratio,
+                "start_level_tokens_per_second": level.tokens_per_second,
+                "start_measurements": level.measurements,
+            },
+        },
+    )
 
 
 @dataclass

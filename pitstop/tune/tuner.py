@@ -67,6 +67,7 @@ class TuneReport:
                 "tokens_per_second": w.tokens_per_second,
                 "peak_memory_bytes": w.peak_memory_bytes,
                 "measurements": w.measurements,
+                "side_by_side": w.extra.get("side_by_side"),
             },
             "speedup": r.speedup,
             "speedup_basis": "both measured in this run, side by side after the search when "
@@ -356,9 +357,13 @@ def format_report(report: TuneReport) -> str:
     )
     lines.append(f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s")
     if r.confirmed is True:
+        sbs = w.extra.get("side_by_side") or {}
         lines.append(
-            f"confirmed: it beat the starting config again, measured side by side after the "
-            f"search ({w.measurements} round(s)); both figures below come from that only"
+            f"confirmed: measured side by side after the search it ran "
+            f"{sbs.get('tokens_per_second', 0):,.0f} vs {sbs.get('start_tokens_per_second', 0):,.0f}"
+            f" tokens/s for the starting config ({sbs.get('ratio', 0):.2f}x); its figure is that "
+            f"ratio times the starting config's figure over its {b.measurements} trials in this "
+            "run (the machine's speed drifts; the ratio of two back-to-back runs does not)"
         )
     elif r.confirmed is False and r.rejected is not None:
         x = r.rejected
