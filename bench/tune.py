@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "—",
         ],
         [
-            "tuner's figure for the defaults (baseline, same rounds)",
+            "tuner's figure for the defaults (over all its trials)",
             f"{b.tokens_per_second or 0:,.0f}",
             f"{(b.tokens_per_second or 0) / default_med:.2f}×",
             "—",

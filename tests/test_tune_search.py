@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,17 @@ import torch
 
 from pitstop.batching.settings import BatchSettings
 from pitstop.config import build_config, load_yaml
-from pitstop.tune.search import OK, OOM, OVER_MEMORY, TrialResult, is_oom, pool, search
+from pitstop.tune.search import (
+    OK,
+    OOM,
+    OVER_MEMORY,
+    TrialResult,
+    is_oom,
+    noise,
+    pool,
+    search,
+    trial_to_trial_noise,
+)
 from pitstop.tune.space import Settings, Space, apply_settings, resolved_tokens_per_step
 from pitstop.tune.trial import TrialCache, median_is_stable
 from pitstop.tune.tuner import TuneReport, format_report, write_tuned_config
@@ -287,6 +298,22 @@ def test_the_speedup_survives_a_drift_in_machine_speed():
     assert r.best.tokens_per_second == pytest.approx(level * true_ratio)
     side = r.best.extra["side_by_side"]
     assert side["tokens_per_second"] == pytest.approx(0.7 * m.speed(OPTIMUM))  # kept, not hidden
+
+
+def test_trial_to_trial_noise_comes_from_repeated_settings():
+    def t(s, v, n=1):
+        return TrialResult(s, tokens_per_second=v, measurements=n)
+
+    # one setting measured at 100 and 110: log spread d, pooled SD d / sqrt(2)
+    groups = [[t(START, 100.0), t(START, 110.0)], [t(OPTIMUM, 200.0)]]
+    assert trial_to_trial_noise(groups) == pytest.approx(math.log(1.1) / math.sqrt(2))
+    assert trial_to_trial_noise([[t(START, 100.0)], [t(OPTIMUM, 200.0)]]) == 0.0  # no repeat yet
+    # it widens the margin a change must beat, less for figures pooled over more trials
+    a, b = t(START, 100.0), t(OPTIMUM, 110.0)
+    assert noise(a, b) == 0.0 and noise(a, b, 0.05) == pytest.approx(0.05 * math.sqrt(2))
+    assert noise(t(START, 100.0, 4), t(OPTIMUM, 110.0, 4), 0.05) == pytest.approx(
+        0.05 * math.sqrt(2) / 2
+    )
 
 
 def test_pooled_figure_is_the_median_over_all_steps():

@@ -43,6 +43,7 @@ from pitstop.data.stats import compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
 from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
 from pitstop.errors import ConfigError, DataError
+from pitstop.positions import position_limit
 
 __all__ = ["Prepared", "format_stats", "open_store", "prepare_data"]
 
@@ -316,4 +317,5 @@ def _write(
         np.concatenate(seq_lens),
         max_seq_len=cfg.max_seq_len,
         counts=counts,
+        model_max_len=position_limit(cfg.model)[0] if cfg.model else None,
     )

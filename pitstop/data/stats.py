@@ -54,7 +54,12 @@ def padding_waste(doc_lengths: np.ndarray, max_len: int) -> dict[str, Any]:
 
 
 def compute_stats(
-    doc_lengths: np.ndarray, seq_lengths: np.ndarray, *, max_seq_len: int, counts: dict[str, Any]
+    doc_lengths: np.ndarray,
+    seq_lengths: np.ndarray,
+    *,
+    max_seq_len: int,
+    counts: dict[str, Any],
+    model_max_len: int | None = None,
 ) -> dict[str, Any]:
     """The "stats" section of a store manifest (JSON-serialisable)."""
     d = np.asarray(doc_lengths, dtype=np.int64)
@@ -78,19 +83,38 @@ def compute_stats(
             "method": "best-fit decreasing",
         },
     }
-    stats["recommended_max_len"] = recommend(d, dist["p99"], waste)
+    stats["recommended_max_len"] = recommend(d, dist["p99"], waste, model_max_len)
     return stats
 
 
-def recommend(d: np.ndarray, p99: int, waste: list[dict[str, Any]]) -> dict[str, Any]:
+def recommend(
+    d: np.ndarray, p99: int, waste: list[dict[str, Any]], model_max_len: int | None = None
+) -> dict[str, Any]:
+    """The max length to use: the smallest candidate holding 99% of documents whole.
+
+    Never above `model_max_len` (the positions the model was built for): past it a
+    learned position table crashes and rotary positions are untrained.
+    """
     by_len = {w["max_len"]: w for w in waste}
-    fits = [c for c in CANDIDATES if c >= p99]
-    value = fits[0] if fits else CANDIDATES[-1]
+    allowed = [c for c in CANDIDATES if model_max_len is None or c <= model_max_len]
+    if not allowed and model_max_len is not None:
+        allowed = [model_max_len]
+    fits = [c for c in allowed if c >= p99]
+    value = fits[0] if fits else allowed[-1]
     whole = float((d <= value).mean()) if len(d) else 1.0
     eff, _ = pack_efficiency(d, value)
-    pad = by_len[value]["padding_fraction"]
+    pad = (
+        by_len[value]["padding_fraction"]
+        if value in by_len
+        else padding_waste(d, value)["padding_fraction"]
+    )
     if fits:
         why = f"the smallest candidate that holds 99% of documents whole (p99 = {p99} tokens)"
+    elif model_max_len is not None and allowed[-1] < CANDIDATES[-1]:
+        why = (
+            f"the longest the model takes ({model_max_len} positions in its config.json); p99 is "
+            f"{p99} tokens, so long documents will be split"
+        )
     else:
         why = f"the largest candidate; p99 is {p99} tokens, so long documents will be split"
     reason = (

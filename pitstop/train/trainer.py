@@ -52,6 +52,7 @@ from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
 from pitstop.measure.timeline import PHASES, StepRecord, Timeline
+from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
@@ -240,6 +241,9 @@ class Trainer:
 
         # --- model (the directory is checked before the tokenizer reads its config)
         model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
+        note = check_positions(cfg.model, cfg.max_seq_len)
+        if note and self.is_main:
+            print(f"pitstop: warning: {note}", file=sys.stderr)
         self.tokenizer = model_io.load_tokenizer(cfg)
         self.model, attention, lora = model_io.load_model(cfg, device, self.precision, attention)
         self.choices["attention"] = attention

@@ -17,8 +17,9 @@ Order of work, most decisive first:
 3. Coordinate descent over batching, compile, attention, loader workers and
    prefetch: each alternative value is tried with everything else at the best so
    far, and wins when it is faster by more than `min_gain` and by more than two
-   standard errors of the difference (estimated from the trials' step-time
-   spreads); ties keep the earlier choice. Passes repeat while something changes
+   standard errors of the difference (from the trials' step-time spreads, and
+   from how much repeated trials of one setting differ in this run: see `noise`);
+   ties keep the earlier choice. Passes repeat while something changes
    and the budget lasts.
 4. A win is checked before it is taken: the incumbent and the challenger are
    measured once more each (incumbent first), and the challenger is taken only if
@@ -217,6 +218,7 @@ class SearchResult:
     # beat the start again side by side; False: it did not, and the start was kept.
     confirmed: bool | None = None
     rejected: TrialResult | None = None  # the search's winner the confirmation turned down
+    trial_noise: float = 0.0  # trial-to-trial relative SD measured in this run (0: unknown)
 
     @property
     def speedup(self) -> float | None:
@@ -332,12 +334,18 @@ def search(
             log(r)
         return figure(r.settings)
 
+    def between() -> float:
+        """Trial-to-trial noise measured in this run (see `trial_to_trial_noise`)."""
+        return trial_to_trial_noise(
+            [[t for t in ts if fits(t) and not t.cached] for ts in history.values()]
+        )
+
     def better(r: TrialResult | None, best: TrialResult | None) -> bool:
         if not fits(r):
             return False
         if best is None:
             return True
-        margin = max(min_gain, 2 * noise(r, best))  # type: ignore[arg-type]
+        margin = max(min_gain, 2 * noise(r, best, between()))  # type: ignore[arg-type]
         return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[union-attr,operator]
 
     def adopt(r: TrialResult | None, best: TrialResult | None) -> TrialResult | None:
@@ -440,7 +448,9 @@ def search(
         fresh = run(best.settings, fresh=True, force=True, role="confirm")
         if fits(fresh):
             best = pool([t for t in history[best.settings] if not t.cached])
-    return SearchResult(trials, baseline, best, stopped, clock() - t0, limit, confirmed, rejected)
+    return SearchResult(
+        trials, baseline, best, stopped, clock() - t0, limit, confirmed, rejected, between()
+    )
 
 
 def _scaled(best_c: TrialResult, level: TrialResult, base_c: TrialResult) -> TrialResult:
@@ -542,9 +552,39 @@ def median_standard_error(r: TrialResult) -> float:
     return 1.253 * (r.spread / 2.563) / math.sqrt(r.steps)
 
 
-def noise(a: TrialResult, b: TrialResult) -> float:
-    """Relative standard error of the ratio of two trials' figures."""
-    return math.hypot(median_standard_error(a), median_standard_error(b))
+def noise(a: TrialResult, b: TrialResult, between: float = 0.0) -> float:
+    """Relative standard error of the ratio of two figures.
+
+    Each figure's error has two parts: within its trials (the median's standard error
+    from the step-time spread) and between trials (`between`: how much one trial of
+    the same settings differs from the next on this machine, shrinking with the
+    number of trials pooled). A shared host drifts by several percent between trials
+    even when every trial's steps are steady, so the within part alone is too hopeful.
+    """
+
+    def se(r: TrialResult) -> float:
+        return math.hypot(median_standard_error(r), between / math.sqrt(max(1, r.measurements)))
+
+    return math.hypot(se(a), se(b))
+
+
+def trial_to_trial_noise(groups: list[list[TrialResult]]) -> float:
+    """Relative standard deviation of one trial's figure, from repeated settings.
+
+    Each group holds the measurements of one setting; the pooled within-group
+    variance of log tokens/s (degrees of freedom: measurements minus groups) is the
+    trial-to-trial noise of this machine in this run. 0 until a setting has been
+    measured twice.
+    """
+    logs = [
+        [math.log(float(t.tokens_per_second)) for t in g if t.tokens_per_second] for g in groups
+    ]
+    logs = [g for g in logs if len(g) >= 2]
+    dof = sum(len(g) for g in logs) - len(logs)
+    if dof < 1:
+        return 0.0
+    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in logs)
+    return math.sqrt(ss / dof)
 
 
 def relative_spread(values: list[float]) -> float:

@@ -74,6 +74,7 @@ class TuneReport:
             "the winner is not the start: median step time over stable steps, warm-up and "
             "compile excluded",
             "confirmed": r.confirmed,
+            "trial_noise": r.trial_noise,
             "rejected": None
             if r.rejected is None
             else {
@@ -371,6 +372,11 @@ def format_report(report: TuneReport) -> str:
             f"not confirmed: {x.settings.label()} won the search but measured "
             f"{x.tokens_per_second or 0:,.0f} vs {b.tokens_per_second or 0:,.0f} tokens/s for "
             "the starting config side by side (within noise): the starting config is kept"
+        )
+    if r.trial_noise:
+        lines.append(
+            f"trial-to-trial noise measured in this run: {r.trial_noise:.1%} (one trial of the "
+            "same settings vs the next); a change had to beat it, not just the step-time spread"
         )
     if r.speedup is not None:
         lines.append(
