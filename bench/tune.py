@@ -1,6 +1,6 @@
 """`pitstop tune` keeps its promise: the tuned config trains as fast as the tuner said.
 
-    .venv/bin/python -m bench.tune [--budget-seconds 180] [--steps 20] [--repeats 2] [--quick]
+    .venv/bin/python -m bench.tune [--budget-seconds 180] [--steps 40] [--repeats 5] [--quick]
 
 1. Tunes pitstop's default configuration (only model, data and max_seq_len given) of a
    tiny Llama (4 layers, width 256, vocab 4096; rows of 256) on this machine, and
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-seconds", type=float, default=None, help="default 180 (40 with --quick)"
     )
     ap.add_argument(
-        "--steps", type=int, default=None, help="steps per comparison run (20; 8 quick)"
+        "--steps", type=int, default=None, help="steps per comparison run (40; 8 quick)"
     )
-    ap.add_argument("--repeats", type=int, default=None, help="runs of each config (2; 1 quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs of each config (5; 1 quick)")
     ap.add_argument("--knobs", default=None, help="passed to the tuner (default: all)")
     ap.add_argument(
         "--quick", action="store_true", help="2-layer 64-wide model, 40 s budget, 8 steps, 1 repeat"
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     quick = {"budget_seconds": 40.0, "steps": 8, "repeats": 1}
-    full = {"budget_seconds": 180.0, "steps": 20, "repeats": 2}
+    full = {"budget_seconds": 180.0, "steps": 40, "repeats": 5}
     for k, v in (quick if args.quick else full).items():
         if getattr(args, k) is None:  # an explicit value wins over the preset
             setattr(args, k, v)
