@@ -153,9 +153,11 @@ def _warm_process(runner: Any, say: Callable[[str], None]) -> float:
     the start would look slow and every later trial would seem a speed-up; a long real
     run spends nearly all its steps warm, so the trials should be warm too.
     """
+    # As long as a short trial (warm-up + min_steps): 5 steps were measured not to be
+    # enough (the start's first trial still ran ~12% below its recheck in 5 of 6 tunes).
     short = copy.copy(runner)
-    short.min_steps, short.max_steps = 1, 3
-    short.max_trial_seconds = min(runner.max_trial_seconds, 10.0)
+    short.max_steps = runner.min_steps
+    short.max_trial_seconds = min(runner.max_trial_seconds, 15.0)
     t = safe_measure(short, None)  # type: ignore[arg-type]
     say(f"process warm-up (not measured): {t.seconds:.1f} s")
     free_memory()
