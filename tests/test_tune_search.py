@@ -152,6 +152,9 @@ def test_gains_within_measurement_noise_are_not_taken():
     m = FakeMachine(spread=1.0)
     r = _search(m)
     assert r.best.settings == START and r.speedup == 1.0
+    # the start won: measured again at the end, its figure pools both ends of the tune
+    assert r.trials[-1].settings == START and r.trials[-1].role == "confirm"
+    assert r.best.measurements == sum(t.settings == START for t in r.trials) >= 2
     quiet = _search(FakeMachine(spread=0.01))
     assert quiet.best.settings == OPTIMUM
 

@@ -34,7 +34,8 @@ Order of work, most decisive first:
    the winner does not beat the start there by the same rule as in step 3, the
    starting configuration is kept. The speed-up is the side-by-side ratio; the
    winner's tokens/s is the start's figure over all its trials (spread across the
-   tune, so drift in the machine's speed averages out) times that ratio.
+   tune, so drift in the machine's speed averages out) times that ratio. When the
+   start itself wins, it is measured once more at the end for the same reason.
 
 A trial is started only when the time left covers its expected cost (the median
 of earlier trials; a first compile trial adds pitstop's compile-time basis) plus
@@ -442,6 +443,11 @@ def search(
         else:
             baseline = figure(baseline.settings)
     elif fits(baseline):
+        # The start won: measure it once more at the end (time allowing; the confirmation's
+        # reserve covers it), so its figure pools trials from both ends of the tune and
+        # drift in the machine's speed averages out instead of deciding the figure.
+        if confirm_rounds > 0 and clock() - t0 + expected_cost(baseline.settings) <= budget_seconds:
+            run(baseline.settings, fresh=True, force=True, role="confirm")
         baseline = best = figure(baseline.settings)
     elif best.cached:
         # A number from an earlier tune is not a measurement of this run: measure again.
