@@ -169,3 +169,32 @@ def write_result(
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
     return out
+
+
+def corpus_store(dest: Path, model_dir: Path, n_docs: int, max_len: int) -> Path:
+    """A token store of the first `n_docs` bundled-corpus documents, split into rows of
+    `max_len` (a document's first token is never a target), written directly so a
+    benchmark's set-up does not depend on `pitstop prepare`."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from pitstop.corpus import sample_texts
+    from pitstop.data.store import StoreWriter
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    toks, masks, lens = [], [], []
+    for text in sample_texts(n_docs):
+        ids = tok(text)["input_ids"] + [tok.eos_token_id]
+        for a in range(0, len(ids), max_len):
+            c = ids[a : a + max_len]
+            m = np.ones(len(c), np.uint8)
+            m[0] = 0 if a == 0 else 1
+            toks.append(np.asarray(c))
+            masks.append(m)
+            lens.append(len(c))
+    w = StoreWriter(dest, vocab_size=len(tok))
+    w.append(np.concatenate(toks), np.concatenate(masks), lens, np.arange(len(lens)))
+    w.finish(
+        {"max_seq_len": max_len, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    )
+    return dest

@@ -23,39 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from bench.common import corpus_store
+
 RESULTS = Path(__file__).parent / "results" / "train.md"
-
-
-def _store(dest: Path, model_dir: Path, n_docs: int) -> Path:
-    from transformers import AutoTokenizer
-
-    from pitstop.corpus import sample_texts
-    from pitstop.data.store import StoreWriter
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    toks, masks, lens = [], [], []
-    for text in sample_texts(n_docs):
-        ids = tok(text)["input_ids"] + [tok.eos_token_id]
-        for a in range(0, len(ids), 256):
-            c = ids[a : a + 256]
-            m = np.ones(len(c), np.uint8)
-            m[0] = 0 if a == 0 else 1
-            toks.append(np.asarray(c))
-            masks.append(m)
-            lens.append(len(c))
-    w = StoreWriter(dest, vocab_size=len(tok))
-    w.append(np.concatenate(toks), np.concatenate(masks), lens, np.arange(len(lens)))
-    w.finish(
-        {"max_seq_len": 256, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    )
-    return dest
 
 
 def _config(model_dir: Path, store: Path, out: Path, steps: int):
@@ -137,7 +113,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="pitstop-bench-train-"))
     model_dir = build_model_dir(work / "model", layers=4, hidden=256, heads=4, vocab_size=4096)
-    store = _store(work / "store", model_dir, 300)
+    store = corpus_store(work / "store", model_dir, 300, 256)
     cfg = _config(model_dir, store, work / "out", args.steps)
     ceil_rates: list[float] = []
     run_rates: list[float] = []

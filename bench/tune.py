@@ -31,36 +31,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PITSTOP_PROGRESS", "0")
 
-from bench.common import describe_machine, machine, markdown_table, write_result
+from bench.common import corpus_store, describe_machine, machine, markdown_table, write_result
 
 WARMUP_STEPS = 2
 AS_FAST_RATIO = 0.97
-
-
-def _store(dest: Path, model_dir: Path, n_docs: int, max_len: int) -> Path:
-    import numpy as np
-    from transformers import AutoTokenizer
-
-    from pitstop.corpus import sample_texts
-    from pitstop.data.store import StoreWriter
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    toks, masks, lens = [], [], []
-    for text in sample_texts(n_docs):
-        ids = tok(text)["input_ids"] + [tok.eos_token_id]
-        for a in range(0, len(ids), max_len):
-            c = ids[a : a + max_len]
-            m = np.ones(len(c), np.uint8)
-            m[0] = 0 if a == 0 else 1
-            toks.append(np.asarray(c))
-            masks.append(m)
-            lens.append(len(c))
-    w = StoreWriter(dest, vocab_size=len(tok))
-    w.append(np.concatenate(toks), np.concatenate(masks), lens, np.arange(len(lens)))
-    w.finish(
-        {"max_seq_len": max_len, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    )
-    return dest
 
 
 def _train_rate(cfg) -> tuple[float, dict]:
@@ -106,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_model_dir(
         work / "model", layers=layers, hidden=hidden, heads=4, vocab_size=4096
     )
-    store = _store(work / "store", model_dir, 120 if args.quick else 300, msl)
+    store = corpus_store(work / "store", model_dir, 120 if args.quick else 300, msl)
     base_values = {
         "model": str(model_dir),
         "data": [str(store)],
