@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             f"- tuned run vs defaults: {ratio:.2f}×, the median of the back-to-back pairs' ratios "
             f"({', '.join(f'{x:.2f}' for x in pair_ratios)}) ({'PASS' if ok_defaults else 'FAIL'}: goal at "
             f"least as fast; >= {AS_FAST_RATIO} counts as the same speed within noise)",
+            f"- trial-to-trial noise the tuner measured (repeated settings): "
+            f"{report.result.trial_noise:.1%}",
             f"- tuner's measured speed-up in its own run: {report.result.speedup or 0:.2f}× "
             f"({len(report.result.trials)} trials, stopped: {report.result.stopped})",
             f"- winner: {best.settings.label()}; "

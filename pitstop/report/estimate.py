@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from pitstop.report.memory import (
     max_micro_batch,
     sharded,
 )
+from pitstop.train.summary import read_metrics
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
 # fine-tuning figure for bf16 on A100/H100-class GPUs (PaLM reports 46% at scale;
@@ -243,47 +245,39 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
     since the full run pays them at the same cadence. The warm-up's time above steady
     steps is paid once (start-up). None when there are no per-step times to use.
     """
-    import statistics
-
-    path = Path(prof.get("_path", ""))
-    if isinstance(prof.get("step_seconds"), list) and prof.get("step_seconds"):
-        # a pitstop.profile/1 dict: its steps are already the measured ones
-        secs = [float(x) for x in prof["step_seconds"]]
-        tokens_per_step = prof.get("tokens_per_step")
-        if not tokens_per_step:
+    if isinstance(prof.get("step_seconds"), list) and prof["step_seconds"]:
+        # a pitstop.profile/1 dict: its steps are already the measured ones, and its pauses
+        # are totals (which steps paid them is not kept; the median skips those rare steps)
+        if not prof.get("tokens_per_step"):
             return None
+        secs = [float(x) for x in prof["step_seconds"]]
         phases = prof.get("phases") or {}
-        pauses = [(float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)]
-        pause_free = secs  # per-step pause shares are unknown; pauses are rare steps
+        pause = (float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)
+        median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
         warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
-        tokens = float(tokens_per_step)
     else:
-        from pitstop.train.summary import read_metrics
-
-        lines = sorted(read_metrics(path.with_name("metrics.jsonl")), key=lambda r: r["step"])
-        lines = [r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r]
+        lines = read_metrics(Path(prof.get("_path", "")).with_name("metrics.jsonl"))
+        lines = sorted(
+            (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
+            key=lambda r: r["step"],
+        )
         if len(lines) < 3:
             return None
         left_out = RUN_WARMUP_STEPS if len(lines) >= RUN_WARMUP_STEPS + 3 else 1
         warm, steady = lines[:left_out], lines[left_out:]
-        secs = [float(r["step_seconds"]) for r in steady]
         pauses = [float(r.get("checkpoint_s") or 0) + float(r.get("eval_s") or 0) for r in steady]
-        pause_free = [t - q for t, q in zip(secs, pauses)]
+        secs = [float(r["step_seconds"]) for r in steady]
+        median = statistics.median(t - q for t, q in zip(secs, pauses))
+        pause = statistics.fmean(pauses)
         tokens = statistics.fmean(float(r["step_trained_tokens"]) for r in steady)
-        med_all = statistics.median(pause_free)
-        warm_extra = max(0.0, sum(float(r["step_seconds"]) for r in warm) - left_out * med_all)
-    step = statistics.median(pause_free) + statistics.fmean(pauses)
+        warm_extra = max(0.0, sum(float(r["step_seconds"]) for r in warm) - left_out * median)
+    step = median + pause
     if step <= 0 or tokens <= 0:
         return None
+    added = f", checkpoint/eval pauses {pause:.3g} s per step added" if pause else ""
     detail = (
         f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (median of "
-        f"{len(secs)} steps after {left_out} warm-up steps"
-        + (
-            f", checkpoint/eval pauses {statistics.fmean(pauses):.3g} s per step added"
-            if any(pauses)
-            else ""
-        )
-        + ")"
+        f"{len(secs)} steps after {left_out} warm-up steps{added})"
     )
     return SteadyRate(tokens / step, warm_extra, detail)
 

@@ -427,11 +427,10 @@ def search(
                     run(s, fresh=True, force=True, role="confirm")
             if cache is not None:
                 cache.put(figure(best.settings))
-
-            def confirmed_figure(s: Settings) -> TrialResult:
-                return pool([t for t in history[s] if t.role == "confirm"])
-
-            base_c, best_c = confirmed_figure(baseline.settings), confirmed_figure(best.settings)
+            base_c, best_c = (
+                pool([t for t in history[s] if t.role == "confirm"])
+                for s in (baseline.settings, best.settings)
+            )
             if not fits(base_c):  # the start failed this time: its earlier figures stand
                 base_c = figure(baseline.settings)
             level = figure(baseline.settings)  # every measurement of the start in this run
@@ -469,11 +468,11 @@ def _scaled(best_c: TrialResult, level: TrialResult, base_c: TrialResult) -> Tri
     the confirmation round only. Both raw side-by-side figures stay in `extra`.
     """
     ratio = float(best_c.tokens_per_second) / float(base_c.tokens_per_second)  # type: ignore[arg-type]
-    tps = float(level.tokens_per_second) * ratio  # type: ignore[arg-type]
+    scale = float(level.tokens_per_second) / float(base_c.tokens_per_second)  # type: ignore[arg-type]
     return dataclasses.replace(
         best_c,
-        tokens_per_second=tps,
-        step_seconds=(best_c.step_seconds or 0) * float(best_c.tokens_per_second) / tps or None,  # type: ignore[arg-type]
+        tokens_per_second=float(best_c.tokens_per_second) * scale,  # = level x ratio
+        step_seconds=best_c.step_seconds / scale if best_c.step_seconds else None,
         role="pooled",
         extra={
             **best_c.extra,
