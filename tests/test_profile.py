@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from pitstop.measure.profile import format_profile, step_spread, window_utilisation
 from pitstop.measure.schema import load_profile, make_profile
 from pitstop.measure.timeline import PHASES
+from pitstop.profiling import format_profile, step_spread, window_utilisation
 
 # --- fast: pure functions -------------------------------------------------------------
 
@@ -116,7 +116,7 @@ def test_a_slow_loader_is_called_input_bound(tiny_model_dir, store, tmp_path):
     from _train_util import train_config
 
     from pitstop.batching.loader import MicroBatchLoader
-    from pitstop.measure.profile import run_profile
+    from pitstop.profiling import run_profile
 
     warmup, steps = 1, 3
     cfg = train_config(

@@ -374,7 +374,7 @@ def test_machine_problems_match_the_trainer_messages(tmp_path):
 
 def test_measurement_config_turns_evaluation_off(tmp_path):
     from pitstop.config import RunConfig
-    from pitstop.measure.profile import measurement_config
+    from pitstop.profiling import measurement_config
 
     cfg = RunConfig(model="m", data=["d"], eval_data="auto", eval_steps=5)
     run_cfg = measurement_config(cfg, tmp_path / "run", 4)

@@ -1,4 +1,4 @@
-"""`pitstop profile`: the command layer over `pitstop.measure.profile.run_profile`.
+"""`pitstop profile`: the command layer over `pitstop.profiling.run_profile`.
 
 The command takes every training flag (`add_config_flags(p, "profile")`), plus
 --steps, --warmup, --trace and --output.
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Deferred: the profile runs the trainer (torch), which `pitstop --help` must not load.
-    from pitstop.measure.profile import format_profile, run_profile
+    from pitstop.profiling import format_profile, run_profile
 
     problems = []
     if args.steps < 1:

@@ -179,6 +179,19 @@ class TokenStore:
     def n_tokens(self) -> int:
         return int(self.manifest["n_tokens"])
 
+    @property
+    def pad_id(self) -> int:
+        """The id batches pad with. Padding never reaches the loss or a real token's
+        attention, so any valid id works: the tokenizer's pad, else its EOS, else 0."""
+        m = self.manifest
+        for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
+            v = m.get(key)
+            if v is None and isinstance(m.get("tokenizer"), dict):
+                v = m["tokenizer"].get(key)
+            if isinstance(v, int):
+                return v
+        return 0
+
     def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids as int64, loss mask as bool) of sequence i."""
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])

@@ -1,7 +1,7 @@
 """A trial: a short real training run of one setting, measured; and the trial cache.
 
 `TrialRunner(cfg, ...)(settings)` runs the trainer (the instrumented subclass from
-`pitstop.measure.profile`) in a scratch directory with the knobs of `settings`
+`pitstop.profiling`) in a scratch directory with the knobs of `settings`
 applied and tokens per step pinned, and returns a `TrialResult`:
 
 - the first `warmup` steps (allocator warm-up, lazy init, torch.compile's
@@ -38,10 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop import __version__
 from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
-from pitstop.measure.profile import (
+from pitstop.profiling import (
     StepClock,
     measured_trainer_class,
     measurement_config,
@@ -50,6 +49,7 @@ from pitstop.measure.profile import (
 )
 from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
+from pitstop.version import __version__
 
 # Fields a trial overrides or that cannot change step speed: left out of the cache key.
 _KEY_IGNORED = {
