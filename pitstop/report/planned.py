@@ -17,7 +17,7 @@ from pitstop.report.estimate import (
     Estimate,
     data_tokens,
     estimate,
-    load_profile,
+    load_measured,
 )
 from pitstop.report.gpus import Gpu, find_gpu, get_gpu
 from pitstop.report.memory import shape_from_model_dir, shape_from_params
@@ -107,7 +107,7 @@ def estimate_planned_run(
     if problems:
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
     device: Gpu | None = get_gpu(gpu) if gpu else None
-    profile = load_profile(from_profile) if from_profile else None
+    profile = load_measured(from_profile) if from_profile else None
     if precision is None:
         dev = device or (find_gpu(str((profile or {}).get("device", ""))) if profile else None)
         if dev is not None:
