@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pitstop import probe
 from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.profiling import (
@@ -47,6 +48,7 @@ from pitstop.profiling import (
     peak_memory,
     reset_peak_memory,
 )
+from pitstop.train.summary import read_metrics
 from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
 from pitstop.version import __version__
@@ -142,7 +144,6 @@ class TrialRunner:
             setup = trainer.clock.starts[0] - t_start if trainer.clock.starts else 0.0
             tps_math = int(trainer.geometry.tokens_per_step)
             steps_per_epoch = int(trainer.steps_per_epoch)
-            from pitstop.train.summary import read_metrics
 
             lines = sorted(read_metrics(tmp / "run" / "metrics.jsonl"), key=lambda r: r["step"])
         finally:
@@ -192,7 +193,6 @@ class TrialRunner:
 
 
 def _device_type(cfg: RunConfig) -> str:
-    from pitstop import probe
 
     dev, _ = probe.detect_device(cfg.device)
     return dev.type
