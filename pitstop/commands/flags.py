@@ -17,8 +17,10 @@ from typing import Any
 
 from pitstop.config import (
     FIELDS,
+    RUNNERS,
+    TRAIN,
     RunConfig,
-    build_config,
+    collect_config,
     field_type,
     load_yaml,
     unwrap_optional,
@@ -87,38 +89,24 @@ def unknown_flag_problems(unknown: list[str], command: str) -> list[str]:
 
 
 def config_from_args(
-    args: argparse.Namespace,
-    command: str,
-    *,
-    extra_problems: list[str] | None = None,
-    device: DeviceInfo | None = None,
+    args: argparse.Namespace, command: str, *, device: DeviceInfo | None = None
 ) -> RunConfig:
     """The RunConfig the flags (and --config YAML) describe, checked for `command` on this
-    machine; every problem (flags, schema, requirements, machine, `extra_problems`) is
-    raised at once as one ConfigError."""
+    machine. Every problem (unknown flags, values, the schema, what the command needs,
+    what the machine cannot do) is raised at once, as one ConfigError (exit 2)."""
     given = {k: v for k, v in vars(args).items() if k in FIELDS}
-    source = getattr(args, "config", None) or "config"
-    yaml_values = load_yaml(args.config) if getattr(args, "config", None) else {}
-    problems = unknown_flag_problems(getattr(args, "unknown", []), command)
-    try:
-        cfg = build_config(yaml_values, given, source=source, command=command)
-    except ConfigError as e:
-        raise ConfigError(
-            problems + e.problems + list(extra_problems or []),
-            header=f"invalid configuration ({len(problems) + len(e.problems)} problem(s)):",
-        ) from None
-    problems += preflight(cfg, device)
-    if command == "train":
-        problems += [
-            p
-            for p in [output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)]
-            if p
-        ]
+    path = getattr(args, "config", None)
+    cfg, problems = collect_config(
+        load_yaml(path) if path else {}, given, source=path or "config", command=command
+    )
+    problems = unknown_flag_problems(getattr(args, "unknown", []), command) + problems
+    if command in RUNNERS:  # prepare runs no model: the machine's checks do not apply
+        problems += preflight(cfg, device)
+    if command == TRAIN:
+        out = output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
+        problems += [out] if out else []
     if problems:
-        raise ConfigError(
-            problems + list(extra_problems or []),
-            header=f"invalid configuration ({len(problems)} problem(s)):",
-        )
+        raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
     return cfg
 
 
