@@ -245,7 +245,11 @@ def preflight(cfg: RunConfig, device: DeviceInfo | None = None) -> list[str]:
     the one `cfg.device` selects here."""
     p: list[str] = []
     if device is None:
-        if cfg.device == "cuda" and not _cuda_available():
+        # torch is imported where it is needed throughout this module: the CLI imports
+        # the probe to check configurations, and must not load torch to do it.
+        import torch
+
+        if cfg.device == "cuda" and not torch.cuda.is_available():
             p.append(no_cuda_problem())
         device, _ = detect_device("cpu" if cfg.device == "cpu" else "auto")
     prec = precision_problem(cfg.precision, device)
@@ -263,12 +267,6 @@ def preflight(cfg: RunConfig, device: DeviceInfo | None = None) -> list[str]:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     p += strategy_problems(cfg, distributed=max(cfg.nproc, world) > 1)
     return p
-
-
-def _cuda_available() -> bool:
-    import torch  # deferred: `import pitstop.probe` stays torch-free for the CLI's error paths
-
-    return torch.cuda.is_available()
 
 
 def choose_attention(requested: str, dev: DeviceInfo, precision: str) -> Choice:
