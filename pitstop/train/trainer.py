@@ -51,7 +51,7 @@ from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
-from pitstop.measure.timeline import PHASES, StepRecord, Timeline
+from pitstop.measure.timeline import StepRecord, Timeline
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
@@ -59,8 +59,10 @@ from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io
 from pitstop.train.banner import format_banner, print_banner
+from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup, lr_at
+from pitstop.train.state import RunState
 from pitstop.train.summary import (
     append_lines,
     peak_memory_bytes,
@@ -191,7 +193,9 @@ class Trainer:
     """One training run. Build it with a validated RunConfig; `fit()` returns the summary.
 
     `device` overrides the probe (tests pretend machines with it); `loader` replaces
-    the batching loader (any object honouring the loader contract in train/data.py).
+    the batching loader (any object honouring the loader contract in train/data.py);
+    `hooks` are called at each step's start and end (train/hooks.py); `save_final=False`
+    skips final/ (a measurement run: writing it can take minutes for a large model).
     """
 
     def __init__(
@@ -202,9 +206,13 @@ class Trainer:
         loader: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
+        hooks: StepHooks | None = None,
+        save_final: bool = True,
     ) -> None:
         self.t_process = _process_start()
         self.cfg = cfg
+        self.hooks: StepHooks = hooks if hooks is not None else NoHooks()
+        self.save_final = save_final  # False: a measurement run keeps no final model
         self.out = check_output_dir(cfg)
         seed_everything(cfg.seed)
         _quiet_transformers()
@@ -338,20 +346,11 @@ class Trainer:
                if self.env.distributed else ""),
         )  # fmt: skip
 
-        # --- counters (a resumed run restores them: the summary counts the whole run)
-        self.step = 0
-        self.trained_tokens = self.seen_tokens = self.padded_tokens = 0
-        self.skipped_steps = 0
-        self.bad_run = 0
-        self.train_seconds = 0.0
-        self.wall_before = 0.0
-        self.ckpt_pause = 0.0
-        self.phase_totals = dict.fromkeys(PHASES, 0.0)
-        self.last_loss: float | None = None
-        self.last_eval: dict[str, Any] | None = None
+        # --- the run's state (a resumed run restores it: the summary counts the whole run)
+        self.state = RunState()
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
         self.resumed_from: str | None = None
-        self.epoch_float = 0.0
+        self.state.epoch_float = 0.0
         self._bad_run_t = torch.zeros((), device=self.device)
         self._skipped_t = torch.zeros((), device=self.device)
         self._stop_signal: int | None = None
@@ -424,7 +423,7 @@ class Trainer:
         if latest is not None:
             self._restore(latest)
         if self.is_main:
-            truncate_metrics(out / "metrics.jsonl", self.step)
+            truncate_metrics(out / "metrics.jsonl", self.state.step)
             saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
             write_text_atomic(out / "config.yaml", saved.to_yaml())
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
@@ -444,23 +443,10 @@ class Trainer:
             self.scaler.load_state_dict(st["optimizer"]["scaler"])
         ckpt.set_rng_state(st["rng"])
         self.loader.load_state_dict(st["loader_state"])
-        ts = st["trainer_state"]
-        self.step = int(ts["step"])
-        self.trained_tokens = int(ts["trained_tokens"])
-        self.seen_tokens = int(ts["seen_tokens"])
-        self.padded_tokens = int(ts["padded_tokens"])
-        self.skipped_steps = int(ts["skipped_steps"])
-        self.bad_run = int(ts["bad_run"])
-        self.train_seconds = float(ts["train_seconds"])
-        self.wall_before = float(ts["wall_seconds"])
-        self.ckpt_pause = float(ts["checkpoint_pause_seconds"])
-        self.phase_totals.update(ts["time_breakdown"])
-        self.last_loss = ts.get("last_loss")
-        self.epoch_float = float(ts.get("epoch", 0.0))
-        self.last_eval = ts.get("last_eval")
-        self._last_ckpt_step = self.step
-        self._bad_run_t.fill_(self.bad_run)
-        self._skipped_t.fill_(self.skipped_steps)
+        self.state = RunState.from_trainer_state(st["trainer_state"])
+        self._last_ckpt_step = self.state.step
+        self._bad_run_t.fill_(self.state.bad_run)
+        self._skipped_t.fill_(self.state.skipped_steps)
         self.resumed_from = str(path)
         self.writer.last_written = path
 
@@ -505,7 +491,7 @@ class Trainer:
     def _nan_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Test hook (PITSTOP_TEST_NAN_STEPS=3,4): poison the loss of those steps (1-based)."""
         loss = self._loss(batch)
-        if self.step + 1 in self._nan_steps:
+        if self.state.step + 1 in self._nan_steps:
             loss = loss * float("nan")
         return loss
 
@@ -549,7 +535,7 @@ class Trainer:
 
     def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Clip, skip if non-finite, step. Returns (grad norm, skipped flag tensor, lr)."""
-        lr = lr_at(self.step, peak_lr=self.cfg.lr, total_steps=self.total_steps,
+        lr = lr_at(self.state.step, peak_lr=self.cfg.lr, total_steps=self.total_steps,
                    warmup_steps=self.warmup, schedule=self.cfg.schedule,
                    min_lr_ratio=self.cfg.min_lr_ratio)  # fmt: skip
         for g in self.optimizer.param_groups:
@@ -595,7 +581,7 @@ class Trainer:
             print_banner(self._banner())
         self._batches = iter(self.loader)
         old_handlers = self._install_signals()
-        bar = _progress(self.total_steps, self.step) if self.is_main else None
+        bar = _progress(self.total_steps, self.state.step) if self.is_main else None
         tl = Timeline(use_cuda_events=self.device.type == "cuda")
         last_save_time = time.monotonic()
         t_train0 = time.perf_counter()
@@ -603,16 +589,16 @@ class Trainer:
         ok = False
         try:
             tl.start_step()
-            while self.step < self.total_steps:
+            while self.state.step < self.total_steps:
                 self._train_step(tl)
                 rec = tl.end_step()
                 tl.start_step()  # logging, eval and checkpoint below count toward the next step
                 self._pending[-1]["record"] = rec
                 if bar is not None:
                     bar.update(1)
-                done = self.step >= self.total_steps
-                save_due = bool(self.cfg.save_steps and self.step % self.cfg.save_steps == 0)
-                log_due = self.step % self.cfg.log_steps == 0 or done
+                done = self.state.step >= self.total_steps
+                save_due = bool(self.cfg.save_steps and self.state.step % self.cfg.save_steps == 0)
+                log_due = self.state.step % self.cfg.log_steps == 0 or done
                 time_due = (
                     self.cfg.save_minutes is not None
                     and time.monotonic() - last_save_time >= 60 * self.cfg.save_minutes
@@ -621,8 +607,8 @@ class Trainer:
                 if self.env.distributed:  # ranks act on these together, at logging steps only
                     time_due, signalled = self._agree(time_due, signalled, now=log_due or save_due)
                 save_due = save_due or time_due
-                stop = signalled or self.step == self._stop_at
-                self.train_seconds_now = self.train_seconds + time.perf_counter() - t_train0
+                stop = signalled or self.state.step == self._stop_at
+                self.train_seconds_now = self.state.train_seconds + time.perf_counter() - t_train0
                 eval_due = self._eval_due(done)
                 if eval_due:  # before logging: the result goes on this step's metrics line
                     with tl.phase("eval"):
@@ -650,8 +636,8 @@ class Trainer:
             leftover = tl.end_step()  # time after the last step (its logging): counted too
             for k, v in leftover.resolve().items():
                 if k != "other":
-                    self.phase_totals[k] += v
-            self.train_seconds += train_end - t_train0
+                    self.state.phase_totals[k] += v
+            self.state.train_seconds += train_end - t_train0
             if not ok:
                 self._finish_quietly(status)
         status = "completed"
@@ -690,6 +676,10 @@ class Trainer:
         while m < micro_count:
             with tl.phase("data_wait"):
                 mb = self.fetch_batch()
+                if m == 0 and self.hooks.step_started():
+                    # The loop ends after this step (total_steps is re-read every step);
+                    # the LR schedule does not matter for a measurement.
+                    self.total_steps = self.state.step + 1
             meta = mb["meta"]
             micro_count = int(meta["micro_count"])
             with tl.phase("host_to_device"):
@@ -702,20 +692,21 @@ class Trainer:
             m += 1
         with tl.phase("optimizer"):
             norm, bad, lr = self.optimizer_step(loss_acc)
-        self.step += 1
+            self.hooks.step_ended(self.state.step)
+        self.state.step += 1
         # The fraction of the *current* epoch: meta["step"] counts from the start of the run.
         epoch = int(meta["epoch"])
         if "epoch_step" in meta:
             in_epoch = int(meta["epoch_step"])
         else:  # a caller's loader without it: epochs of steps_per_epoch steps each
             in_epoch = int(meta["step"]) - epoch * self.steps_per_epoch
-        self.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
+        self.state.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
         self._skipped_t = self._skipped_t + bad
         # Token counts are this rank's; log() sums them over ranks with the loss.
         self._pending.append({
-            "step": self.step, "epoch": round(self.epoch_float, 6), "loss": loss_acc, "lr": lr,
+            "step": self.state.step, "epoch": round(self.state.epoch_float, 6), "loss": loss_acc, "lr": lr,
             "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
             "bad_run": self._bad_run_t,
         })  # fmt: skip
@@ -748,33 +739,33 @@ class Trainer:
             rec: StepRecord = p.pop("record")
             phases = rec.resolve()
             for k, v in phases.items():
-                self.phase_totals[k] += v
+                self.state.phase_totals[k] += v
             skipped = bool(bad)
-            self.trained_tokens += int(n_t)
-            self.seen_tokens += int(n_s)
-            self.padded_tokens += int(n_p)
+            self.state.trained_tokens += int(n_t)
+            self.state.seen_tokens += int(n_s)
+            self.state.padded_tokens += int(n_p)
             drop = ("loss", "grad_norm", "bad", "bad_run", "counts")
             line = {k: v for k, v in p.items() if k not in drop}
             line.update({
                 "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
-                "trained_tokens": self.trained_tokens, "seen_tokens": self.seen_tokens,
-                "padded_tokens": self.padded_tokens, "step_trained_tokens": int(n_t),
+                "trained_tokens": self.state.trained_tokens, "seen_tokens": self.state.seen_tokens,
+                "padded_tokens": self.state.padded_tokens, "step_trained_tokens": int(n_t),
                 "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
                 "step_seconds": rec.step_seconds,
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
             lines.append(line)
             if skipped:
-                self.skipped_steps += 1
-                self.bad_run = int(bad_run)
-                if self.bad_run >= self.cfg.max_bad_steps:
+                self.state.skipped_steps += 1
+                self.state.bad_run = int(bad_run)
+                if self.state.bad_run >= self.cfg.max_bad_steps:
                     self._pending = []
                     if self.is_main:
                         append_lines(self.out / "metrics.jsonl", lines)
                     self._diverged(p["step"], p["lr"], loss, norm)
             else:
-                self.bad_run = 0
-                self.last_loss = loss
+                self.state.bad_run = 0
+                self.state.last_loss = loss
         self._pending = []
         if not self.is_main:
             return
@@ -790,7 +781,11 @@ class Trainer:
                 self.tb.add_scalar(key, v, line["step"])
             self.wb.log(scalars, step=line["step"])
         self.tb.flush()
-        tps = self.trained_tokens / self.train_seconds_now if self.train_seconds_now > 0 else 0.0
+        tps = (
+            self.state.trained_tokens / self.train_seconds_now
+            if self.train_seconds_now > 0
+            else 0.0
+        )
         if bar is not None and not bar.disable:
             bar.set_postfix(loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
                             tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
@@ -804,7 +799,7 @@ class Trainer:
         self.writer.wait()
         last = self.writer.last_written
         raise TrainingDiverged(
-            f"training stopped at step {step}: {self.bad_run} optimizer steps in a row had a "
+            f"training stopped at step {step}: {self.state.bad_run} optimizer steps in a row had a "
             f"non-finite loss or gradient (loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); "
             f"those steps were skipped. The last good checkpoint is {last or 'none (no checkpoint yet)'}. "
             "Try a lower --lr, a longer warm-up (--warmup-steps), or --precision bf16/fp32 instead of fp16"
@@ -814,7 +809,7 @@ class Trainer:
         if self.eval_set is None:
             return False
         every = self.cfg.eval_steps
-        return done or bool(every and self.step % every == 0)
+        return done or bool(every and self.state.step % every == 0)
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out loss and perplexity now; attached to the newest pending metrics line.
@@ -834,48 +829,39 @@ class Trainer:
         finally:
             self.model.train(was_training)
         dist_mod.all_reduce_sum(total, self.env)
-        res = self.eval_set.result(float(total.item()), self.step, time.perf_counter() - t0)
-        self.last_eval = res
-        if self._pending and self._pending[-1]["step"] == self.step:
+        res = self.eval_set.result(float(total.item()), self.state.step, time.perf_counter() - t0)
+        self.state.last_eval = res
+        if self._pending and self._pending[-1]["step"] == self.state.step:
             self._pending[-1].update({k: v for k, v in res.items() if k != "step"})
         return res
 
     # --- checkpoints ----------------------------------------------------------------
 
     def _trainer_state(self, t_train0: float) -> dict[str, Any]:
-        return {
-            "step": self.step, "epoch": self.epoch_float, "total_steps": self.total_steps,
-            "trained_tokens": self.trained_tokens, "seen_tokens": self.seen_tokens,
-            "padded_tokens": self.padded_tokens, "skipped_steps": self.skipped_steps,
-            "bad_run": self.bad_run,
-            "train_seconds": self.train_seconds + time.perf_counter() - t_train0,
-            "wall_seconds": self.wall_before + time.time() - self.t_process,
-            "checkpoint_pause_seconds": self.ckpt_pause,
-            "time_breakdown": self.phase_totals, "last_loss": self.last_loss,
-            "last_eval": self.last_eval,
-            # Read by checkpoint retention: the best checkpoint by eval loss is kept.
-            "eval_loss": self.last_eval["eval_loss"]
-            if self.last_eval and self.last_eval["step"] == self.step else None,
-        }  # fmt: skip
+        return self.state.to_trainer_state(
+            total_steps=self.total_steps,
+            train_seconds=self.state.train_seconds + time.perf_counter() - t_train0,
+            wall_seconds=self.state.wall_before + time.time() - self.t_process,
+        )
 
     def checkpoint(self, t_train0: float, *, blocking: bool = False) -> None:
         """Pause only to copy state to host memory; the writer thread does the rest."""
         t0 = time.perf_counter()
         self.log()  # lines up to this step must exist before the checkpoint does
-        self._last_ckpt_step = self.step
+        self._last_ckpt_step = self.state.step
         if self.fsdp:
             # Collective: every rank sends its shards; rank 0 gets full CPU copies.
             model_state = dist_mod.full_state(self.model)
             optim_state = dist_mod.full_optimizer_state(self.model, self.optimizer)
         if not self.is_main:  # DDP: rank 0's replica is the same as this one
-            self.ckpt_pause += time.perf_counter() - t0
+            self.state.ckpt_pause += time.perf_counter() - t0
             return
         self.writer.wait()  # the previous write must be done (and must have succeeded)
         if not self.fsdp:
             model_state = ckpt.to_host(model_io.trainable_state(self.model))
             optim_state = ckpt.to_host(self.optimizer.state_dict())
         snap = ckpt.Snapshot(
-            step=self.step,
+            step=self.state.step,
             model_state=model_state,
             optimizer={
                 "optimizer": optim_state,
@@ -888,11 +874,14 @@ class Trainer:
             loader_state=self.loader.state_dict(),
         )
         self.writer.submit(snap, blocking=blocking)
-        self.ckpt_pause += time.perf_counter() - t0
+        self.state.ckpt_pause += time.perf_counter() - t0
 
     def _final_save(self, t_train0: float) -> None:
-        """Always: a last checkpoint (unless this step has one) and final/ (HF-loadable)."""
-        if self._last_ckpt_step != self.step:
+        """A last checkpoint (unless this step has one) and final/ (HF-loadable)."""
+        if not self.save_final:
+            self.writer.wait()  # no final model; still let async checkpoint writes finish
+            return
+        if self._last_ckpt_step != self.state.step:
             self.checkpoint(t_train0)  # on every rank: FSDP gathers the state collectively
         t0 = time.perf_counter()
         state = dist_mod.full_state(self.model) if self.fsdp else None
@@ -932,7 +921,7 @@ class Trainer:
         self._stop_signal = signum
         if not self.is_main:
             return
-        print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.step + 1}, "
+        print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.state.step + 1}, "
               "then saving a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)  # fmt: skip
 
     def _restore_signals(self, old: dict[int, Any]) -> None:
@@ -943,7 +932,7 @@ class Trainer:
         signum = self._stop_signal or signal.SIGTERM
         cmd = f"pitstop train --config {self.out / 'config.yaml'} --resume"
         return RunInterrupted(
-            f"stopped by {signal.Signals(signum).name} after step {self.step} of {self.total_steps}; "
+            f"stopped by {signal.Signals(signum).name} after step {self.state.step} of {self.total_steps}; "
             f"checkpoint saved in {self.writer.last_written}. Resume with:\n  {cmd}",
             exit_code=128 + int(signum),
         )
@@ -967,40 +956,42 @@ class Trainer:
         return format_banner(self.dev.name, facts, self.choices)
 
     def summary(self, status: str) -> dict[str, Any]:
-        ts = self.train_seconds
+        ts = self.state.train_seconds
         mfu = (
-            flops_mod.mfu(self.padded_tokens / ts, self.flops_per_token, self.peak_flops)
+            flops_mod.mfu(self.state.padded_tokens / ts, self.flops_per_token, self.peak_flops)
             if ts > 0
             else None
         )
-        eff = self.seen_tokens / self.padded_tokens if self.padded_tokens else None  # measured
+        eff = (
+            self.state.seen_tokens / self.state.padded_tokens if self.state.padded_tokens else None
+        )  # measured
         return {
             "status": status,
-            "optimizer_steps": self.step,
+            "optimizer_steps": self.state.step,
             "total_steps": self.total_steps,
-            "epochs": self.epoch_float,
-            "trained_tokens": self.trained_tokens,
-            "seen_tokens": self.seen_tokens,
-            "padded_tokens": self.padded_tokens,
+            "epochs": self.state.epoch_float,
+            "trained_tokens": self.state.trained_tokens,
+            "seen_tokens": self.state.seen_tokens,
+            "padded_tokens": self.state.padded_tokens,
             "train_seconds": ts,
-            "wall_seconds": self.wall_before + time.time() - self.t_process,
-            "tokens_per_second": self.trained_tokens / ts if ts > 0 else None,
-            "seen_tokens_per_second": self.seen_tokens / ts if ts > 0 else None,
+            "wall_seconds": self.state.wall_before + time.time() - self.t_process,
+            "tokens_per_second": self.state.trained_tokens / ts if ts > 0 else None,
+            "seen_tokens_per_second": self.state.seen_tokens / ts if ts > 0 else None,
             "mfu": mfu,
             "flops_per_token": self.flops_per_token,
             "peak_flops": self.peak_flops,
             "peak_flops_source": self.peak_source,
             "peak_memory_bytes": peak_memory_bytes(self.device.type),
-            "final_loss": self.last_loss,
-            "eval_loss": self.last_eval["eval_loss"] if self.last_eval else None,
-            "eval_ppl": self.last_eval["eval_ppl"] if self.last_eval else None,
-            "eval": self.last_eval,
+            "final_loss": self.state.last_loss,
+            "eval_loss": self.state.last_eval["eval_loss"] if self.state.last_eval else None,
+            "eval_ppl": self.state.last_eval["eval_ppl"] if self.state.last_eval else None,
+            "eval": self.state.last_eval,
             "best_checkpoint": self.writer.best,
             "world_size": self.world_size,
-            "time_breakdown": dict(self.phase_totals),
-            "checkpoint_pause_seconds": self.ckpt_pause,
+            "time_breakdown": dict(self.state.phase_totals),
+            "checkpoint_pause_seconds": self.state.ckpt_pause,
             "checkpoint_write_seconds": self.writer.write_seconds,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": self.state.skipped_steps,
             "packing_efficiency": eff,
             "padding_waste": 1 - eff if eff is not None else None,
             "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
