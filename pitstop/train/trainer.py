@@ -29,7 +29,6 @@ where all ranks synchronise anyway.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import secrets
@@ -61,10 +60,10 @@ from pitstop.train import model_io
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.optim import build_optimizer
+from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import default_warmup, lr_at
 from pitstop.train.state import RunState
 from pitstop.train.summary import (
-    append_lines,
     peak_memory_bytes,
     truncate_metrics,
 )
@@ -108,85 +107,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-class _NullWriter:
-    """Stands in for TensorBoard when it is off: the loop never asks whether it is on."""
-
-    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
-    if not enabled:
-        return _NullWriter(), "rank 0 writes the events"
-    if "tensorboard" not in cfg.report_to:
-        return _NullWriter(), "not in --report-to"
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print(
-            "pitstop: TensorBoard logging skipped: the tensorboard package is not installed "
-            "(pip install 'pitstop[tensorboard]')",
-            file=sys.stderr,
-        )
-        return _NullWriter(), "tensorboard not installed"
-    return SummaryWriter(log_dir=str(out / "tensorboard")), f"events in {out / 'tensorboard'}"
-
-
-class _NullRun:
-    """Stands in for a wandb run when wandb is off or not installed."""
-
-    def log(self, data: dict[str, float], step: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-
-def _wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
-    """A wandb run logging the same scalars as TensorBoard; WANDB_MODE/PROJECT are respected.
-
-    wandb is optional: not installed gives a one-line notice and no logging, never an error.
-    """
-    if not enabled:
-        return _NullRun(), "rank 0 logs the run"
-    if "wandb" not in cfg.report_to:
-        return _NullRun(), "not in --report-to"
-    try:
-        import wandb
-    except ImportError:
-        print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
-              file=sys.stderr)  # fmt: skip
-        return _NullRun(), "wandb not installed"
-    try:
-        run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
-            config=cfg.to_dict(), resume="allow",
-        )  # fmt: skip
-    except Exception as e:  # no login, no network in online mode...: the run goes on
-        print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
-              "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
-        return _NullRun(), f"wandb.init failed: {type(e).__name__}"
-    mode = os.environ.get("WANDB_MODE", "online")
-    return run, f"mode {mode}"
-
-
-def _progress(total: int, initial: int) -> Any:
-    from tqdm.auto import tqdm
-
-    force = os.environ.get("PITSTOP_PROGRESS")
-    disable = None if force is None else force == "0"  # None: only on a terminal
-    return tqdm(
-        total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
-        dynamic_ncols=True, desc="train",
-    )  # fmt: skip
 
 
 class Trainer:
@@ -572,16 +492,15 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self._prepare_output()
-        self.tb, tb_note = _tensorboard(self.cfg, self.out, self.is_main)
-        self.choices["tensorboard"] = Choice(bool(not isinstance(self.tb, _NullWriter)), tb_note)
-        self.wb, wb_note = _wandb(self.cfg, self.out, self.is_main)
-        if "wandb" in self.cfg.report_to:
-            self.choices["wandb"] = Choice(not isinstance(self.wb, _NullRun), wb_note)
+        self.run_log = RunLog(
+            self.cfg, self.out, enabled=self.is_main, total_steps=self.total_steps
+        )
+        self.choices.update(self.run_log.choices)
         if self.is_main:
             print_banner(self._banner())
         self._batches = iter(self.loader)
         old_handlers = self._install_signals()
-        bar = _progress(self.total_steps, self.state.step) if self.is_main else None
+        self.run_log.start_progress(self.state.step)
         tl = Timeline(use_cuda_events=self.device.type == "cuda")
         last_save_time = time.monotonic()
         t_train0 = time.perf_counter()
@@ -594,8 +513,7 @@ class Trainer:
                 rec = tl.end_step()
                 tl.start_step()  # logging, eval and checkpoint below count toward the next step
                 self._pending[-1]["record"] = rec
-                if bar is not None:
-                    bar.update(1)
+                self.run_log.step_done()
                 done = self.state.step >= self.total_steps
                 save_due = bool(self.cfg.save_steps and self.state.step % self.cfg.save_steps == 0)
                 log_due = self.state.step % self.cfg.log_steps == 0 or done
@@ -615,7 +533,7 @@ class Trainer:
                         self.evaluate()
                 if log_due or save_due or stop or eval_due:
                     with tl.phase("logging"):
-                        self.log(bar)
+                        self.log(progress=True)
                 if (save_due or stop) and not done:
                     with tl.phase("checkpoint"):
                         self.checkpoint(t_train0)
@@ -629,8 +547,7 @@ class Trainer:
             status = "diverged"
             raise
         finally:
-            if bar is not None:
-                bar.close()
+            self.run_log.stop_progress()
             self._restore_signals(old_handlers)
             train_end = time.perf_counter()
             leftover = tl.end_step()  # time after the last step (its logging): counted too
@@ -646,8 +563,7 @@ class Trainer:
         if self.is_main:
             write_json_atomic(self.out / "summary.json", summary)
             print(_result_line(summary), file=sys.stderr)
-        self.tb.close()
-        self.wb.finish()
+        self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
         dist_mod.barrier(self.env)
@@ -716,24 +632,43 @@ class Trainer:
         fn = getattr(self.loader, "steps_in_epoch", None)
         return int(fn(epoch)) if fn is not None else self.steps_per_epoch
 
-    def log(self, bar: Any = None) -> None:
-        """The logging step: the one place the loop reads device values (a sync)."""
+    def log(self, progress: bool = False) -> None:
+        """The logging step: the one place the loop reads device values (a sync).
+
+        `progress`: also show the newest line on the progress bar (the loop's logging
+        steps; a checkpoint's flush of the pending lines does not).
+        """
         if not self._pending:
             return
-        # Summed over ranks: [n, 4] (loss share, targets, seen, positions), float64 so the
-        # counts stay exact; one collective per logging step.
+        lines = self._account(self._pending_values())
+        tps = (
+            self.state.trained_tokens / self.train_seconds_now
+            if self.train_seconds_now > 0
+            else 0.0
+        )
+        self.run_log.write(lines, tokens_per_second=tps, progress=progress)
+
+    def _pending_values(self) -> list[list[float]]:
+        """Per pending step: loss share, targets, seen, positions (summed over ranks), then
+        grad norm, bad, bad run (the same on every rank). One collective, one transfer."""
+        # float64 so the counts stay exact
         summed = torch.stack([
             torch.cat([p["loss"].double().reshape(1),
                        torch.tensor(p["counts"], dtype=torch.float64).to(self.device)])
             for p in self._pending
         ])  # fmt: skip
         dist_mod.all_reduce_sum(summed, self.env)
-        # The same on every rank: [n, 3] (grad norm, bad, bad run). One transfer for all.
         same = torch.stack([
             torch.stack([p["grad_norm"].double(), p["bad"].double(), p["bad_run"].double()])
             for p in self._pending
         ])  # fmt: skip
-        vals = torch.cat([summed, same], dim=1).tolist()
+        return torch.cat([summed, same], dim=1).tolist()
+
+    def _account(self, vals: list[list[float]]) -> list[dict[str, Any]]:
+        """Count the pending steps into the run state; their metrics.jsonl lines.
+
+        Raises TrainingDiverged (after writing the lines) at cfg.max_bad_steps bad steps in a row.
+        """
         lines = []
         for p, (loss, n_t, n_s, n_p, norm, bad, bad_run) in zip(self._pending, vals):
             rec: StepRecord = p.pop("record")
@@ -760,39 +695,13 @@ class Trainer:
                 self.state.bad_run = int(bad_run)
                 if self.state.bad_run >= self.cfg.max_bad_steps:
                     self._pending = []
-                    if self.is_main:
-                        append_lines(self.out / "metrics.jsonl", lines)
+                    self.run_log.append_metrics(lines)
                     self._diverged(p["step"], p["lr"], loss, norm)
             else:
                 self.state.bad_run = 0
                 self.state.last_loss = loss
         self._pending = []
-        if not self.is_main:
-            return
-        append_lines(self.out / "metrics.jsonl", lines)
-        last = lines[-1]
-        for line in lines:
-            scalars = {
-                **{f"train/{k}": line[k] for k in ("loss", "lr", "grad_norm", "tokens_per_second")},
-                **{f"eval/{k[5:]}": line[k] for k in ("eval_loss", "eval_ppl") if k in line},
-            }
-            scalars = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
-            for key, v in scalars.items():
-                self.tb.add_scalar(key, v, line["step"])
-            self.wb.log(scalars, step=line["step"])
-        self.tb.flush()
-        tps = (
-            self.state.trained_tokens / self.train_seconds_now
-            if self.train_seconds_now > 0
-            else 0.0
-        )
-        if bar is not None and not bar.disable:
-            bar.set_postfix(loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
-                            tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
-        elif bar is not None:
-            loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
-            print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                  f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+        return lines
 
     def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
         # A checkpoint may still be on its way to disk: let it land before naming it.
@@ -902,8 +811,7 @@ class Trainer:
             print(f"pitstop: {e}", file=sys.stderr)
         if self.is_main:
             write_json_atomic(self.out / "summary.json", self.summary(status))
-        self.tb.close()
-        self.wb.finish()
+        self.run_log.close()
 
     # --- signals ------------------------------------------------------------------
 
