@@ -42,6 +42,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pitstop.cache_layout import cache_root
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 
@@ -359,11 +360,7 @@ class PitstopCallback(TrainerCallback):
             from pitstop.measure.flops import mfu as mfu_of
             from pitstop.measure.peak import device_peak
 
-            cache = (
-                self.cache_dir
-                or os.environ.get("PITSTOP_CACHE_DIR")
-                or Path.home() / ".cache" / "pitstop"
-            )
+            cache = cache_root(self.cache_dir)
             import torch
 
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.errors import ConfigError
 
 # torch.compile cost/benefit basis, measured for pitstop on CPU: a 7.6M-parameter Llama
@@ -211,9 +212,7 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
-    has_run = out.is_dir() and any(
-        (out / n).exists() for n in ("summary.json", "checkpoints", "final")
-    )
+    has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "

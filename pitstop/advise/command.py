@@ -87,7 +87,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     cache_dir = args.cache_dir
     if cache_dir is None:
-        from pitstop.data.cache import cache_root
+        from pitstop.cache_layout import cache_root
 
         try:
             cache_dir = str(cache_root(None))

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
 
@@ -245,7 +246,7 @@ def run_profile(
         with sampler, ctx:
             summary = trainer.fit()
         peak = peak_memory(trainer.device.type)
-        lines = read_metrics(tmp / "run" / "metrics.jsonl")
+        lines = read_metrics(tmp / "run" / run_files.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

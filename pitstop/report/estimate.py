@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.errors import ConfigError, DataError
 from pitstop.measure.flops import FlopsModel
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
@@ -140,7 +141,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     """A profile.json, a run's summary.json, or a run directory holding summary.json."""
     p = Path(path)
     if p.is_dir():
-        for name in ("summary.json", "profile.json"):
+        for name in (run_files.SUMMARY, run_files.PROFILE):
             if (p / name).is_file():
                 p = p / name
                 break
@@ -256,7 +257,7 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
         median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
         warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
     else:
-        lines = read_metrics(Path(prof.get("_path", "")).with_name("metrics.jsonl"))
+        lines = read_metrics(Path(prof.get("_path", "")).with_name(run_files.METRICS))
         lines = sorted(
             (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
             key=lambda r: r["step"],

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.probe import Choice
 
@@ -45,7 +46,7 @@ def saved_strategy(out: Path) -> str | None:
 
     from pitstop.train.checkpoint import latest_checkpoint
 
-    ck = latest_checkpoint(out / "checkpoints")
+    ck = latest_checkpoint(out / run_files.CHECKPOINTS)
     if ck is None or not (ck / "loader_state.json").is_file():
         return None
     return json.loads((ck / "loader_state.json").read_text(encoding="utf-8")).get("strategy")

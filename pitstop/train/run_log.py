@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.probe import Choice
 from pitstop.train.summary import append_lines
@@ -62,7 +63,9 @@ def open_tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str
             file=sys.stderr,
         )
         return NullWriter(), "tensorboard not installed"
-    return SummaryWriter(log_dir=str(out / "tensorboard")), f"events in {out / 'tensorboard'}"
+    return SummaryWriter(
+        log_dir=str(out / run_files.TENSORBOARD)
+    ), f"events in {out / run_files.TENSORBOARD}"
 
 
 def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
@@ -122,7 +125,7 @@ class RunLog:
     """
 
     def __init__(self, cfg: RunConfig, out: Path, *, enabled: bool, total_steps: int) -> None:
-        self.metrics_path = out / "metrics.jsonl"
+        self.metrics_path = out / run_files.METRICS
         self.enabled = enabled
         self.total_steps = total_steps
         self.tb, tb_note = open_tensorboard(cfg, out, enabled)

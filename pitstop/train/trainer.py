@@ -44,8 +44,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pitstop import probe
+from pitstop import probe, run_files
 from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
@@ -67,9 +68,6 @@ from pitstop.train.summary import (
     peak_memory_bytes,
     truncate_metrics,
 )
-
-RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
-RUN_DIRS = ("checkpoints", "final", "tensorboard")
 
 
 class RunInterrupted(PitstopError):
@@ -96,9 +94,9 @@ def check_output_dir(cfg: RunConfig) -> Path:
 
 def _clear_run(out: Path) -> None:
     """--overwrite: remove only what a pitstop run writes (never the user's other files)."""
-    for name in RUN_FILES:
+    for name in run_files.RUN_FILES:
         (out / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
+    for name in run_files.RUN_DIRS:
         if (out / name).exists():
             shutil.rmtree(out / name)
 
@@ -228,7 +226,7 @@ class Trainer:
         self.flops = flops_mod.flops_model(self.model)
         self.flops_per_token = self.flops.per_token(self.geometry.max_seq_len)
         self.peak_flops, self.peak_source = device_peak(
-            device, self.precision, bool(tf32.value), cfg.cache_dir or _default_cache()
+            device, self.precision, bool(tf32.value), cache_root(cfg.cache_dir)
         )
         est = None
         if self.peak_flops:
@@ -279,7 +277,7 @@ class Trainer:
         self.final_save_seconds = 0.0
 
         self.writer = ckpt.CheckpointWriter(
-            self.out / "checkpoints",
+            self.out / run_files.CHECKPOINTS,
             keep=cfg.save_total_limit,
             save_model=lambda dest, state: model_io.save_model_dir(
                 self.model, self.tokenizer, dest, state
@@ -330,7 +328,7 @@ class Trainer:
         if self.cfg.overwrite and self.is_main:
             _clear_run(out)
         out.mkdir(parents=True, exist_ok=True)
-        root = out / "checkpoints"
+        root = out / run_files.CHECKPOINTS
         if self.is_main:
             ckpt.remove_debris(root)
         latest = ckpt.latest_checkpoint(root) if self.cfg.resume else None
@@ -343,9 +341,9 @@ class Trainer:
         if latest is not None:
             self._restore(latest)
         if self.is_main:
-            truncate_metrics(out / "metrics.jsonl", self.state.step)
+            truncate_metrics(out / run_files.METRICS, self.state.step)
             saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
-            write_text_atomic(out / "config.yaml", saved.to_yaml())
+            write_text_atomic(out / run_files.CONFIG, saved.to_yaml())
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
 
     def _restore(self, path: Path) -> None:
@@ -561,7 +559,7 @@ class Trainer:
         self._final_save(t_train0)
         summary = self.summary(status)
         if self.is_main:
-            write_json_atomic(self.out / "summary.json", summary)
+            write_json_atomic(self.out / run_files.SUMMARY, summary)
             print(_result_line(summary), file=sys.stderr)
         self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
@@ -799,7 +797,7 @@ class Trainer:
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
         model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
-        model_io.publish_dir(tmp, self.out / "final")
+        model_io.publish_dir(tmp, self.out / run_files.FINAL)
         self.writer.wait()
         self.final_save_seconds = time.perf_counter() - t0
 
@@ -810,7 +808,7 @@ class Trainer:
         except ckpt.CheckpointError as e:
             print(f"pitstop: {e}", file=sys.stderr)
         if self.is_main:
-            write_json_atomic(self.out / "summary.json", self.summary(status))
+            write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
         self.run_log.close()
 
     # --- signals ------------------------------------------------------------------
@@ -838,7 +836,7 @@ class Trainer:
 
     def _interrupted(self) -> RunInterrupted:
         signum = self._stop_signal or signal.SIGTERM
-        cmd = f"pitstop train --config {self.out / 'config.yaml'} --resume"
+        cmd = f"pitstop train --config {self.out / run_files.CONFIG} --resume"
         return RunInterrupted(
             f"stopped by {signal.Signals(signum).name} after step {self.state.step} of {self.total_steps}; "
             f"checkpoint saved in {self.writer.last_written}. Resume with:\n  {cmd}",
@@ -906,7 +904,7 @@ class Trainer:
             "device": {**self.dev.to_dict(), "torch": torch.__version__},
             "choices": {k: c.to_dict() for k, c in self.choices.items()},
             "resumed_from": self.resumed_from,
-            "final_model": str(self.out / "final") if status == "completed" else None,
+            "final_model": str(self.out / run_files.FINAL) if status == "completed" else None,
             "config": self.cfg.to_dict(),
         }
 
@@ -948,7 +946,3 @@ def _process_start() -> float:
         return float(psutil.Process().create_time())
     except Exception:  # psutil is a dependency, but a missing /proc must not stop a run
         return time.time()
-
-
-def _default_cache() -> str:
-    return os.environ.get("PITSTOP_CACHE_DIR") or str(Path.home() / ".cache" / "pitstop")

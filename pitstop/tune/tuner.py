@@ -203,7 +203,7 @@ def tune(
 ) -> TuneReport:
     """Run the tuner on `cfg`; nothing is written (see `write_tuned_config`)."""
     from pitstop import probe
-    from pitstop.data.cache import cache_root
+    from pitstop.cache_layout import cache_root
     from pitstop.tune.space import resolved_tokens_per_step
     from pitstop.tune.trial import TrialCache, TrialRunner, cache_context
 
