@@ -284,6 +284,19 @@ def compile_status() -> tuple[bool, str]:
     return True, "torch.compile is available"
 
 
+def estimated_run_seconds(
+    steps: int, tokens_per_step: int, flops_per_token: float, peak_flops: float | None
+) -> float | None:
+    """The run length `compile: auto` weighs compile time against (None without a peak).
+
+    An estimate from FLOPs at ASSUMED_MFU_FOR_ESTIMATE of the device's peak, before any
+    step has run; the trainer and the tuner both decide with it.
+    """
+    if not peak_flops:
+        return None
+    return steps * tokens_per_step * flops_per_token / (peak_flops * ASSUMED_MFU_FOR_ESTIMATE)
+
+
 def choose_compile(requested: str, dev: DeviceInfo, estimated_run_seconds: float | None) -> Choice:
     """`auto` compiles only when the estimated saving repays the compile time several times.
 

@@ -228,12 +228,9 @@ class Trainer:
         self.peak_flops, self.peak_source = device_peak(
             device, self.precision, bool(tf32.value), cache_root(cfg.cache_dir)
         )
-        est = None
-        if self.peak_flops:
-            est = (
-                self.total_steps * self.geometry.tokens_per_step * self.flops_per_token
-                / (self.peak_flops * probe.ASSUMED_MFU_FOR_ESTIMATE)
-            )  # fmt: skip
+        est = probe.estimated_run_seconds(
+            self.total_steps, self.geometry.tokens_per_step, self.flops_per_token, self.peak_flops
+        )
         # After `batching: auto` (it times the plain model, no collectives), before the
         # optimizer (FSDP2 replaces the parameters by sharded DTensors).
         self.wrapped, self.choices["strategy"] = dist_mod.wrap(self.model, cfg, self.env)

@@ -30,3 +30,27 @@ def test_a_directory_with_any_run_marker_is_refused_without_resume(tmp_path):
         )
     assert output_dir_problem(str(tmp_path / "new"), resume=False, overwrite=False) is None
     assert set(run_files.RUN_MARKERS) <= set(run_files.RUN_FILES) | set(run_files.RUN_DIRS)
+
+
+def test_the_doctor_resolves_precision_auto_with_the_probe():
+    from types import SimpleNamespace
+
+    from pitstop.advise.rules import Context
+    from pitstop.probe import DeviceInfo, choose_precision
+
+    for dev in (
+        DeviceInfo(type="cpu", name="cpu", cpu_count=2),
+        DeviceInfo(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False),
+        DeviceInfo(type="cuda", name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True),
+    ):
+        ctx = SimpleNamespace(setup=SimpleNamespace(precision="auto"), device=dev)
+        assert Context.precision.fget(ctx) == choose_precision("auto", dev).value
+
+
+def test_the_compile_run_length_estimate():
+    from pitstop.probe import ASSUMED_MFU_FOR_ESTIMATE, estimated_run_seconds
+
+    assert estimated_run_seconds(10, 100, 6.0, None) is None  # no peak: no estimate
+    assert estimated_run_seconds(10, 100, 6.0, 1000.0) == 10 * 100 * 6.0 / (
+        1000.0 * ASSUMED_MFU_FOR_ESTIMATE
+    )
