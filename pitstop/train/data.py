@@ -3,8 +3,7 @@
 The loader contract (pitstop.batching.MicroBatchLoader): iterating yields micro-batch
 dicts {input_ids Long[B,T], labels Long[B,T] (-100 = not a target; the model shifts),
 position_ids Long[B,T] (restarting at 0 per packed document), cu_seqlens Int32[n+1],
-max_seqlen int, meta {epoch, step, micro_index, micro_count, n_positions, n_seen,
-n_targets, step_targets, ...}} up to the end of the run, with `state_dict()` /
+max_seqlen int, meta `pitstop.batching.records.MicroBatchMeta`} up to the end of the run, with `state_dict()` /
 `load_state_dict()` for exact resume and `steps_per_epoch` / `total_steps` known up
 front. The trainer accepts any object honouring it (tests pass small ones).
 """

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from pitstop import probe, run_files
 from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.batching.records import MicroBatchMeta
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
@@ -581,7 +582,7 @@ class Trainer:
     def _train_step(self, tl: Timeline) -> None:
         loss_acc = torch.zeros((), device=self.device)
         n_targets = n_seen = n_pos = 0
-        meta: dict[str, Any] = {}
+        meta: MicroBatchMeta | None = None
         micro_count = 1
         m = 0
         while m < micro_count:
@@ -592,25 +593,26 @@ class Trainer:
                     # the LR schedule does not matter for a measurement.
                     self.total_steps = self.state.step + 1
             meta = mb["meta"]
-            micro_count = int(meta["micro_count"])
+            micro_count = meta.micro_count
             with tl.phase("host_to_device"):
                 batch = self.to_device(mb)
             last = m == micro_count - 1
-            loss_acc += self.forward_backward(batch, int(meta["step_targets"]), tl, last=last)
-            n_targets += int(meta["n_targets"])
-            n_seen += int(meta["n_seen"])
-            n_pos += int(meta["n_positions"])
+            loss_acc += self.forward_backward(batch, meta.step_targets, tl, last=last)
+            n_targets += meta.n_targets
+            n_seen += meta.n_seen
+            n_pos += meta.n_positions
             m += 1
         with tl.phase("optimizer"):
             norm, bad, lr = self.optimizer_step(loss_acc)
             self.hooks.step_ended(self.state.step)
         self.state.step += 1
-        # The fraction of the *current* epoch: meta["step"] counts from the start of the run.
-        epoch = int(meta["epoch"])
-        if "epoch_step" in meta:
-            in_epoch = int(meta["epoch_step"])
+        # The fraction of the *current* epoch: meta.step counts from the start of the run.
+        assert meta is not None  # a step has at least one micro-batch
+        epoch = meta.epoch
+        if meta.epoch_step is not None:
+            in_epoch = meta.epoch_step
         else:  # a caller's loader without it: epochs of steps_per_epoch steps each
-            in_epoch = int(meta["step"]) - epoch * self.steps_per_epoch
+            in_epoch = meta.step - epoch * self.steps_per_epoch
         self.state.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
