@@ -30,7 +30,6 @@ where all ranks synchronise anyway.
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -40,30 +39,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from pitstop import probe, run_files
+from pitstop import run_files
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.batching.records import MicroBatchMeta
-from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
-from pitstop.errors import ConfigError, PitstopError
+from pitstop.errors import PitstopError
 from pitstop.measure import flops as flops_mod
-from pitstop.measure.peak import device_peak
 from pitstop.measure.timeline import StepRecord, Timeline
-from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
-from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io
 from pitstop.train.banner import format_banner, print_banner
+from pitstop.train.build import Run, build_run, to_device, token_loss_sum
 from pitstop.train.hooks import NoHooks, StepHooks
-from pitstop.train.optim import build_optimizer
 from pitstop.train.run_log import RunLog
-from pitstop.train.schedule import default_warmup, lr_at
+from pitstop.train.schedule import lr_at
 from pitstop.train.state import RunState
 from pitstop.train.summary import (
     peak_memory_bytes,
@@ -85,14 +78,6 @@ class TrainingDiverged(PitstopError):
     exit_code = 1
 
 
-def check_output_dir(cfg: RunConfig) -> Path:
-    """Refuse to touch a directory holding a run unless --resume or --overwrite. Writes nothing."""
-    problem = probe.output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
-    if problem:
-        raise ConfigError(problem)
-    return Path(cfg.output)
-
-
 def _clear_run(out: Path) -> None:
     """--overwrite: remove only what a pitstop run writes (never the user's other files)."""
     for name in run_files.RUN_FILES:
@@ -102,17 +87,13 @@ def _clear_run(out: Path) -> None:
             shutil.rmtree(out / name)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
 class Trainer:
-    """One training run. Build it with a validated RunConfig; `fit()` returns the summary.
+    """One training run's loop. `fit()` returns the summary.
 
-    `device` overrides the probe (tests pretend machines with it); `loader` replaces
-    the batching loader (any object honouring the loader contract in train/data.py);
+    It receives what `pitstop.train.build.build_run` assembled (`run=`); given only a
+    validated RunConfig it builds that itself, passing `device` (overrides the probe:
+    tests pretend machines with it), `loader` (replaces the batching loader: any object
+    honouring the loader contract in train/data.py), `rank` and `world_size` on.
     `hooks` are called at each step's start and end (train/hooks.py); `save_final=False`
     skips final/ (a measurement run: writing it can take minutes for a large model).
     """
@@ -127,146 +108,36 @@ class Trainer:
         world_size: int | None = None,
         hooks: StepHooks | None = None,
         save_final: bool = True,
+        run: Run | None = None,
     ) -> None:
-        self.t_process = _process_start()
-        self.cfg = cfg
+        if run is None:
+            run = build_run(cfg, device=device, loader=loader, rank=rank, world_size=world_size)
+        self.run = run
         self.hooks: StepHooks = hooks if hooks is not None else NoHooks()
         self.save_final = save_final  # False: a measurement run keeps no final model
-        self.out = check_output_dir(cfg)
-        seed_everything(cfg.seed)
-        _quiet_transformers()
-
-        # --- choices that need only the machine (may raise ConfigError: nothing written yet)
-        self.choices: dict[str, Choice] = {}
-        if device is None:
-            device, dev_choice = probe.detect_device(cfg.device)
-        else:
-            dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
-        if rank is None and world_size is None:
-            # Launched by torchrun: join its process group (and take GPU LOCAL_RANK).
-            self.env, device = dist_mod.init(device)
-        else:  # the caller places this trainer (a test, or a custom launcher with its own group)
-            w = world_size or 1
-            self.env = dist_mod.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
+        self.t_process = run.t_process
+        self.cfg, self.out = run.cfg, run.out
+        self.env, self.dev, self.device = run.env, run.dev, run.device
         self.rank, self.world_size = self.env.rank, self.env.world_size
         self.is_main = self.rank == 0
-        problems = dist_mod.check_strategy(cfg, self.env)
-        if problems:
-            raise ConfigError(problems, header="invalid configuration for several processes:")
-        self.fsdp = self.env.distributed and cfg.strategy == "fsdp"
-        self.dev = device
-        self.device = torch.device(device.torch_device)
-        self.choices["device"] = dev_choice
-        prec = probe.choose_precision(cfg.precision, device)
-        self.choices["precision"] = prec
-        self.precision = prec.value
-        tf32 = probe.choose_tf32(device, self.precision)
-        self.choices["tf32"] = tf32
-        probe.apply_backend_flags(device, tf32)
-        attention = probe.choose_attention(cfg.attention, device, self.precision)
-        self.choices["optimizer"] = probe.choose_optimizer(device)
-
-        # --- model (the directory is checked before the tokenizer reads its config)
-        model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
-        note = check_positions(cfg.model, cfg.max_seq_len)
-        if note and self.is_main:
-            print(f"pitstop: warning: {note}", file=sys.stderr)
-        self.tokenizer = model_io.load_tokenizer(cfg)
-        self.model, attention, lora = model_io.load_model(cfg, device, self.precision, attention)
-        self.choices["attention"] = attention
-        self.choices["gradient_checkpointing"] = Choice(
-            cfg.gradient_checkpointing,
-            "asked for: activations recomputed in backward (~1/3 more compute, far less memory)"
-            if cfg.gradient_checkpointing
-            else "off: activations kept (fastest; turn on with --gradient-checkpointing if memory is short)",
-        )
-        if lora is not None:
-            self.choices["lora"] = lora
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self.forward_model: Any = self.model
-        self._compiled = False
-
-        # --- data (after the model: `batching: auto` times each strategy on it)
-        self.eval_set: Any = None
-        if loader is None:
-            store = data_mod.open_training_store(cfg)
-            held = data_mod.eval_data(cfg, store)
-            resume_strategy = data_mod.saved_strategy(self.out) if cfg.resume else None
-            self.loader, self.geometry = data_mod.build_loader(
-                cfg, store=store, rank=self.rank, world_size=self.world_size,
-                run_micro_batch=self._timing_micro_batch, resume_strategy=resume_strategy,
-                indices=held.train_indices if held else None, lockstep=self.fsdp,
-            )  # fmt: skip
-            if held is not None:
-                from pitstop.train.evaluate import EvalSet
-
-                self.eval_set = EvalSet(
-                    held.store, self.loader.settings, indices=held.indices, rank=self.rank,
-                    seed=cfg.seed, lockstep=self.fsdp, source=held.source,
-                )  # fmt: skip
-        else:
-            self.loader = loader
-            self.geometry = data_mod.Geometry(
-                "custom", int(getattr(loader, "max_seq_len", cfg.max_seq_len)),
-                int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
-                {"batching": Choice("custom", "a loader object was passed to the Trainer")},
-            )  # fmt: skip
-        if loader is not None and cfg.eval_data:
-            self.eval_set = self._custom_eval_set(cfg, loader)
-        self.choices.update(self.geometry.choices)
-        self.steps_per_epoch = int(self.loader.steps_per_epoch)
-        self.total_steps = int(
-            getattr(self.loader, "total_steps", None)
-            or data_mod.steps_for(cfg.epochs, cfg.max_steps, self.steps_per_epoch)
-        )
-        self.warmup = (
-            cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(self.total_steps)
-        )
-
-        # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
-        self.flops = flops_mod.flops_model(self.model)
-        self.flops_per_token = self.flops.per_token(self.geometry.max_seq_len)
-        self.peak_flops, self.peak_source = device_peak(
-            device, self.precision, bool(tf32.value), cache_root(cfg.cache_dir)
-        )
-        est = probe.estimated_run_seconds(
-            self.total_steps, self.geometry.tokens_per_step, self.flops_per_token, self.peak_flops
-        )
-        # After `batching: auto` (it times the plain model, no collectives), before the
-        # optimizer (FSDP2 replaces the parameters by sharded DTensors).
-        self.wrapped, self.choices["strategy"] = dist_mod.wrap(self.model, cfg, self.env)
-        self.forward_model = self.wrapped
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.choices["compile"] = probe.choose_compile(cfg.compile, device, est)
-        self._compiled = bool(self.choices["compile"].value)
-        if self._compiled:
-            self.forward_model = torch.compile(self.wrapped)
-
-        # --- optimizer, precision machinery
-        self.optimizer = build_optimizer(
-            self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=self.choices["optimizer"]
-        )
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
-        # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
-        # the kernel itself, without a host-device sync.
-        self.sync_free_skip = (
-            self.device.type == "cuda" and self.choices["optimizer"].value == "adamw_fused"
-            and self.scaler is None
-        )  # fmt: skip
-        self.choices["loss"] = Choice(
-            "fp32 token CE / step_targets",
-            "computed by pitstop from the logits in fp32, summed over targets and divided by the "
-            "step's target count (all ranks), so accumulated micro-batches give exactly one big "
-            "batch's gradient"
-            + (f"; x{self.world_size} to undo the gradient averaging across ranks"
-               if self.env.distributed else ""),
-        )  # fmt: skip
+        self.fsdp = run.fsdp
+        self.choices = run.choices
+        self.precision, self.autocast_dtype = run.precision, run.autocast_dtype
+        self.tokenizer, self.model, self.wrapped = run.tokenizer, run.model, run.wrapped
+        self.forward_model, self._compiled = run.forward_model, run.compiled
+        self.loader, self.geometry, self.eval_set = run.loader, run.geometry, run.eval_set
+        self.steps_per_epoch, self.total_steps = run.steps_per_epoch, run.total_steps
+        self.warmup = run.warmup
+        self.flops, self.flops_per_token = run.flops, run.flops_per_token
+        self.peak_flops, self.peak_source = run.peak_flops, run.peak_source
+        self.params, self.optimizer, self.scaler = run.params, run.optimizer, run.scaler
+        self.sync_free_skip = run.sync_free_skip
+        self.writer = run.writer
 
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
         self.state = RunState()
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
         self.resumed_from: str | None = None
-        self.state.epoch_float = 0.0
         self._bad_run_t = torch.zeros((), device=self.device)
         self._skipped_t = torch.zeros((), device=self.device)
         self._stop_signal: int | None = None
@@ -274,50 +145,12 @@ class Trainer:
         self.train_seconds_now = 0.0
         self.final_save_seconds = 0.0
 
-        self.writer = ckpt.CheckpointWriter(
-            self.out / run_files.CHECKPOINTS,
-            keep=cfg.save_total_limit,
-            save_model=lambda dest, state: model_io.save_model_dir(
-                self.model, self.tokenizer, dest, state
-            ),
-            enabled=self.is_main,
-            keep_best=self.eval_set is not None,
-        )
-        self.choices["checkpoints"] = Choice(
-            _save_policy(cfg),
-            "asynchronous: the loop pauses only to copy state to host memory; a background "
-            "thread writes atomically (partial dir, marker, rename)",
-        )
-        if self.eval_set is not None:
-            every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
-            self.choices["eval"] = Choice(
-                self.eval_set.source,
-                f"held-out loss and perplexity {every}at the end, over {self.eval_set.n_targets:,} "
-                "targets, batched like training; the checkpoint with the lowest eval loss is kept "
-                "beside the newest (checkpoints/best.json)",
-            )
         self._compute_loss = self._loss
         nan_steps = os.environ.get("PITSTOP_TEST_NAN_STEPS")  # test hook, see _nan_loss
         if nan_steps:
             self._nan_steps = {int(s) for s in nan_steps.split(",") if s}
             self._compute_loss = self._nan_loss
         self._stop_at = int(os.environ.get("PITSTOP_TEST_STOP_AT_STEP", "0")) or None  # test hook
-
-    def _custom_eval_set(self, cfg: RunConfig, loader: Any) -> Any:
-        """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
-        from pitstop.batching.settings import BatchSettings
-        from pitstop.train.evaluate import EvalSet
-
-        settings = getattr(loader, "settings", None) or BatchSettings.from_config(
-            cfg, world_size=self.world_size,
-            strategy="pack" if cfg.batching == "auto" else cfg.batching,
-        )  # fmt: skip
-        if cfg.eval_data == "auto":
-            raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
-        held = data_mod.eval_data(cfg, None)
-        assert held is not None
-        return EvalSet(held.store, settings, indices=None, rank=self.rank, seed=cfg.seed,
-                       lockstep=self.fsdp, source=held.source)  # fmt: skip
 
     # --- set-up of the output directory ----------------------------------------------
 
@@ -366,43 +199,21 @@ class Trainer:
         self.resumed_from = str(path)
         self.writer.last_written = path
 
-    def _timing_micro_batch(self, mb: dict[str, Any]) -> float:
-        """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
-        loss = self._loss(self.to_device(mb))
-        loss.backward()
-        self.model.zero_grad(set_to_none=True)
-        return float(loss.item())  # the sync makes the timing cover the device work
-
     # --- phases ---------------------------------------------------------------------
 
     def fetch_batch(self) -> dict[str, Any]:
         return next(self._batches)
 
     def to_device(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
-        nb = self.device.type == "cuda"  # pinned host batches copy asynchronously
-        return {
-            k: mb[k].to(self.device, non_blocking=nb)
-            for k in ("input_ids", "labels", "position_ids")
-        }
+        return to_device(mb, self.device)
 
     def _loss(self, batch: dict[str, torch.Tensor], model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
 
         `model`: call this module instead of the training forward (evaluation).
         """
-        with torch.autocast(
-            self.device.type, dtype=self.autocast_dtype or torch.float32,
-            enabled=self.autocast_dtype is not None,
-        ):  # fmt: skip
-            out = self._forward(batch, model)
-        logits = out.logits  # [B, T, V]
-        labels = batch["labels"]  # [B, T]; the model convention: position t predicts labels[t+1]
-        return F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(),  # [B*(T-1), V] in fp32
-            labels[:, 1:].flatten(),  # [B*(T-1)]
-            ignore_index=-100,
-            reduction="sum",
-        )
+        forward = model if model is not None else self._forward
+        return token_loss_sum(forward, batch, self.device.type, self.autocast_dtype)
 
     def _nan_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Test hook (PITSTOP_TEST_NAN_STEPS=3,4): poison the loss of those steps (1-based)."""
@@ -411,16 +222,7 @@ class Trainer:
             loss = loss * float("nan")
         return loss
 
-    def _forward(self, batch: dict[str, torch.Tensor], model: Any = None) -> Any:
-        # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-        # (documents packed in one row never attend to each other).
-        kwargs = {
-            "input_ids": batch["input_ids"],
-            "position_ids": batch["position_ids"],
-            "use_cache": False,
-        }
-        if model is not None:
-            return model(**kwargs)
+    def _forward(self, **kwargs: Any) -> Any:
         if not self._compiled:
             return self.forward_model(**kwargs)
         try:
@@ -908,16 +710,6 @@ class Trainer:
         }
 
 
-def _save_policy(cfg: RunConfig) -> str:
-    parts = []
-    if cfg.save_steps:
-        parts.append(f"every {cfg.save_steps} steps")
-    if cfg.save_minutes:
-        parts.append(f"every {cfg.save_minutes:g} min")
-    parts.append("at the end")
-    return ", ".join(parts) + f"; keep {cfg.save_total_limit}"
-
-
 def _result_line(s: dict[str, Any]) -> str:
     mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
     loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
@@ -926,22 +718,3 @@ def _result_line(s: dict[str, Any]) -> str:
         f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "
         f"final loss {loss}; model in {s['final_model']}"
     )
-
-
-def _quiet_transformers() -> None:
-    """save_pretrained's per-shard progress bars would interleave with the run's own bar."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def _process_start() -> float:
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # psutil is a dependency, but a missing /proc must not stop a run
-        return time.time()
