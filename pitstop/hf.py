@@ -45,6 +45,7 @@ from transformers import TrainerCallback
 from pitstop.advise.doctor import device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.finding import format_findings
+from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.peak import device_peak
@@ -359,11 +360,7 @@ class PitstopCallback(TrainerCallback):
         mfu = None
         fm = getattr(self, "_flops_model", None)
         if fm is not None and positions and seconds and rows:
-            cache = (
-                self.cache_dir
-                or os.environ.get("PITSTOP_CACHE_DIR")
-                or Path.home() / ".cache" / "pitstop"
-            )
+            cache = cache_root(self.cache_dir)
             import torch
 
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 
@@ -212,9 +213,7 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
-    has_run = out.is_dir() and any(
-        (out / n).exists() for n in ("summary.json", "checkpoints", "final")
-    )
+    has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "
@@ -293,6 +292,19 @@ def compile_status() -> tuple[bool, str]:
     if os.environ.get("PITSTOP_NO_COMPILE") or os.environ.get("TORCHDYNAMO_DISABLE") == "1":
         return False, "disabled by the environment (PITSTOP_NO_COMPILE / TORCHDYNAMO_DISABLE)"
     return True, "torch.compile is available"
+
+
+def estimated_run_seconds(
+    steps: int, tokens_per_step: int, flops_per_token: float, peak_flops: float | None
+) -> float | None:
+    """The run length `compile: auto` weighs compile time against (None without a peak).
+
+    An estimate from FLOPs at ASSUMED_MFU_FOR_ESTIMATE of the device's peak, before any
+    step has run; the trainer and the tuner both decide with it.
+    """
+    if not peak_flops:
+        return None
+    return steps * tokens_per_step * flops_per_token / (peak_flops * ASSUMED_MFU_FOR_ESTIMATE)
 
 
 def choose_compile(requested: str, dev: DeviceInfo, estimated_run_seconds: float | None) -> Choice:

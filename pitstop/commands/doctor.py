@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
-from pitstop.data.cache import cache_root
 from pitstop.errors import ConfigError
 from pitstop.measure.schema import load_profile
 from pitstop.measure.verdict import Verdict, format_verdict

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
+from pitstop.cache_layout import CPU_PEAK
 from pitstop.probe import cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
@@ -80,7 +81,7 @@ def measure_cpu_peak(size: int = 1024, repeats: int = 5) -> float:
 def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
     """The measured CPU fp32 peak, cached under `cache_dir` (measured again if absent)."""
     key = _cpu_key()
-    path = Path(cache_dir) / "cpu_peak.json" if cache_dir else None
+    path = Path(cache_dir) / CPU_PEAK if cache_dir else None
     if path is not None and path.is_file():
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))

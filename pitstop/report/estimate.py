@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
@@ -145,7 +146,7 @@ def load_measured(path: str | Path) -> dict[str, Any]:
     load_profile` reads a full profile for the doctor)."""
     p = Path(path)
     if p.is_dir():
-        for name in ("summary.json", "profile.json"):
+        for name in (run_files.SUMMARY, run_files.PROFILE):
             if (p / name).is_file():
                 p = p / name
                 break
@@ -255,7 +256,7 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
         median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
         warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
     else:
-        lines = read_metrics(Path(prof.get("_path", "")).with_name("metrics.jsonl"))
+        lines = read_metrics(Path(prof.get("_path", "")).with_name(run_files.METRICS))
         lines = sorted(
             (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
             key=lambda r: r["step"],

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
@@ -282,4 +283,4 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             f"the {cfg.nproc} training processes stopped with exit code {rc} (their messages are above)",
             exit_code=rc if 0 < rc < 256 else 1,
         )
-    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    return json.loads((out / run_files.SUMMARY).read_text(encoding="utf-8"))

@@ -43,7 +43,7 @@ from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.profiling import (
     StepClock,
-    measured_trainer_class,
+    measured_trainer,
     measurement_config,
     peak_memory,
     reset_peak_memory,
@@ -137,11 +137,11 @@ class TrialRunner:
             quiet = contextlib.redirect_stderr(out) if self.quiet else contextlib.nullcontext()
             with quiet:
                 kwargs = {"device": self.device} if self.device is not None else {}
-                trainer = measured_trainer_class()(run_cfg, **kwargs)
-                trainer.clock = StepClock(on_step_start=self._stop_when_stable)
+                clock = StepClock(on_step_start=self._stop_when_stable)
+                trainer = measured_trainer(run_cfg, clock, **kwargs)
                 summary = trainer.fit()
             peak = peak_memory(trainer.device.type)
-            setup = trainer.clock.starts[0] - t_start if trainer.clock.starts else 0.0
+            setup = clock.starts[0] - t_start if clock.starts else 0.0
             tps_math = int(trainer.geometry.tokens_per_step)
             steps_per_epoch = int(trainer.steps_per_epoch)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import probe
+from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
-from pitstop.data.cache import cache_root
 from pitstop.tune.search import (
     OK,
     OOM,
@@ -149,7 +149,7 @@ def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps
     peak, fpt = ex.get("peak_flops"), ex.get("flops_per_token")
     if not peak or not fpt:
         return False
-    est = steps * tps * fpt / (peak * probe.ASSUMED_MFU_FOR_ESTIMATE)
+    est = probe.estimated_run_seconds(steps, tps, fpt, peak)
     return bool(probe.choose_compile("auto", dev, est).value)
 
 
