@@ -120,6 +120,16 @@ def data_facts_from_store(path: str | Path) -> DataFacts:
     )
 
 
+def data_facts_from_lengths(lengths: list[int] | np.ndarray, *, source: str) -> DataFacts:
+    """Facts from rows' token counts alone (e.g. a sample of a Trainer's dataset)."""
+    from pitstop.data.stats import compute_stats
+
+    a = np.asarray(lengths, dtype=np.int64)
+    longest = int(a.max()) if len(a) else 1
+    stats = compute_stats(a, a, max_seq_len=longest, counts={"documents": len(a), "sample": source})
+    return DataFacts(stats=stats, lengths=a, store=None)
+
+
 def random_batch_padding(
     lengths: np.ndarray, rows: int, max_len: int | None, *, seed: int = 0
 ) -> float:

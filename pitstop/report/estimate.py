@@ -43,6 +43,7 @@ from pitstop.report.memory import (
     max_micro_batch,
     sharded,
 )
+from pitstop.report.runs import load_run
 from pitstop.train.summary import read_metrics
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
@@ -145,7 +146,17 @@ def load_profile(path: str | Path) -> dict[str, Any]:
                 p = p / name
                 break
         else:
-            raise DataError(f"{path} holds neither summary.json nor profile.json")
+            if not (p / "metrics.jsonl").is_file():
+                raise DataError(
+                    f"{path} holds neither summary.json, profile.json nor metrics.jsonl; give a "
+                    "run directory (`pitstop train`, or a Trainer run with PitstopCallback)"
+                )
+            # A killed run: its summary rebuilt from the step lines (steady_rate reads them too).
+            prof = load_run(p).summary
+            prof["_path"] = str(p / "metrics.jsonl")
+            if not prof.get("tokens_per_second"):
+                raise DataError(f"{p / 'metrics.jsonl'} records no trained tokens per step")
+            return prof
     if not p.is_file():
         raise DataError(f"--from-profile {path} does not exist")
     try:
