@@ -52,8 +52,9 @@ def _hf_run(model_dir: Path, tok, out: Path, batch: int, accum: int, workers: in
         gradient_accumulation_steps=accum, dataloader_num_workers=workers, report_to=[],
         use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
     )  # fmt: skip
+    # One cache for both runs: the CPU's peak FLOP/s (for MFU) is measured once.
     cb = PitstopCallback(
-        print_report=False, cache_dir=out / "cache", requested={"max_length": 512, **req}
+        print_report=False, cache_dir=out.parent / "cache", requested={"max_length": 512, **req}
     )
     Trainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),

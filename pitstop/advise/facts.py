@@ -25,6 +25,7 @@ class ModelFacts:
     n_layers: int
     d_model: int
     vocab_size: int
+    max_positions: int | None = None  # config.json max_position_embeddings
 
     @property
     def n_dense(self) -> int:
@@ -81,7 +82,15 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         emb = 0  # the table is also the output projection, a matmul
     if not (layers and width):
         return None
-    return ModelFacts(n_params=n, n_embedding=emb, n_layers=layers, d_model=width, vocab_size=vocab)
+    pos = text.get("max_position_embeddings") or text.get("n_positions")
+    return ModelFacts(
+        n_params=n,
+        n_embedding=emb,
+        n_layers=layers,
+        d_model=width,
+        vocab_size=vocab,
+        max_positions=int(pos) if isinstance(pos, (int, float)) and pos > 0 else None,
+    )
 
 
 @dataclass

@@ -12,6 +12,7 @@ reason is in its docstring (`RULES` lists them).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class Context:
     model: ModelFacts | None = None
     profile: dict[str, Any] | None = None
     baseline: Setup | None = None
+    transformers: str | None = None  # the target's release; None: the installed one (env)
 
     @property
     def cuda(self) -> bool:
@@ -95,8 +97,10 @@ def _pct(x: float) -> str:
 
 def _suggest_workers(ctx: Context) -> int:
     # A pre-tokenized store needs little CPU per batch; a few workers keep the queue full,
-    # and one core stays free for the training process itself.
-    return max(1, min(4, ctx.device.cpu_count - 1))
+    # and one core stays free for the training process itself. A target machine whose
+    # cores are unknown (cpu_count 0, see advise/target.py) gets the cap.
+    cores = ctx.device.cpu_count
+    return 4 if cores <= 0 else max(1, min(4, cores - 1))
 
 
 # --- input ---------------------------------------------------------------------------------
@@ -115,7 +119,7 @@ def input_bound(ctx: Context) -> Finding | None:
         severity="high" if share >= V.INPUT_SEVERE else "medium",
         title=f"steps wait for data {_pct(share)} of the time ({'severe' if share >= V.INPUT_SEVERE else 'moderate'} input-bound)",
         evidence={"data_wait_share": round(share, 4), "loader_workers": workers,
-                  "cpu_cores": ctx.device.cpu_count,
+                  "cpu_cores": ctx.device.cpu_count or None,
                   "thresholds": {"moderate": V.INPUT_MODERATE, "severe": V.INPUT_SEVERE}},
         effect=f"up to {_pct(share)} shorter steps if loading overlaps compute completely",
         basis="measured in this profile",
@@ -143,7 +147,7 @@ def loader_main_process(ctx: Context) -> Finding | None:
         id="loader-main-process",
         severity="high" if (share or 0) >= V.INPUT_SEVERE else "medium" if (measured and share >= V.INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
         title="batches are loaded on the training process (0 loader workers)",
-        evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count,
+        evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count or None,
                   "data_wait_share": None if share is None else round(share, 4)},
         effect=(f"the {_pct(share)} of step time spent loading would overlap compute"
                 if measured else
@@ -160,7 +164,7 @@ def loader_main_process(ctx: Context) -> Finding | None:
 def workers_exceed_cores(ctx: Context) -> Finding | None:
     w = ctx.setup.loader_workers
     cores = ctx.device.cpu_count
-    if w is None or w <= max(1, cores - 1):
+    if w is None or cores <= 0 or w <= max(1, cores - 1):
         return None
     k = max(1, cores - 1)
     return Finding(
@@ -327,12 +331,30 @@ def activation_bytes(m: ModelFacts, tokens: int, checkpointing: bool, act_bytes:
     return m.n_layers * layer + logits
 
 
+def device_memory_bytes(dev: DeviceInfo) -> int | None:
+    """The memory a run can fill: the GPU's, or on a CPU the machine's physical RAM."""
+    if dev.total_memory_bytes:
+        return int(dev.total_memory_bytes)
+    if dev.type == "cpu":
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):  # not POSIX: unknown
+            return None
+    return None
+
+
 @rule("gradient-checkpointing-unneeded")
 def checkpointing_unneeded(ctx: Context) -> Finding | None:
+    """On every device: recomputation costs compute on a CPU as on a GPU."""
     s, m, dev = ctx.setup, ctx.model, ctx.device
-    if not s.gradient_checkpointing or not ctx.cuda or not dev.total_memory_bytes or m is None:
+    memory = device_memory_bytes(dev)
+    if not s.gradient_checkpointing or not memory or m is None:
         return None
     tokens = micro_batch_tokens(ctx)
+    if not tokens and s.micro_batch_rows and m.max_positions:
+        # No max length and no data (TrainingArguments): rows at the model's longest context
+        # bound the activations from above, so "fits" here holds for every row length.
+        tokens = s.micro_batch_rows * m.max_positions
     if not tokens:
         return None
     act_bytes = 4 if ctx.precision == "fp32" else 2
@@ -344,11 +366,16 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         how = "measured peak with checkpointing + estimated extra activations"
     else:
         # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param;
-        # a LoRA run keeps the frozen base weights (2 B/param in 16-bit) and tiny adapters.
-        state = m.n_params * (2 if s.lora and act_bytes == 2 else 4 if s.lora else 16)
-        estimate = state + without
-        how = "estimated: weights, gradients and AdamW state + activations"
-    budget = MEMORY_HEADROOM * dev.total_memory_bytes
+        # a LoRA run keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and
+        # tiny adapters.
+        per_param = (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4) if s.lora else 16
+        estimate = m.n_params * per_param + without
+        how = "estimated: " + (
+            f"frozen {'4-bit' if s.load_in_4bit else 'base'} weights + activations (LoRA)"
+            if s.lora
+            else "weights, gradients and AdamW state + activations"
+        )
+    budget = MEMORY_HEADROOM * memory
     if estimate > budget:
         return None
     compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
@@ -356,7 +383,7 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         id="gradient-checkpointing-unneeded",
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
-        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": dev.total_memory_bytes,
+        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": memory,
                   "micro_batch_tokens": tokens, "how": how,
                   "memory_basis": "activations per Korthikanti et al. 2022, table 2"},
         effect="recomputation runs the forward pass again during backward: 2N + 6N = 8N instead of "
@@ -476,14 +503,18 @@ def optimizer_not_fused(ctx: Context) -> Finding | None:
     ):
         return None
     share = ctx.shares.get("optimizer")
+    lora = ctx.setup.lora
     return Finding(
         id="optimizer-not-fused",
         severity="medium" if share is not None and share >= 0.1 else "low",
         title=f"optimizer {opt!r} is not the fused AdamW",
-        evidence={"optim": opt, "optimizer_share": None if share is None else round(share, 4)},
+        evidence={"optim": opt, "optimizer_share": None if share is None else round(share, 4),
+                  "trained": "LoRA adapters only" if lora else "all parameters"},
         effect="the fused implementation updates all parameters in one kernel instead of several "
         "kernels per tensor" + (f"; the optimizer step is {_pct(share)} of step time here, the most this can save"
-                                if share is not None else ""),
+                                if share is not None else "")
+        + ("; with LoRA only the adapters are optimised (many small tensors, few bytes), so the "
+           "saving is per-kernel launch overhead, small next to forward and backward" if lora else ""),
         basis="measured in this profile" if share is not None else "documented",
         reference="https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html (fused)",
         fix='optim="adamw_torch_fused"',
@@ -690,7 +721,7 @@ def _version_tuple(v: str | None) -> tuple[int, ...] | None:
 def ga_loss_bug(ctx: Context) -> Finding | None:
     """pitstop normalises the loss by the target tokens of the whole optimizer step: HF only."""
     ga = ctx.setup.grad_accum or 1
-    ver = ctx.env.get("transformers")
+    ver = ctx.transformers or ctx.env.get("transformers")
     vt = _version_tuple(ver)
     if ga <= 1 or vt is None or vt >= GA_FIX_VERSION:
         return None
