@@ -166,6 +166,8 @@ def doctor(
             if isinstance(baseline, RunConfig)
             else H.from_hf_args(baseline, hf_class)
         )
+        if target is not None:  # both files run on the target
+            base_setup = target.apply(base_setup)
     ctx = Context(
         setup=setup,
         device=dev,

@@ -788,9 +788,12 @@ def effective_batch_changed(ctx: Context) -> Finding | None:
     b = ctx.baseline
     if b is None:
         return None
+    # Units that match the batching: HF batches padded per batch (or bucketed) hold a fixed
+    # number of rows whose length varies, so rows x max length counts no real quantity.
+    rows_batched = ctx.setup.source == "hf" and ctx.setup.batching != "pack"
     old, new = b.effective_tokens_per_step, ctx.setup.effective_tokens_per_step
     unit = "positions"
-    if old is None or new is None:
+    if rows_batched or old is None or new is None:
         old, new, unit = b.rows_per_step, ctx.setup.rows_per_step, "rows"
     if old is None or new is None or old == new:
         return None
