@@ -2,13 +2,16 @@
 
 OUT_DIR receives summary.json, metrics.jsonl (one line per optimizer step),
 TensorBoard events (when installed and asked for), checkpoints/step-N/ and final/
-(loadable with AutoModelForCausalLM.from_pretrained, or a PEFT adapter for LoRA).
+(loadable with AutoModelForCausalLM.from_pretrained, or a PEFT adapter for LoRA),
+and report.html (`pitstop report` of the run) at the end.
 See `pitstop.train.trainer` for the loop and the metrics.jsonl fields, and
 `pitstop.train.checkpoint` for the checkpoint layout and its guarantees.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from pitstop.config import RunConfig
@@ -37,9 +40,31 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
         return distributed.launch(cfg)
     trainer = Trainer(cfg, **kwargs)
     try:
-        return trainer.fit()
+        summary = trainer.fit()
     finally:
         trainer.close()
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
+        _write_report(cfg)
+    return summary
+
+
+def _write_report(cfg: RunConfig) -> None:
+    """OUT_DIR/report.html after a completed run; the run itself is done, so a report
+    that cannot be written is a warning, never a failed run."""
+    import sys
+
+    from pitstop.errors import PitstopError
+    from pitstop.report.html import write_report
+
+    try:
+        path = write_report(cfg.output, Path(cfg.output) / "report.html")
+    except (OSError, PitstopError) as e:
+        print(
+            f"pitstop: report.html not written ({e}); run `pitstop report {cfg.output}`",
+            file=sys.stderr,
+        )
+        return
+    print(f"pitstop: report written to {path}", file=sys.stderr)
 
 
 def __getattr__(name: str) -> Any:

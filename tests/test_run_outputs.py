@@ -1,0 +1,79 @@
+"""What a run directory holds after `pitstop.train.run()`, and how a killed run still reports.
+
+`run()` writes report.html into OUT_DIR at the end (the README's outputs table lists it).
+A run killed before summary.json exists is read from metrics.jsonl by `report`, `compare`
+and `estimate --from-profile`; a malformed metrics.jsonl line is a DataError naming the
+file and line, while a torn last line (what a kill leaves) is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pitstop.cli import main
+from pitstop.errors import DataError
+from pitstop.report.compare import compare
+from pitstop.report.runs import load_run
+
+
+def test_run_writes_report_html(tiny_model_dir: Path, tiny_tokenizer, tmp_path: Path) -> None:
+    from _train_util import make_store, train_config
+
+    from pitstop.train import run
+
+    store = make_store(tmp_path / "store", tiny_tokenizer, n_docs=20)
+    out = tmp_path / "out"
+    run(train_config(tiny_model_dir, store, out, max_steps=2, save_steps=None))
+    html = (out / "report.html").read_text()
+    assert "<html" in html.lower() and "tokens/s" in html
+
+
+def _killed_run(d: Path, steps: int = 4, torn: bool = True) -> Path:
+    d.mkdir()
+    lines = [
+        {"step": i, "loss": 9.0 - i, "trained_tokens": 100 * i, "seen_tokens": 120 * i,
+         "padded_tokens": 128 * i, "step_trained_tokens": 100, "step_seconds": 0.5,
+         "forward_s": 0.2, "backward_s": 0.25, "optimizer_s": 0.05}
+        for i in range(1, steps + 1)
+    ]  # fmt: skip
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    (d / "metrics.jsonl").write_text(text + ('{"step": 5, "lo' if torn else ""))
+    return d
+
+
+def test_killed_run_is_read_from_its_metrics(tmp_path: Path, capsys) -> None:
+    run = load_run(_killed_run(tmp_path / "killed"))
+    s = run.summary
+    assert s["status"].startswith("incomplete")
+    assert s["optimizer_steps"] == 4 and s["trained_tokens"] == 400
+    assert s["train_seconds"] == pytest.approx(2.0)
+    assert s["tokens_per_second"] == pytest.approx(200.0)
+    assert s["final_loss"] == 5.0 and s["time_breakdown"]["forward"] == pytest.approx(0.8)
+    other = _killed_run(tmp_path / "other", steps=2, torn=False)
+    res = compare(tmp_path / "killed", other)
+    assert any("incomplete" in n for n in res["notes"])
+    assert main(["report", str(tmp_path / "killed"), "--output", str(tmp_path / "r.html")]) == 0
+    capsys.readouterr()
+    code = main(["estimate", "--from-profile", str(tmp_path / "killed"), "--params", "1e6",
+                 "--tokens", "1e6"])  # fmt: skip
+    assert code == 0 and "measured" in capsys.readouterr().out
+
+
+def test_malformed_metrics_line_names_file_and_line(tmp_path: Path, capsys) -> None:
+    d = _killed_run(tmp_path / "bad", torn=False)
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    lines[1] = '{"step": 2, "loss": oops}'
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"metrics\.jsonl line 2 is not valid JSON"):
+        load_run(d)
+    assert main(["report", str(d), "--output", str(tmp_path / "r.html")]) == 1
+    err = capsys.readouterr().err
+    assert "line 2" in err and "Traceback" not in err
+
+
+def test_directory_without_run_files_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no summary\.json, and no metrics\.jsonl"):
+        load_run(tmp_path)
