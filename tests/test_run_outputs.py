@@ -77,3 +77,22 @@ def test_malformed_metrics_line_names_file_and_line(tmp_path: Path, capsys) -> N
 def test_directory_without_run_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"no summary\.json, and no metrics\.jsonl"):
         load_run(tmp_path)
+
+
+@pytest.mark.slow  # a fresh interpreter: several seconds on 2 cores
+def test_estimate_into_a_closed_pipe_has_no_traceback() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "pitstop", "estimate", "--params", "7e9", "--tokens", "1e9",
+           "--gpu", "H100"]  # fmt: skip
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write, as `| head` after its lines
+    try:
+        p = subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, env=env, timeout=120)
+    finally:
+        os.close(w)
+    err = p.stderr.decode()
+    assert p.returncode == 141 and "Traceback" not in err, err
