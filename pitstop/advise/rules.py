@@ -282,6 +282,15 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
             effect = (f"padding to {target} instead of {s.max_len}: padding {_pct(w0)} -> {_pct(w1)}, "
                       f"{_pct(gain)} fewer positions computed")  # fmt: skip
             basis = "computed from the data"
+        elif s.batching == "dynamic":
+            gain = 0.0
+            longest = (d.stats.get("document_length") or {}).get("max")
+            effect = ("batches are padded to their longest row, not to the max length, so a lower "
+                      "max length saves nothing for rows shorter than it"
+                      + (f" (the longest document has {longest} tokens)" if longest else "")
+                      + "; it only caps the rare long rows (memory) and cuts them (which changes "
+                      "what is learned)")  # fmt: skip
+            basis = "computed from the data"
         else:
             gain = 0.0
             effect = ("activation memory and attention cost per row grow with the row length; "
@@ -290,7 +299,9 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
     key = s.max_len_key
     return Finding(
         id="max-len-above-p99",
-        severity="medium" if gain >= 0.05 or basis != "FLOPs arithmetic" else "low",
+        severity="medium"
+        if gain >= 0.05 or (basis != "FLOPs arithmetic" and s.batching != "dynamic")
+        else "low",
         title=f"max length {s.max_len} is {s.max_len / d.p99:.1f}x the data's p99 ({d.p99} tokens)",
         evidence=ev,
         effect=effect + f"; 99% of documents still fit whole in {target}",
@@ -740,13 +751,13 @@ def ga_loss_bug(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
-@rule("tf32-with-bf16", sources=("hf",))
-def tf32_with_bf16(ctx: Context) -> Finding | None:
+@rule("tf32-with-16-bit", sources=("hf",))
+def tf32_with_half_precision(ctx: Context) -> Finding | None:
     """pitstop has no TF32 option: the probe enables it and says it only affects fp32 ops."""
     if not ctx.setup.tf32 or ctx.precision not in ("bf16", "fp16"):
         return None
     return Finding(
-        id="tf32-with-bf16",
+        id="tf32-with-16-bit",
         severity="low",
         title=f"tf32=True does not speed up {ctx.precision} training",
         evidence={"tf32": True, "precision": ctx.precision},
