@@ -54,6 +54,16 @@ __all__ = ["PitstopCallback"]
 DATA_SECONDS = 2.0
 
 
+def machine_load() -> dict[str, Any]:
+    """The machine's load next to a measurement: another busy process makes steps erratic."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not available on this platform
+        load = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_average_1m": load, "cpu_cores": cores}
+
+
 class _TimedIterator:
     """Wraps a dataloader iterator; every `next()` is charged to data_wait."""
 
@@ -334,6 +344,7 @@ class PitstopCallback(TrainerCallback):
         if not getattr(state, "is_world_process_zero", True):
             return
         self.profile = self._build_profile(args, kwargs.get("model"))
+        self.profile["machine"] = machine_load()
         out = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         if self.run_doctor:
             self.report = self._doctor(args)

@@ -686,9 +686,65 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
+# A machine whose 1-minute load average is at least this many times its cores is shared.
+BUSY_LOAD_PER_CORE = 1.0
+
+
+def _noisy(ctx: Context) -> dict[str, Any] | None:
+    """Evidence that erratic steps come from a noisy or shared machine, not from syncs.
+
+    The sync-bound verdict fires on erratic step times as well as on host time. When the
+    steps are erratic while the host-side phases (other + logging) stay under the sync
+    threshold, or the machine's load (recorded in the profile) exceeds its cores, the
+    likelier cause is another process taking the CPU or device: fewer log calls cannot fix it.
+    """
+    v = ctx.verdict
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
+    if not found:
+        return None
+    ev = found[0].evidence
+    spread = ev.get("step_spread")
+    if not spread or spread.get("cv", 0) < V.SPREAD_CV:
+        return None
+    machine = (ctx.profile or {}).get("machine") or {}
+    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
+    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
+    host = float(ev.get("other_share") or 0) + float(ev.get("logging_share") or 0)
+    if not busy and host >= V.SYNC_MODERATE:
+        return None  # host time explains the step: sync-bound advice applies
+    return {"step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
+            "cpu_cores": cores, "busy": busy, "share": found[0].share}  # fmt: skip
+
+
+@rule("noisy-machine")
+def noisy_machine(ctx: Context) -> Finding | None:
+    got = _noisy(ctx)
+    if got is None:
+        return None
+    sp = got["step_spread"]
+    why = (f"load average {got['load_average_1m']:.1f} on {got['cpu_cores']} cores"
+           if got["busy"] else
+           f"host-side time (other + logging) is only {_pct(got['host_share'])} of the step")  # fmt: skip
+    return Finding(
+        id="noisy-machine",
+        severity="medium",
+        title="step times are erratic: the machine is noisy or shared",
+        evidence=got,
+        effect=f"steps vary (coefficient of variation {sp['cv']:.2f}, slowest {sp['max_over_median']:.1f}x "
+        f"the median) while {why}: another process competes for the CPU or device. Measured "
+        "speed-ups and estimates from this profile carry that noise; the steady (median) step is "
+        "the better figure",
+        basis="measured in this profile",
+        fix="measure on a quiet machine (no other training, tokenization or builds running), "
+        "or pin the run to its own cores; no configuration change follows from this profile",
+        gain=0.0,
+    )
+
+
 @rule("sync-bound")
 def sync_bound(ctx: Context) -> Finding | None:
-    if not ctx.profile:
+    """Stays quiet where noisy-machine explains the erratic steps (no sync advice then)."""
+    if not ctx.profile or _noisy(ctx) is not None:
         return None
     v = ctx.verdict
     found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
