@@ -52,6 +52,8 @@ def _data() -> DataFacts:
 
 
 DATA = _data()
+# The same data with document lengths known (a store's sequences summed by document).
+DOCS = DataFacts(stats=DATA.stats, lengths=DATA.lengths, store=None, doc_lengths=DATA.lengths)
 
 
 def prof(
@@ -116,6 +118,8 @@ CASES: list[tuple[str, str, dict, dict, dict, dict, str]] = [
     ("optimizer-bound", "hf", {}, {"profile": prof(optimizer=0.5)}, {}, {"profile": prof(optimizer=0.1)}, "gradient_accumulation_steps"),
     ("sync-bound", "pitstop", {}, {"profile": prof(other=0.4)}, {}, {"profile": prof(other=0.02)}, "--log-steps"),
     ("sync-bound", "hf", {}, {"profile": prof(other=0.4)}, {}, {"profile": prof(other=0.02)}, "logging_nan_inf_filter=False"),
+    ("truncation", "hf", {"max_length": 256}, {"data": DOCS}, {"max_length": 2048}, {"data": DOCS}, "a larger max_length"),
+    ("truncation", "pitstop", {"max_seq_len": 256, "long_docs": "truncate"}, {"data": DOCS}, {"max_seq_len": 256}, {"data": DOCS}, "--long-docs split"),
     ("noisy-machine", "pitstop", {}, {"profile": erratic()}, {}, {"profile": prof(other=0.4)}, "quiet machine"),
     ("noisy-machine", "hf", {}, {"profile": erratic()}, {}, {"profile": prof()}, "quiet machine"),
     ("ga-loss-bug", "hf", {"gradient_accumulation_steps": 4}, {"env": {**ENV, "transformers": "4.45.2"}}, {"gradient_accumulation_steps": 4}, {"env": {**ENV, "transformers": "4.46.0"}}, "transformers>=4.46"),
@@ -194,6 +198,12 @@ def test_checkpointing_rule_on_cpu_uses_the_machines_memory() -> None:
     assert "gradient-checkpointing-unneeded" not in _ids(
         run_rules(context("hf", values, {"device": CPU, "model": HUGE}))
     )
+
+
+def test_truncated_share_is_the_tokens_beyond_max_len() -> None:
+    d = DataFacts(stats={}, lengths=None, store=None, doc_lengths=np.array([100, 300, 600]))
+    assert d.truncated_share(256) == pytest.approx((44 + 344) / 1000)
+    assert d.truncated_share(1000) == 0.0
 
 
 def test_noisy_machine_replaces_sync_advice() -> None:

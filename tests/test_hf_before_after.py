@@ -87,7 +87,10 @@ def test_callback_writes_the_run_format(before_after: tuple[Path, Path]) -> None
     assert s["tokens_per_second"] == pytest.approx(s["trained_tokens"] / s["train_seconds"])
     assert all(r["loss"] is not None for r in lines)  # logging_steps=1
     assert s["final_loss"] == lines[-1]["loss"]
-    assert (before / "findings.json").is_file()
+    # The callback's doctor measured the Trainer's dataset: no "waste not measured" finding.
+    findings = json.loads((before / "findings.json").read_text())["findings"]
+    assert "packing-off" not in {f["id"] for f in findings}
+    assert json.loads((before / "pitstop_profile.json").read_text())["machine"]["cpu_cores"] >= 1
 
 
 def test_compare_shows_both_ratios_and_flags_fewer_tokens_per_step(

@@ -98,6 +98,17 @@ class DataFacts:
     stats: dict[str, Any]  # the manifest's "stats" section (may be partial)
     lengths: np.ndarray | None  # per-sequence lengths, when a store was read
     store: str | None
+    # Per-document lengths (a store's sequences summed by document; a document longer than
+    # the store's max length was split, so these are the lengths before any cut).
+    doc_lengths: np.ndarray | None = None
+
+    def truncated_share(self, max_len: int) -> float | None:
+        """Share of the data's tokens beyond `max_len` in their document (lost to a cut)."""
+        if self.doc_lengths is None or not len(self.doc_lengths):
+            return None
+        d = np.asarray(self.doc_lengths, dtype=np.int64)
+        total = int(d.sum())
+        return float(np.maximum(d - max_len, 0).sum() / total) if total else None
 
     @property
     def p99(self) -> int | None:
@@ -122,10 +133,16 @@ def data_facts_from_store(path: str | Path) -> DataFacts:
 
     store = TokenStore(path)  # DataError with a clear message when it is not a store
     stats = store.manifest.get("stats")
+    lengths = np.asarray(store.lengths)
+    docs = np.asarray(store.doc_ids)
+    doc_lengths = (
+        np.bincount(docs - docs.min(), weights=lengths).astype(np.int64) if len(docs) else None
+    )
     return DataFacts(
         stats=stats if isinstance(stats, dict) else {},
-        lengths=np.asarray(store.lengths),
+        lengths=lengths,
         store=str(path),
+        doc_lengths=doc_lengths[doc_lengths > 0] if doc_lengths is not None else None,
     )
 
 

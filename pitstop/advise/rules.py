@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pitstop.advise.facts import DataFacts, ModelFacts, random_batch_padding
 from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
@@ -28,6 +30,7 @@ from pitstop.probe import DeviceInfo
 PERIODIC_TARGET = 0.01
 CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
 PADDING_LIMIT = 0.10  # padding waste worth acting on
+TRUNCATION_LIMIT = 0.01  # share of tokens cut off worth reporting
 MAX_LEN_OVER_P99 = 2.0  # "far above p99"
 MEMORY_HEADROOM = (
     0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
@@ -309,6 +312,37 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
         fix=s.fix(f"--max-seq-len {target}", f"{key}={target} (SFTConfig)"),
         gain=gain,
     )
+
+
+@rule("truncation")
+def truncation(ctx: Context) -> Finding | None:
+    """Where documents are cut at the max length: TRL's SFTConfig (without packing), or
+    pitstop's --long-docs truncate. pitstop's default splits long documents (no token lost)."""
+    s, d = ctx.setup, ctx.data
+    if d is None or not s.max_len:
+        return None
+    if s.source == "hf":
+        cuts = s.hf_class == "SFTConfig" and s.batching != "pack"
+    else:
+        cuts = s.raw.get("long_docs") in ("truncate", "drop")
+    share = d.truncated_share(s.max_len) if cuts else None
+    if share is None or share < TRUNCATION_LIMIT:
+        return None
+    longest = int(np.max(d.doc_lengths)) if d.doc_lengths is not None else None
+    return Finding(
+        id="truncation",
+        severity="medium" if share >= 0.05 else "low",
+        title=f"{_pct(share)} of the data's tokens lie beyond max length {s.max_len} and are never trained",
+        evidence={"truncated_token_share": round(share, 4), "max_len": s.max_len,
+                  "longest_document": longest, "p99": d.p99},
+        effect="a cut document loses its tail: fewer tokens learned per epoch than the data holds "
+        "(this changes what is learned; it is not a speed-up)",
+        basis="computed from the data",
+        fix=s.fix("--long-docs split (the default: long documents become several rows, no token lost)",
+                  f"a larger {s.max_len_key} (the longest document has {longest} tokens), or split "
+                  "long documents into chunks of max length before training"),
+        gain=0.0,
+    )  # fmt: skip
 
 
 # --- memory and recomputation --------------------------------------------------------------
