@@ -409,6 +409,7 @@ class PitstopCallback(TrainerCallback):
             "choices": p.get("choices"),
             "config": p.get("config"),
             "requested": self.requested,
+            "machine": p.get("machine"),
             "profile": {"warmup_steps": p.get("warmup"), "tokens_per_second": p.get("tokens_per_second")},
         }  # fmt: skip
 

@@ -344,6 +344,13 @@ def throughput(
                 )
         if startup:
             basis += f"; start-up {startup:.0f} s added once"
+        machine = profile.get("machine") or {}
+        if machine.get("load_average_1m") is not None and machine.get("cpu_cores"):
+            # A busy machine measures a slower rate than a quiet one would: say which it was.
+            basis += (
+                f"; machine load when measured: {machine['load_average_1m']:.1f} on "
+                f"{machine['cpu_cores']} cores"
+            )
         pm = float(profile["mfu"]) if profile.get("mfu") else None
         if pm is not None and pm > 1:
             # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
