@@ -2,7 +2,9 @@
 
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[PitstopCallback()])
     trainer.train()   # prints the breakdown, the verdict and the doctor's findings, and writes
-                      # pitstop_profile.json and pitstop_doctor.json to args.output_dir
+                      # to args.output_dir the run format `pitstop train` writes (summary.json,
+                      # metrics.jsonl, findings.json) plus pitstop_profile.json, so
+                      # `pitstop compare`, `report` and `estimate --from-profile` read it
 
 How each phase is measured (transformers 5.x `Trainer._run_epoch`; callbacks receive the
 prepared `train_dataloader` as a keyword argument):
@@ -33,7 +35,6 @@ Importing this module needs nothing beyond transformers (and torch).
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import time
@@ -42,9 +43,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pitstop import run_files
 from pitstop.advise.doctor import device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.finding import format_findings
+from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
@@ -53,8 +56,23 @@ from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import format_verdict, verdict
 from pitstop.probe import DeviceInfo, detect_device
+from pitstop.train.summary import jsonl_text
 
 __all__ = ["PitstopCallback"]
+
+# The doctor's sample of the training rows stops after this long (a dataset that
+# tokenizes in __getitem__ can take seconds per thousand rows).
+DATA_SECONDS = 2.0
+
+
+def machine_load() -> dict[str, Any]:
+    """The machine's load next to a measurement: another busy process makes steps erratic."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not available on this platform
+        load = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_average_1m": load, "cpu_cores": cores}
 
 
 class _TimedIterator:
@@ -114,6 +132,12 @@ class PitstopCallback(TrainerCallback):
         print_report: print the breakdown, verdict and findings at the end of training.
         cache_dir: where the CPU peak FLOP/s (for MFU) is cached; default $PITSTOP_CACHE_DIR
             or ~/.cache/pitstop.
+        requested: settings of the run that TrainingArguments does not hold or refused on
+            this machine (e.g. {"max_length": 512} of the tokenization, or {"tf32": True},
+            which TrainingArguments refuses without an Ampere GPU); recorded in summary.json
+            under "requested" so `pitstop compare` lists them with the other settings.
+        doctor_data_rows: at most this many rows of the Trainer's train dataset are
+            measured for the doctor's data rules (padding, max length, truncation).
     """
 
     def __init__(
@@ -124,12 +148,17 @@ class PitstopCallback(TrainerCallback):
         doctor: bool = True,
         print_report: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
+        requested: dict[str, Any] | None = None,
+        doctor_data_rows: int = 2000,
     ) -> None:
         self.warmup_steps = max(0, int(warmup_steps))
         self.cuda_sync = cuda_sync
         self.run_doctor = doctor
         self.print_report = print_report
         self.cache_dir = cache_dir
+        self.requested = dict(requested or {})
+        self.doctor_data_rows = int(doctor_data_rows)
+        self.summary: dict[str, Any] | None = None
         self.profile: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None
         self._reset()
@@ -150,12 +179,15 @@ class PitstopCallback(TrainerCallback):
         self._dataloader: Any = None
         self._cuda = False
         self._flops_per_position: float | None = None
+        self._t_begin = time.perf_counter()
+        self._dataset: Any = None
 
     def _open(self, now: float) -> None:
         self._cur = {
             "t0": now,
             "phases": dict.fromkeys(PHASES, 0.0),
             "targets": [],
+            "seen": [],
             "positions": 0,
             "rows": 0,
             "events": {"checkpoints": 0, "evals": 0, "logs": 0},
@@ -192,6 +224,9 @@ class PitstopCallback(TrainerCallback):
         if ids is not None and hasattr(ids, "numel"):
             cur["positions"] += int(ids.numel())
             cur["rows"] += int(ids.shape[0]) if ids.dim() > 1 else 1
+        if ids is not None and hasattr(ids, "numel"):
+            mask = batch.get("attention_mask")
+            cur["seen"].append(mask.sum() if mask is not None else int(ids.numel()))
         if labels is not None and hasattr(labels, "ne"):
             # Kept on the device and summed only at the end: reading it now would sync.
             # The model shifts labels by one, so the first position of a row is never a target.
@@ -214,6 +249,7 @@ class PitstopCallback(TrainerCallback):
         model = kwargs.get("model")
         self._cuda = getattr(getattr(args, "device", None), "type", "cpu") == "cuda"
         dl = kwargs.get("train_dataloader")
+        self._dataset = getattr(dl, "dataset", None)
         if dl is not None and not hasattr(type(dl), "_pitstop_original"):
             try:
                 _set_class(dl, _timed_class(type(dl), self))
@@ -284,6 +320,8 @@ class PitstopCallback(TrainerCallback):
         self._add("logging", now - self._mark)
         if self._cur is not None:
             self._cur["events"]["logs"] += 1
+            if logs and isinstance(logs.get("loss"), (int, float)):
+                self._cur["loss"] = float(logs["loss"])  # the mean since the previous log
         self._mark = now
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -315,22 +353,82 @@ class PitstopCallback(TrainerCallback):
         if not getattr(state, "is_world_process_zero", True):
             return
         self.profile = self._build_profile(args, kwargs.get("model"))
+        self.profile["machine"] = machine_load()
         out = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         if self.run_doctor:
             self.report = self._doctor(args)
+        self.summary = self._build_summary()
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "pitstop_profile.json").write_text(
-                json.dumps(self.profile, indent=1, default=str), encoding="utf-8"
-            )
-            if self.report is not None:
-                (out / "pitstop_doctor.json").write_text(
-                    json.dumps(self.report, indent=1, default=str), encoding="utf-8"
-                )
+            self._write(out)
         if self.print_report:
             print(self.format())
 
     # --- results ---------------------------------------------------------------------------
+
+    def _step_records(self) -> list[dict[str, Any]]:
+        """metrics.jsonl lines in `pitstop train`'s format (cumulative token counts)."""
+        out, trained, seen, padded = [], 0, 0, 0
+        for i, s in enumerate(self._steps, 1):
+            n_t = int(sum(float(t) for t in s["targets"]))  # one sync per step, at the end
+            trained += n_t
+            seen += int(sum(float(t) for t in s["seen"]))
+            padded += s["positions"]
+            out.append({
+                "step": i, "loss": s.get("loss"), "warmup": i <= self.profile["warmup"],
+                "trained_tokens": trained, "seen_tokens": seen, "padded_tokens": padded,
+                "step_trained_tokens": n_t, "step_rows": s["rows"],
+                "tokens_per_second": n_t / s["seconds"] if s["seconds"] > 0 else None,
+                "step_seconds": s["seconds"], **{f"{k}_s": v for k, v in s["phases"].items()},
+            })  # fmt: skip
+        return out
+
+    def _build_summary(self) -> dict[str, Any]:
+        """summary.json as `pitstop train` writes it, from what the Trainer let us see."""
+        assert self.profile is not None
+        p = self.profile
+        lines = self._step_records()
+        self._lines = lines
+        last = lines[-1] if lines else {}
+        train_s = sum(s["seconds"] for s in self._steps)
+        trained = last.get("trained_tokens", 0)
+        losses = [r["loss"] for r in lines if r["loss"] is not None]
+        rows = sum(s["rows"] for s in self._steps)
+        breakdown = dict.fromkeys(PHASES, 0.0)
+        for s in self._steps:
+            for k, v in s["phases"].items():
+                breakdown[k] = breakdown.get(k, 0.0) + v
+        return {
+            "status": "completed",
+            "source": "hf",
+            "optimizer_steps": len(lines),
+            "trained_tokens": trained,
+            "seen_tokens": last.get("seen_tokens", 0),
+            "padded_tokens": last.get("padded_tokens", 0),
+            "rows": rows,
+            "train_seconds": train_s,
+            # Trainer.train() start to end: the process's own start-up is not visible here.
+            "wall_seconds": time.perf_counter() - self._t_begin,
+            "tokens_per_second": trained / train_s if train_s > 0 else None,
+            "trained_tokens_per_step": trained / len(lines) if lines else None,
+            "mfu": p.get("mfu"),
+            "peak_memory_bytes": p.get("peak_memory_bytes"),
+            "final_loss": losses[-1] if losses else None,
+            "time_breakdown": breakdown,
+            "device": p.get("device"),
+            "choices": p.get("choices"),
+            "config": p.get("config"),
+            "requested": self.requested,
+            "machine": p.get("machine"),
+            "profile": {"warmup_steps": p.get("warmup"), "tokens_per_second": p.get("tokens_per_second")},
+        }  # fmt: skip
+
+    def _write(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / run_files.METRICS, jsonl_text(self._lines))
+        write_json_atomic(out / "pitstop_profile.json", self.profile)
+        if self.report is not None:
+            write_json_atomic(out / run_files.FINDINGS, self.report)
+        write_json_atomic(out / run_files.SUMMARY, self.summary)  # last: it marks the run complete
 
     def _device(self, args: Any) -> Any:
 
@@ -414,7 +512,40 @@ class PitstopCallback(TrainerCallback):
             profile=self.profile,
             environment=env,
             device=dev,
+            data=self._data_facts(),
         )
+
+    def _data_facts(self) -> Any:
+        """Row lengths of the Trainer's train dataset, sampled evenly, in bounded time.
+
+        Rows are read through `dataset[i]` (already tokenized by the user's pipeline), at
+        most `doctor_data_rows` of them and for at most DATA_SECONDS; None when the rows
+        carry no input_ids (the data rules then stay quiet, as without --data).
+        """
+        ds = self._dataset
+        if ds is None or not hasattr(ds, "__len__") or not hasattr(ds, "__getitem__"):
+            return None
+        import numpy as np
+
+        from pitstop.advise.facts import data_facts_from_lengths
+
+        n = len(ds)
+        if n == 0 or self.doctor_data_rows < 1:
+            return None
+        idx = np.unique(np.linspace(0, n - 1, min(n, self.doctor_data_rows)).astype(np.int64))
+        lengths, t0 = [], time.perf_counter()
+        try:
+            for i in idx:
+                row = ds[int(i)]
+                ids = row.get("input_ids") if hasattr(row, "get") else None
+                if ids is None:
+                    return None
+                lengths.append(len(ids))
+                if time.perf_counter() - t0 > DATA_SECONDS:
+                    break
+        except Exception:  # a dataset that cannot be indexed outside its loader: no data facts
+            return None
+        return data_facts_from_lengths(lengths, source=f"{len(lengths)} of {n} training rows")
 
     def format(self) -> str:
         """The end-of-training report: phase breakdown, verdict, findings."""

@@ -52,6 +52,8 @@ def _data() -> DataFacts:
 
 
 DATA = _data()
+# The same data with document lengths known (a store's sequences summed by document).
+DOCS = DataFacts(stats=DATA.stats, lengths=DATA.lengths, store=None, doc_lengths=DATA.lengths)
 
 
 def prof(
@@ -66,6 +68,17 @@ def prof(
     total = steps * base + sum(periodic.values())
     return make_profile([rec] * steps, [total / steps] * steps, warmup=1, source="pitstop",
                         trained_tokens=1e6, events=events, notes=notes)  # fmt: skip
+
+
+def erratic(other: float = 0.0, load: float | None = None) -> dict:
+    """12 steps, two of them 5x slower in compute (another process took the CPU)."""
+    secs = [0.1] * 10 + [0.5, 0.5]
+    recs = [{"forward": (t - other * t) / 3, "backward": 2 * (t - other * t) / 3, "other": other * t}
+            for t in secs]  # fmt: skip
+    p = make_profile(recs, secs, warmup=1, source="hf", trained_tokens=1e6)
+    if load is not None:
+        p["machine"] = {"load_average_1m": load, "cpu_cores": 2}
+    return p
 
 
 # (rule id, source, setup values, context extras) for firing and for quiet; "fix" must appear in the fix.
@@ -105,9 +118,14 @@ CASES: list[tuple[str, str, dict, dict, dict, dict, str]] = [
     ("optimizer-bound", "hf", {}, {"profile": prof(optimizer=0.5)}, {}, {"profile": prof(optimizer=0.1)}, "gradient_accumulation_steps"),
     ("sync-bound", "pitstop", {}, {"profile": prof(other=0.4)}, {}, {"profile": prof(other=0.02)}, "--log-steps"),
     ("sync-bound", "hf", {}, {"profile": prof(other=0.4)}, {}, {"profile": prof(other=0.02)}, "logging_nan_inf_filter=False"),
+    ("truncation", "hf", {"max_length": 256}, {"data": DOCS}, {"max_length": 2048}, {"data": DOCS}, "a larger max_length"),
+    ("truncation", "pitstop", {"max_seq_len": 256, "long_docs": "truncate"}, {"data": DOCS}, {"max_seq_len": 256}, {"data": DOCS}, "--long-docs split"),
+    ("noisy-machine", "pitstop", {}, {"profile": erratic()}, {}, {"profile": prof(other=0.4)}, "quiet machine"),
+    ("noisy-machine", "hf", {}, {"profile": erratic()}, {}, {"profile": prof()}, "quiet machine"),
     ("ga-loss-bug", "hf", {"gradient_accumulation_steps": 4}, {"env": {**ENV, "transformers": "4.45.2"}}, {"gradient_accumulation_steps": 4}, {"env": {**ENV, "transformers": "4.46.0"}}, "transformers>=4.46"),
     ("ga-loss-bug", "hf", {"gradient_accumulation_steps": 4}, {"env": {**ENV, "transformers": "4.44.0"}}, {"gradient_accumulation_steps": 1}, {"env": {**ENV, "transformers": "4.44.0"}}, "num_items_in_batch"),
-    ("tf32-with-bf16", "hf", {"tf32": True, "bf16": True}, {}, {"tf32": True}, {}, "no change needed"),
+    ("tf32-with-16-bit", "hf", {"tf32": True, "bf16": True}, {}, {"tf32": True}, {}, "no change needed"),
+    ("tf32-with-16-bit", "hf", {"tf32": True, "fp16": True}, {}, {"tf32": True}, {}, "no change needed"),
     ("empty-cache", "hf", {"torch_empty_cache_steps": 10}, {}, {}, {}, "torch_empty_cache_steps=None"),
     ("empty-cache", "pitstop", {}, {"profile": prof(notes=["torch.cuda.empty_cache() called every 5 steps"])}, {}, {"profile": prof()}, "empty_cache"),
     ("effective-batch-changed", "pitstop", {"tokens_per_step": 131072}, {"baseline": {"tokens_per_step": 65536}}, {"tokens_per_step": 65536}, {"baseline": {"tokens_per_step": 65536}}, "--tokens-per-step 65536"),
@@ -169,7 +187,35 @@ def test_no_gpu_rules_on_cpu() -> None:
     )
     ids = set(_ids(run_rules(ctx)))
     assert not ids & {"fp16-on-bf16-gpu", "fp32-on-gpu", "flash-attn-missing", "optimizer-not-fused",
-                      "compile-off", "gradient-checkpointing-unneeded"}  # fmt: skip
+                      "compile-off"}  # fmt: skip
+
+
+def test_checkpointing_rule_on_cpu_uses_the_machines_memory() -> None:
+    """Recomputation costs compute on a CPU too: the rule judges against physical RAM."""
+    values = {"gradient_checkpointing": True, "per_device_train_batch_size": 4, "max_length": 1024}
+    fired = _ids(run_rules(context("hf", values, {"device": CPU, "model": SMALL})))
+    assert fired["gradient-checkpointing-unneeded"].evidence["device_memory_bytes"] > 0
+    assert "gradient-checkpointing-unneeded" not in _ids(
+        run_rules(context("hf", values, {"device": CPU, "model": HUGE}))
+    )
+
+
+def test_truncated_share_is_the_tokens_beyond_max_len() -> None:
+    d = DataFacts(stats={}, lengths=None, store=None, doc_lengths=np.array([100, 300, 600]))
+    assert d.truncated_share(256) == pytest.approx((44 + 344) / 1000)
+    assert d.truncated_share(1000) == 0.0
+
+
+def test_noisy_machine_replaces_sync_advice() -> None:
+    fired = _ids(run_rules(context("hf", {}, {"profile": erratic()})))
+    assert "noisy-machine" in fired and "sync-bound" not in fired
+    assert "logging_steps" not in fired["noisy-machine"].fix
+    # Host time that explains the step keeps the sync advice, unless the machine is busy.
+    fired = _ids(run_rules(context("hf", {}, {"profile": erratic(other=0.4)})))
+    assert "sync-bound" in fired and "noisy-machine" not in fired
+    fired = _ids(run_rules(context("hf", {}, {"profile": erratic(other=0.4, load=5.0)})))
+    assert "noisy-machine" in fired and "sync-bound" not in fired
+    assert fired["noisy-machine"].evidence["busy"] is True
 
 
 def test_checkpointing_effect_is_flops_arithmetic() -> None:

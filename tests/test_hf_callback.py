@@ -125,7 +125,7 @@ def test_profile_written_to_output_dir(runs: dict, tiny_model_dir: Path) -> None
     assert saved["step_seconds"] == cb.profile["step_seconds"]
     assert saved["config"]["per_device_train_batch_size"] == 2
     assert saved["device"]["type"] == "cpu"
-    doc = json.loads((out / "pitstop_doctor.json").read_text())
+    doc = json.loads((out / "findings.json").read_text())
     assert doc["findings"] and doc["verdict"]["kind"] == "input-bound"
     assert "input-bound" in cb.format()
 

@@ -17,6 +17,7 @@ from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
 from pitstop.advise.finding import Finding, rank
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config
+from pitstop.advise.target import Target
 from pitstop.config import FIELDS, RunConfig
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
@@ -109,13 +110,20 @@ def doctor(
     cache_dir: str | Path | None = None,
     compile_check: bool = True,
     disk_check: bool = True,
+    target: Target | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Audit a setup; returns {"environment", "findings", "verdict", "setup", "fields"}.
+    """Audit a setup; returns {"environment", "findings", "verdict", "setup", "fields", "target"}.
 
     `device` pretends a machine (tests); `environment` skips the probe when given.
     `baseline` (a RunConfig or HF mapping of the same kind) enables the effective-batch check.
+    `target` (pitstop.advise.target) judges the rules for another machine and run: its
+    device, process count, LoRA/4-bit and transformers release; the report says so.
+    `progress` prints a line to stderr before steps that can take seconds (preparing --data).
     """
     setup = make_setup(config, hf_args, hf_class, profile)
+    if target is not None:
+        setup = target.apply(setup)
     data_path = data if isinstance(data, (str, Path)) else None
     if environment is None:
         environment = probe_environment(
@@ -125,14 +133,19 @@ def doctor(
             compile_check=compile_check,
             device=device,
         )
-    dev = (
+    local = (
         device_from_dict((profile or {}).get("device"))
         or device
         or device_from_dict(environment.get("device"))
         or DeviceInfo(type="cpu", name="cpu")
     )
+    dev = target.device if target is not None and target.given else local
     model_dir = model or (config.model if config is not None else None)
     if isinstance(data, (str, Path)):
+        if progress:
+            import sys
+
+            print(f"doctor: reading the lengths of {data} ...", file=sys.stderr, flush=True)
         data = load_data_facts(
             data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
         )
@@ -145,6 +158,8 @@ def doctor(
             if isinstance(baseline, RunConfig)
             else H.from_hf_args(baseline, hf_class)
         )
+        if target is not None:  # both files run on the target
+            base_setup = target.apply(base_setup)
     ctx = Context(
         setup=setup,
         device=dev,
@@ -153,6 +168,7 @@ def doctor(
         model=model_facts(model_dir),
         profile=profile,
         baseline=base_setup,
+        transformers=target.transformers if target is not None else None,
     )
     findings: list[Finding] = rank(run_rules(ctx))
     out: dict[str, Any] = {
@@ -160,8 +176,24 @@ def doctor(
         "findings": [f.to_dict() for f in findings],
         "verdict": profile_verdict(profile).to_dict() if profile else None,
         "setup": {"source": setup.source, "hf_class": setup.hf_class, "device": dev.to_dict()},
+        "target": target.to_dict() if target is not None else None,
+        "audited_for": target.describe(local) if target is not None and target.given else None,
     }
     if hf_args is not None:
         unknown, unchecked = H.classify_fields(hf_args)
         out["fields"] = {"unknown": unknown, "not_checked": unchecked}
+        out["setup"]["hf_class_reason"] = H.class_reason(hf_args, hf_class)
     return out
+
+
+def write_findings(report: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write the report as OUT_DIR/findings.json (what `pitstop report` shows); its path."""
+    from pitstop.atomic import write_json_atomic
+
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"--output {d} is a file; give a directory (e.g. the run directory)")
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "findings.json"
+    write_json_atomic(path, report)
+    return path

@@ -28,6 +28,7 @@ class ModelFacts:
     n_layers: int
     d_model: int
     vocab_size: int
+    max_positions: int | None = None  # config.json max_position_embeddings
 
     @property
     def n_dense(self) -> int:
@@ -84,7 +85,15 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         emb = 0  # the table is also the output projection, a matmul
     if not (layers and width):
         return None
-    return ModelFacts(n_params=n, n_embedding=emb, n_layers=layers, d_model=width, vocab_size=vocab)
+    pos = text.get("max_position_embeddings") or text.get("n_positions")
+    return ModelFacts(
+        n_params=n,
+        n_embedding=emb,
+        n_layers=layers,
+        d_model=width,
+        vocab_size=vocab,
+        max_positions=int(pos) if isinstance(pos, (int, float)) and pos > 0 else None,
+    )
 
 
 @dataclass
@@ -92,6 +101,17 @@ class DataFacts:
     stats: dict[str, Any]  # the manifest's "stats" section (may be partial)
     lengths: np.ndarray | None  # per-sequence lengths, when a store was read
     store: str | None
+    # Per-document lengths (a store's sequences summed by document; a document longer than
+    # the store's max length was split, so these are the lengths before any cut).
+    doc_lengths: np.ndarray | None = None
+
+    def truncated_share(self, max_len: int) -> float | None:
+        """Share of the data's tokens beyond `max_len` in their document (lost to a cut)."""
+        if self.doc_lengths is None or not len(self.doc_lengths):
+            return None
+        d = np.asarray(self.doc_lengths, dtype=np.int64)
+        total = int(d.sum())
+        return float(np.maximum(d - max_len, 0).sum() / total) if total else None
 
     @property
     def p99(self) -> int | None:
@@ -113,11 +133,27 @@ def data_facts_from_store(path: str | Path) -> DataFacts:
 
     store = TokenStore(path)  # DataError with a clear message when it is not a store
     stats = store.manifest.get("stats")
+    lengths = np.asarray(store.lengths)
+    docs = np.asarray(store.doc_ids)
+    doc_lengths = (
+        np.bincount(docs - docs.min(), weights=lengths).astype(np.int64) if len(docs) else None
+    )
     return DataFacts(
         stats=stats if isinstance(stats, dict) else {},
-        lengths=np.asarray(store.lengths),
+        lengths=lengths,
         store=str(path),
+        doc_lengths=doc_lengths[doc_lengths > 0] if doc_lengths is not None else None,
     )
+
+
+def data_facts_from_lengths(lengths: list[int] | np.ndarray, *, source: str) -> DataFacts:
+    """Facts from rows' token counts alone (e.g. a sample of a Trainer's dataset)."""
+    from pitstop.data.stats import compute_stats
+
+    a = np.asarray(lengths, dtype=np.int64)
+    longest = int(a.max()) if len(a) else 1
+    stats = compute_stats(a, a, max_seq_len=longest, counts={"documents": len(a), "sample": source})
+    return DataFacts(stats=stats, lengths=a, store=None)
 
 
 def random_batch_padding(

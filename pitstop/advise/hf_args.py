@@ -37,7 +37,7 @@ SFT_FIELDS = frozenset({
 LEGACY_FIELDS = frozenset({
     "group_by_length", "evaluation_strategy", "no_cuda", "per_gpu_train_batch_size",
     "per_gpu_eval_batch_size", "overwrite_output_dir", "logging_dir", "push_to_hub_token",
-    "use_mps_device", "fp16_backend", "half_precision_backend", "use_ipex",
+    "use_mps_device", "fp16_backend", "half_precision_backend", "use_ipex", "warmup_ratio",
 })  # fmt: skip
 # SFTConfig's overrides of TrainingArguments defaults (TRL's SFTConfig docstring).
 SFT_DEFAULTS = {"logging_steps": 10, "gradient_checkpointing": True, "max_length": 1024,
@@ -108,6 +108,19 @@ def detect_class(values: dict[str, Any], requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     return "SFTConfig" if SFT_FIELDS & set(values) else "TrainingArguments"
+
+
+def class_reason(values: dict[str, Any], requested: str = "auto") -> str:
+    """Which class the fields are read as, and why (the doctor prints it)."""
+    cls = detect_class(values, requested)
+    if requested != "auto":
+        return f"{cls} (--hf-class)"
+    sft = sorted(SFT_FIELDS & set(values))
+    if sft:
+        return (
+            f"SFTConfig (it has the SFTConfig-only field(s) {', '.join(sft)}; TRL's defaults apply)"
+        )
+    return "TrainingArguments (no SFTConfig-only field; give --hf-class SFTConfig for TRL)"
 
 
 def classify_fields(values: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -12,9 +12,12 @@ reason is in its docstring (`RULES` lists them).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pitstop.advise.facts import DataFacts, ModelFacts, random_batch_padding
 from pitstop.advise.finding import Finding
@@ -27,6 +30,7 @@ from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo,
 PERIODIC_TARGET = 0.01
 CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
 PADDING_LIMIT = 0.10  # padding waste worth acting on
+TRUNCATION_LIMIT = 0.01  # share of tokens cut off worth reporting
 MAX_LEN_OVER_P99 = 2.0  # "far above p99"
 MEMORY_HEADROOM = (
     0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
@@ -43,6 +47,7 @@ class Context:
     model: ModelFacts | None = None
     profile: dict[str, Any] | None = None
     baseline: Setup | None = None
+    transformers: str | None = None  # the target's release; None: the installed one (env)
 
     @property
     def cuda(self) -> bool:
@@ -91,8 +96,10 @@ def _pct(x: float) -> str:
 
 def _suggest_workers(ctx: Context) -> int:
     # A pre-tokenized store needs little CPU per batch; a few workers keep the queue full,
-    # and one core stays free for the training process itself.
-    return max(1, min(4, ctx.device.cpu_count - 1))
+    # and one core stays free for the training process itself. A target machine whose
+    # cores are unknown (cpu_count 0, see advise/target.py) gets the cap.
+    cores = ctx.device.cpu_count
+    return 4 if cores <= 0 else max(1, min(4, cores - 1))
 
 
 # --- input ---------------------------------------------------------------------------------
@@ -111,7 +118,7 @@ def input_bound(ctx: Context) -> Finding | None:
         severity="high" if share >= V.INPUT_SEVERE else "medium",
         title=f"steps wait for data {_pct(share)} of the time ({'severe' if share >= V.INPUT_SEVERE else 'moderate'} input-bound)",
         evidence={"data_wait_share": round(share, 4), "loader_workers": workers,
-                  "cpu_cores": ctx.device.cpu_count,
+                  "cpu_cores": ctx.device.cpu_count or None,
                   "thresholds": {"moderate": V.INPUT_MODERATE, "severe": V.INPUT_SEVERE}},
         effect=f"up to {_pct(share)} shorter steps if loading overlaps compute completely",
         basis="measured in this profile",
@@ -139,7 +146,7 @@ def loader_main_process(ctx: Context) -> Finding | None:
         id="loader-main-process",
         severity="high" if (share or 0) >= V.INPUT_SEVERE else "medium" if (measured and share >= V.INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
         title="batches are loaded on the training process (0 loader workers)",
-        evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count,
+        evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count or None,
                   "data_wait_share": None if share is None else round(share, 4)},
         effect=(f"the {_pct(share)} of step time spent loading would overlap compute"
                 if measured else
@@ -156,7 +163,7 @@ def loader_main_process(ctx: Context) -> Finding | None:
 def workers_exceed_cores(ctx: Context) -> Finding | None:
     w = ctx.setup.loader_workers
     cores = ctx.device.cpu_count
-    if w is None or w <= max(1, cores - 1):
+    if w is None or cores <= 0 or w <= max(1, cores - 1):
         return None
     k = max(1, cores - 1)
     return Finding(
@@ -274,6 +281,15 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
             effect = (f"padding to {target} instead of {s.max_len}: padding {_pct(w0)} -> {_pct(w1)}, "
                       f"{_pct(gain)} fewer positions computed")  # fmt: skip
             basis = "computed from the data"
+        elif s.batching == "dynamic":
+            gain = 0.0
+            longest = (d.stats.get("document_length") or {}).get("max")
+            effect = ("batches are padded to their longest row, not to the max length, so a lower "
+                      "max length saves nothing for rows shorter than it"
+                      + (f" (the longest document has {longest} tokens)" if longest else "")
+                      + "; it only caps the rare long rows (memory) and cuts them (which changes "
+                      "what is learned)")  # fmt: skip
+            basis = "computed from the data"
         else:
             gain = 0.0
             effect = ("activation memory and attention cost per row grow with the row length; "
@@ -282,7 +298,9 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
     key = s.max_len_key
     return Finding(
         id="max-len-above-p99",
-        severity="medium" if gain >= 0.05 or basis != "FLOPs arithmetic" else "low",
+        severity="medium"
+        if gain >= 0.05 or (basis != "FLOPs arithmetic" and s.batching != "dynamic")
+        else "low",
         title=f"max length {s.max_len} is {s.max_len / d.p99:.1f}x the data's p99 ({d.p99} tokens)",
         evidence=ev,
         effect=effect + f"; 99% of documents still fit whole in {target}",
@@ -290,6 +308,37 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
         fix=s.fix(f"--max-seq-len {target}", f"{key}={target} (SFTConfig)"),
         gain=gain,
     )
+
+
+@rule("truncation")
+def truncation(ctx: Context) -> Finding | None:
+    """Where documents are cut at the max length: TRL's SFTConfig (without packing), or
+    pitstop's --long-docs truncate. pitstop's default splits long documents (no token lost)."""
+    s, d = ctx.setup, ctx.data
+    if d is None or not s.max_len:
+        return None
+    if s.source == "hf":
+        cuts = s.hf_class == "SFTConfig" and s.batching != "pack"
+    else:
+        cuts = s.raw.get("long_docs") in ("truncate", "drop")
+    share = d.truncated_share(s.max_len) if cuts else None
+    if share is None or share < TRUNCATION_LIMIT:
+        return None
+    longest = int(np.max(d.doc_lengths)) if d.doc_lengths is not None else None
+    return Finding(
+        id="truncation",
+        severity="medium" if share >= 0.05 else "low",
+        title=f"{_pct(share)} of the data's tokens lie beyond max length {s.max_len} and are never trained",
+        evidence={"truncated_token_share": round(share, 4), "max_len": s.max_len,
+                  "longest_document": longest, "p99": d.p99},
+        effect="a cut document loses its tail: fewer tokens learned per epoch than the data holds "
+        "(this changes what is learned; it is not a speed-up)",
+        basis="computed from the data",
+        fix=s.fix("--long-docs split (the default: long documents become several rows, no token lost)",
+                  f"a larger {s.max_len_key} (the longest document has {longest} tokens), or split "
+                  "long documents into chunks of max length before training"),
+        gain=0.0,
+    )  # fmt: skip
 
 
 # --- memory and recomputation --------------------------------------------------------------
@@ -323,12 +372,30 @@ def activation_bytes(m: ModelFacts, tokens: int, checkpointing: bool, act_bytes:
     return m.n_layers * layer + logits
 
 
+def device_memory_bytes(dev: DeviceInfo) -> int | None:
+    """The memory a run can fill: the GPU's, or on a CPU the machine's physical RAM."""
+    if dev.total_memory_bytes:
+        return int(dev.total_memory_bytes)
+    if dev.type == "cpu":
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):  # not POSIX: unknown
+            return None
+    return None
+
+
 @rule("gradient-checkpointing-unneeded")
 def checkpointing_unneeded(ctx: Context) -> Finding | None:
+    """On every device: recomputation costs compute on a CPU as on a GPU."""
     s, m, dev = ctx.setup, ctx.model, ctx.device
-    if not s.gradient_checkpointing or not ctx.cuda or not dev.total_memory_bytes or m is None:
+    memory = device_memory_bytes(dev)
+    if not s.gradient_checkpointing or not memory or m is None:
         return None
     tokens = micro_batch_tokens(ctx)
+    if not tokens and s.micro_batch_rows and m.max_positions:
+        # No max length and no data (TrainingArguments): rows at the model's longest context
+        # bound the activations from above, so "fits" here holds for every row length.
+        tokens = s.micro_batch_rows * m.max_positions
     if not tokens:
         return None
     act_bytes = 4 if ctx.precision == "fp32" else 2
@@ -340,11 +407,16 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         how = "measured peak with checkpointing + estimated extra activations"
     else:
         # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param;
-        # a LoRA run keeps the frozen base weights (2 B/param in 16-bit) and tiny adapters.
-        state = m.n_params * (2 if s.lora and act_bytes == 2 else 4 if s.lora else 16)
-        estimate = state + without
-        how = "estimated: weights, gradients and AdamW state + activations"
-    budget = MEMORY_HEADROOM * dev.total_memory_bytes
+        # a LoRA run keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and
+        # tiny adapters.
+        per_param = (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4) if s.lora else 16
+        estimate = m.n_params * per_param + without
+        how = "estimated: " + (
+            f"frozen {'4-bit' if s.load_in_4bit else 'base'} weights + activations (LoRA)"
+            if s.lora
+            else "weights, gradients and AdamW state + activations"
+        )
+    budget = MEMORY_HEADROOM * memory
     if estimate > budget:
         return None
     compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
@@ -352,7 +424,7 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         id="gradient-checkpointing-unneeded",
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
-        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": dev.total_memory_bytes,
+        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": memory,
                   "micro_batch_tokens": tokens, "how": how,
                   "memory_basis": "activations per Korthikanti et al. 2022, table 2"},
         effect="recomputation runs the forward pass again during backward: 2N + 6N = 8N instead of "
@@ -472,14 +544,18 @@ def optimizer_not_fused(ctx: Context) -> Finding | None:
     ):
         return None
     share = ctx.shares.get("optimizer")
+    lora = ctx.setup.lora
     return Finding(
         id="optimizer-not-fused",
         severity="medium" if share is not None and share >= 0.1 else "low",
         title=f"optimizer {opt!r} is not the fused AdamW",
-        evidence={"optim": opt, "optimizer_share": None if share is None else round(share, 4)},
+        evidence={"optim": opt, "optimizer_share": None if share is None else round(share, 4),
+                  "trained": "LoRA adapters only" if lora else "all parameters"},
         effect="the fused implementation updates all parameters in one kernel instead of several "
         "kernels per tensor" + (f"; the optimizer step is {_pct(share)} of step time here, the most this can save"
-                                if share is not None else ""),
+                                if share is not None else "")
+        + ("; with LoRA only the adapters are optimised (many small tensors, few bytes), so the "
+           "saving is per-kernel launch overhead, small next to forward and backward" if lora else ""),
         basis="measured in this profile" if share is not None else "documented",
         reference="https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html (fused)",
         fix='optim="adamw_torch_fused"',
@@ -639,9 +715,65 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
+# A machine whose 1-minute load average is at least this many times its cores is shared.
+BUSY_LOAD_PER_CORE = 1.0
+
+
+def _noisy(ctx: Context) -> dict[str, Any] | None:
+    """Evidence that erratic steps come from a noisy or shared machine, not from syncs.
+
+    The sync-bound verdict fires on erratic step times as well as on host time. When the
+    steps are erratic while the host-side phases (other + logging) stay under the sync
+    threshold, or the machine's load (recorded in the profile) exceeds its cores, the
+    likelier cause is another process taking the CPU or device: fewer log calls cannot fix it.
+    """
+    v = ctx.verdict
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
+    if not found:
+        return None
+    ev = found[0].evidence
+    spread = ev.get("step_spread")
+    if not spread or spread.get("cv", 0) < V.SPREAD_CV:
+        return None
+    machine = (ctx.profile or {}).get("machine") or {}
+    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
+    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
+    host = float(ev.get("other_share") or 0) + float(ev.get("logging_share") or 0)
+    if not busy and host >= V.SYNC_MODERATE:
+        return None  # host time explains the step: sync-bound advice applies
+    return {"step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
+            "cpu_cores": cores, "busy": busy, "share": found[0].share}  # fmt: skip
+
+
+@rule("noisy-machine")
+def noisy_machine(ctx: Context) -> Finding | None:
+    got = _noisy(ctx)
+    if got is None:
+        return None
+    sp = got["step_spread"]
+    why = (f"load average {got['load_average_1m']:.1f} on {got['cpu_cores']} cores"
+           if got["busy"] else
+           f"host-side time (other + logging) is only {_pct(got['host_share'])} of the step")  # fmt: skip
+    return Finding(
+        id="noisy-machine",
+        severity="medium",
+        title="step times are erratic: the machine is noisy or shared",
+        evidence=got,
+        effect=f"steps vary (coefficient of variation {sp['cv']:.2f}, slowest {sp['max_over_median']:.1f}x "
+        f"the median) while {why}: another process competes for the CPU or device. Measured "
+        "speed-ups and estimates from this profile carry that noise; the steady (median) step is "
+        "the better figure",
+        basis="measured in this profile",
+        fix="measure on a quiet machine (no other training, tokenization or builds running), "
+        "or pin the run to its own cores; no configuration change follows from this profile",
+        gain=0.0,
+    )
+
+
 @rule("sync-bound")
 def sync_bound(ctx: Context) -> Finding | None:
-    if not ctx.profile:
+    """Stays quiet where noisy-machine explains the erratic steps (no sync advice then)."""
+    if not ctx.profile or _noisy(ctx) is not None:
         return None
     v = ctx.verdict
     found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
@@ -685,7 +817,7 @@ def _version_tuple(v: str | None) -> tuple[int, ...] | None:
 def ga_loss_bug(ctx: Context) -> Finding | None:
     """pitstop normalises the loss by the target tokens of the whole optimizer step: HF only."""
     ga = ctx.setup.grad_accum or 1
-    ver = ctx.env.get("transformers")
+    ver = ctx.transformers or ctx.env.get("transformers")
     vt = _version_tuple(ver)
     if ga <= 1 or vt is None or vt >= GA_FIX_VERSION:
         return None
@@ -704,13 +836,13 @@ def ga_loss_bug(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
-@rule("tf32-with-bf16", sources=("hf",))
-def tf32_with_bf16(ctx: Context) -> Finding | None:
+@rule("tf32-with-16-bit", sources=("hf",))
+def tf32_with_half_precision(ctx: Context) -> Finding | None:
     """pitstop has no TF32 option: the probe enables it and says it only affects fp32 ops."""
     if not ctx.setup.tf32 or ctx.precision not in ("bf16", "fp16"):
         return None
     return Finding(
-        id="tf32-with-bf16",
+        id="tf32-with-16-bit",
         severity="low",
         title=f"tf32=True does not speed up {ctx.precision} training",
         evidence={"tf32": True, "precision": ctx.precision},
@@ -752,9 +884,12 @@ def effective_batch_changed(ctx: Context) -> Finding | None:
     b = ctx.baseline
     if b is None:
         return None
+    # Units that match the batching: HF batches padded per batch (or bucketed) hold a fixed
+    # number of rows whose length varies, so rows x max length counts no real quantity.
+    rows_batched = ctx.setup.source == "hf" and ctx.setup.batching != "pack"
     old, new = b.effective_tokens_per_step, ctx.setup.effective_tokens_per_step
     unit = "positions"
-    if old is None or new is None:
+    if rows_batched or old is None or new is None:
         old, new, unit = b.rows_per_step, ctx.setup.rows_per_step, "rows"
     if old is None or new is None or old == new:
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from pitstop.cache_layout import cache_root
@@ -53,6 +54,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="an earlier config of the same kind, to check that the effective batch is unchanged",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        help="also write the report to DIR/findings.json (a run directory: `pitstop report` shows it)",
+    )
+    t = p.add_argument_group(
+        "target (audit for the machine and run you will rent; default: this machine)"
+    )
+    t.add_argument(
+        "--gpu", metavar="NAME", help="GPU of the target (the estimate's names, e.g. H100)"
+    )
+    t.add_argument("--nproc", type=int, metavar="N", help="processes (GPUs) of the target run")
+    t.add_argument("--cpus", type=int, metavar="N", help="CPU cores of the target machine")
+    t.add_argument(
+        "--lora-r", type=int, metavar="R", help="the run trains a LoRA adapter of rank R"
+    )
+    t.add_argument(
+        "--load-in-4bit", action="store_true", help="the LoRA base weights are 4-bit (QLoRA)"
+    )
+    t.add_argument(
+        "--transformers-version", metavar="X.Y.Z", help="transformers release the run will use"
+    )
     p.add_argument("--cache-dir", metavar="DIR", help="cache for the compile check and data")
     p.add_argument(
         "--no-compile-check",
@@ -93,6 +116,18 @@ def run(args: argparse.Namespace) -> int:
             _load_config(args.baseline) if config is not None else load_hf_args(args.baseline)
         )
     profile = load_profile(args.profile) if args.profile else None
+    from pitstop.advise.target import make_target
+    from pitstop.probe import detect_device
+
+    target = make_target(
+        detect_device("auto")[0],
+        gpu=args.gpu,
+        nproc=args.nproc,
+        cpus=args.cpus,
+        lora_r=args.lora_r,
+        load_in_4bit=args.load_in_4bit,
+        transformers_version=args.transformers_version,
+    )
     report = doctor(
         config=config,
         hf_args=hf,
@@ -103,11 +138,21 @@ def run(args: argparse.Namespace) -> int:
         baseline=baseline,
         cache_dir=cache_dir,
         compile_check=not args.no_compile_check,
+        target=target,
+        progress=not args.json,
     )
+    if args.output:
+        from pitstop.advise.doctor import write_findings
+
+        print(f"findings written to {write_findings(report, args.output)}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=1, default=str))
         return 0
     print(format_environment(report["environment"]))
+    if report.get("audited_for"):
+        print(report["audited_for"])
+    if report["setup"].get("hf_class_reason"):
+        print("fields read as " + report["setup"]["hf_class_reason"])
     if report.get("verdict"):
         v = report["verdict"]
         print()

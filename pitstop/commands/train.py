@@ -1,11 +1,21 @@
-"""`pitstop train`: the optimized training run (`--resume` continues exactly)."""
+"""`pitstop train`: the optimized training run (`--resume` continues exactly).
+
+At the end of a completed run the command also writes OUT_DIR/report.html (what
+`pitstop report OUT_DIR` writes); `pitstop.train.run(cfg)` from Python trains only.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.commands.flags import add_config_flags, config_from_args
+from pitstop.errors import PitstopError
+from pitstop.report.html import write_report
 from pitstop.train import run as train_run
 
 
@@ -20,5 +30,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    train_run(config_from_args(args, "train"))
+    cfg = config_from_args(args, "train")
+    train_run(cfg)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
+        _write_report(cfg.output)
     return 0
+
+
+def _write_report(output: str | None) -> None:
+    """The run itself is done, so a report that cannot be written is a warning, never a
+    failed run."""
+    try:
+        path = write_report(output, Path(str(output)) / run_files.REPORT)
+    except (OSError, PitstopError) as e:
+        print(f"pitstop: report.html not written ({e}); run `pitstop report {output}`",
+              file=sys.stderr)  # fmt: skip
+        return
+    print(f"pitstop: report written to {path}", file=sys.stderr)

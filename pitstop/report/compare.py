@@ -4,7 +4,10 @@ Every figure comes from the runs' summary.json (the `pitstop train` contract):
 tokens/s = trained_tokens / train_seconds; it/s = optimizer_steps / train_seconds;
 cost = wall_seconds × GPUs × price per GPU-hour (you pay for the whole process);
 data-wait share = time_breakdown.data_wait / sum(time_breakdown);
-padding waste = 1 − seen_tokens / padded_tokens. Ratios are B / A.
+padding waste = 1 − seen_tokens / padded_tokens; trained tokens per step =
+trained_tokens / optimizer_steps. Ratios are B / A. Steps/s and tokens/s stand side by
+side: when the two runs' steps hold different numbers of trained tokens, a faster
+step is not a speed-up, and the comparison says so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Metric:
 METRICS = [
     Metric("tokens_per_second", "tokens/s", "tok/s", True),
     Metric("iterations_per_second", "optimizer steps/s", "it/s", True),
+    Metric("trained_tokens_per_step", "trained tokens/step", "tok", None),
     Metric("train_seconds", "train time", "s", False),
     Metric("wall_seconds", "wall time", "s", False),
     Metric("cost", "cost", "USD", False),
@@ -70,6 +74,9 @@ def run_metrics(run: Run, price: float | None = None) -> dict[str, float | None]
     return {
         "tokens_per_second": tps,
         "iterations_per_second": steps / train if steps and train else None,
+        "trained_tokens_per_step": _num(s.get("trained_tokens")) / steps
+        if steps and _num(s.get("trained_tokens"))
+        else None,
         "train_seconds": train,
         "wall_seconds": wall,
         "cost": secs_paid / 3600 * gpu_count(s) * price
@@ -85,7 +92,8 @@ def run_metrics(run: Run, price: float | None = None) -> dict[str, float | None]
 
 def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     sa, sb = flat_settings(a.summary), flat_settings(b.summary)
-    skip = {"output", "cache_dir", "overwrite", "resume"}  # where files went is not a setting
+    # Where files went is not a setting (pitstop's names, then TrainingArguments').
+    skip = {"output", "cache_dir", "overwrite", "resume", "output_dir", "logging_dir", "run_name"}
     out = []
     for k in sorted(set(sa) | set(sb)):
         if k in skip:
@@ -114,10 +122,34 @@ def compare(a: str | Path | Run, b: str | Path | Run, price: float | None = None
         "b": str(rb.path),
         "price_per_gpu_hour": price,
         "metrics": rows,
+        "notes": _notes(ma, mb, ra, rb),
         "settings_differ": [
             {"setting": k, "a": x, "b": y} for k, x, y in setting_differences(ra, rb)
         ],
     }
+
+
+# Trained tokens per step that differ by more than this are a different training step.
+TOKENS_PER_STEP_TOLERANCE = 0.02
+
+
+def _notes(ma: dict[str, float | None], mb: dict[str, float | None], ra: Run, rb: Run) -> list[str]:
+    """What a reader must know before taking a ratio as a speed-up."""
+    out = []
+    ta, tb = ma["trained_tokens_per_step"], mb["trained_tokens_per_step"]
+    if ta and tb and abs(tb / ta - 1) > TOKENS_PER_STEP_TOLERANCE:
+        fewer = "fewer" if tb < ta else "more"
+        out.append(
+            f"B's optimizer step holds {fewer} trained tokens than A's ({tb:,.0f} vs {ta:,.0f}, "
+            f"{tb / ta:.2f}x): a faster step is not a speed-up when the step holds fewer tokens. "
+            "Compare trained tokens/s; the runs also learn differently (another effective "
+            "batch: retune the learning rate, or keep tokens per step equal)"
+        )
+    for r in (ra, rb):
+        status = str(r.summary.get("status") or "")
+        if status.startswith("incomplete"):
+            out.append(f"{r.path}: {status}")
+    return out
 
 
 def fmt_value(key: str, v: float | None) -> str:
@@ -135,6 +167,8 @@ def fmt_value(key: str, v: float | None) -> str:
         return f"{v:.4f}"
     if key == "iterations_per_second":
         return f"{v:.3f}"
+    if key == "trained_tokens_per_step":
+        return f"{v:,.1f}"
     return f"{v:,.0f}"
 
 
@@ -161,6 +195,8 @@ def format_compare(result: dict[str, Any], markdown: bool = False) -> str:
     out.append("")
     out += _table(head, body, markdown)
     out.append("")
+    for note in result.get("notes") or []:
+        out += ["Note: " + note, ""]
     if diffs:
         out.append("Settings that differ:")
         out += _table(["setting", "A", "B"], diffs, markdown)

@@ -47,6 +47,7 @@ from pitstop.report.memory import (
     max_micro_batch,
     sharded,
 )
+from pitstop.report.runs import load_run
 from pitstop.train.summary import read_metrics
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
@@ -96,6 +97,8 @@ class Estimate:
     flops_per_token: float | None
     throughput: Throughput
     assumptions: list[str] = field(default_factory=list)
+    lora: bool = False
+    gradient_checkpointing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -151,7 +154,17 @@ def load_measured(path: str | Path) -> dict[str, Any]:
                 p = p / name
                 break
         else:
-            raise DataError(f"{path} holds neither summary.json nor profile.json")
+            if not (p / "metrics.jsonl").is_file():
+                raise DataError(
+                    f"{path} holds neither summary.json, profile.json nor metrics.jsonl; give a "
+                    "run directory (`pitstop train`, or a Trainer run with PitstopCallback)"
+                )
+            # A killed run: its summary rebuilt from the step lines (steady_rate reads them too).
+            prof = load_run(p).summary
+            prof["_path"] = str(p / "metrics.jsonl")
+            if not prof.get("tokens_per_second"):
+                raise DataError(f"{p / 'metrics.jsonl'} records no trained tokens per step")
+            return prof
     if not p.is_file():
         raise DataError(f"--from-profile {path} does not exist")
     try:
@@ -331,8 +344,23 @@ def throughput(
                 )
         if startup:
             basis += f"; start-up {startup:.0f} s added once"
-        pm = profile.get("mfu")
-        return Throughput(tps, None, float(pm) if pm else None, startup, basis, pdev)
+        machine = profile.get("machine") or {}
+        if machine.get("load_average_1m") is not None and machine.get("cpu_cores"):
+            # A busy machine measures a slower rate than a quiet one would: say which it was.
+            basis += (
+                f"; machine load when measured: {machine['load_average_1m']:.1f} on "
+                f"{machine['cpu_cores']} cores"
+            )
+        pm = float(profile["mfu"]) if profile.get("mfu") else None
+        if pm is not None and pm > 1:
+            # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
+            # CPU, once, and cached) came out low, e.g. on a busy machine.
+            basis += (
+                f"; the profile's MFU {pm:.0%} is above 100%, so the peak it divides by was "
+                "measured low (a busy machine?): not shown; remeasure on a quiet machine"
+            )
+            pm = None
+        return Throughput(tps, None, pm, startup, basis, pdev)
     if gpu is None:
         raise ConfigError("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
     if flops_per_token is None:
@@ -479,9 +507,28 @@ def estimate(
     else:
         fm = FlopsModel(pc.non_embedding, 0, shape.layers, shape.hidden)
     fpt = fm.per_token(seq_len)
-    tp = throughput(profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt)
+    recompute = recompute_per_token(fm, seq_len) if gradient_checkpointing else 0.0
+    tp = throughput(
+        profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute
+    )
+    if recompute:
+        notes.append(
+            f"gradient checkpointing recomputes the forward pass during backward: "
+            f"+{recompute:.3g} FLOPs per position (2·N + 4·L·d·T), {recompute / fpt:.0%} more "
+            "compute per step, included in the time (MFU counts model FLOPs only)"
+        )
     if tp.trained_tokens_per_second:
         work = tokens.trained_tokens * epochs / tp.trained_tokens_per_second
+        ran_ck = _profile_checkpointing(profile)
+        if ran_ck != gradient_checkpointing:
+            # The profile ran with the other setting: scale its time by the FLOPs ratio.
+            rc = recompute_per_token(fm, seq_len)
+            factor = (fpt + rc) / fpt if gradient_checkpointing else fpt / (fpt + rc)
+            work *= factor
+            notes.append(
+                f"the profile ran {'with' if ran_ck else 'without'} gradient checkpointing: its "
+                f"time is scaled by {factor:.2f} (FLOPs per position with/without recomputation)"
+            )
     else:
         positions = tokens.tokens / (tokens.packing_efficiency or 1.0)
         work = positions * epochs / tp.positions_per_second
@@ -523,10 +570,35 @@ def estimate(
         price=price,
         price_basis=price_basis,
         options=opts,
-        flops_per_token=fpt,
+        flops_per_token=fpt + recompute,
         throughput=tp,
         assumptions=notes,
+        lora=lora_r is not None,
+        gradient_checkpointing=gradient_checkpointing,
     )
+
+
+def recompute_per_token(fm: FlopsModel, seq_len: int) -> float:
+    """FLOPs per position that full activation recomputation adds: the forward pass again.
+
+    The forward pass is 2 FLOPs per parameter (frozen or not) plus a third of the
+    attention term (12·L·d·T counts forward and backward, 4·L·d·T of it forward).
+    """
+    return 2.0 * (fm.n_trainable + fm.n_frozen) + 4.0 * fm.n_layers * fm.d_model * seq_len
+
+
+def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
+    cfg = (profile or {}).get("config") or {}
+    if not isinstance(cfg, dict):
+        return False
+    return bool(cfg.get("gradient_checkpointing") or cfg.get("activation_checkpointing"))
+
+
+def flops_label(lora: bool, gradient_checkpointing: bool) -> str:
+    """The formula behind the printed FLOPs per position (pitstop/measure/flops.py)."""
+    dense = "6·N_trainable + 4·N_frozen" if lora else "6N"
+    ck = " + 2N + 4·L·d·T recomputed" if gradient_checkpointing else ""
+    return f"{dense} + 12·L·d·T{ck}"
 
 
 def _gib(b: float | None) -> str:
@@ -568,7 +640,8 @@ def format_estimate(est: Estimate) -> str:
     lines.append(f"  - data: {est.tokens.basis}")
     lines.append(f"  - throughput: {est.time_basis}")
     if t["flops_per_token"]:
-        lines.append(f"  - training FLOPs per position: {t['flops_per_token']:.3g} (6N + 12·L·d·T)")
+        label = flops_label(est.lora, est.gradient_checkpointing)
+        lines.append(f"  - training FLOPs per position: {t['flops_per_token']:.3g} ({label})")
     lines.append("")
     c = est.to_dict()["cost"]
     if c["total"] is not None:

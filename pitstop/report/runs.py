@@ -1,4 +1,8 @@
-"""Reading a `pitstop train` run directory (summary.json + metrics.jsonl), tolerantly.
+"""Reading a run directory (summary.json + metrics.jsonl), tolerantly.
+
+Both writers produce it: `pitstop train`, and a Hugging Face Trainer with
+`pitstop.hf.PitstopCallback`. A run without summary.json (killed) is read from its
+metrics.jsonl alone.
 
 The contract (DESIGN.md): summary.json holds trained/seen/padded tokens,
 optimizer_steps, train/wall seconds, tokens_per_second, mfu, peak_memory_bytes,
@@ -37,37 +41,31 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """Read a run directory; DataError when it is not one."""
+    """Read a run directory; DataError when it is not one.
+
+    A run without summary.json (killed, or still running) is read from its metrics.jsonl:
+    the summary is rebuilt from the step lines and says so in its "status".
+    """
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{p} is not a directory; give the --output directory of `pitstop train`")
-    sp = p / run_files.SUMMARY
-    if not sp.is_file():
+    sp, mp = p / run_files.SUMMARY, p / run_files.METRICS
+    steps = read_steps(mp) if mp.is_file() else []
+    if sp.is_file():
+        try:
+            summary = json.loads(sp.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DataError(f"{sp} is not valid JSON ({e})") from None
+        if not isinstance(summary, dict):
+            raise DataError(f"{sp} is not a JSON object")
+    elif steps:
+        summary = summary_from_steps(steps)
+    else:
         raise DataError(
-            f"{p} is not a pitstop run (no summary.json); give the --output directory of a "
-            "finished `pitstop train`"
+            f"{p} is not a pitstop run (no summary.json, and no metrics.jsonl with a step in it); "
+            "give the --output directory of `pitstop train`, or the output_dir of a Hugging Face "
+            "Trainer run with pitstop.hf.PitstopCallback"
         )
-    try:
-        summary = json.loads(sp.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{sp} is not valid JSON ({e})") from None
-    if not isinstance(summary, dict):
-        raise DataError(f"{sp} is not a JSON object")
-    steps = []
-    mp = p / run_files.METRICS
-    if mp.is_file():
-        with open(mp, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a crash: the rest is still useful
-                if isinstance(rec, dict):
-                    rec.setdefault("step", i + 1)
-                    steps.append(rec)
     findings: list[dict[str, Any]] = []
     fp = p / run_files.FINDINGS
     if fp.is_file():
@@ -78,6 +76,75 @@ def load_run(path: str | Path) -> Run:
         except (ValueError, UnicodeDecodeError):
             findings = []
     return Run(p, summary, steps, findings)
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl.
+
+    The last line may be cut short by a crash (the writer appends whole lines, so only
+    the last one can be torn) and is skipped; any other line that is not a JSON object is
+    a DataError naming the file and the line.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path} is not UTF-8 text ({e}); it is not a pitstop metrics file"
+        ) from None
+    # The piece after the last newline is "" or a crash's half-written line: dropped.
+    lines = text.split("\n")[:-1]
+    steps = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise DataError(
+                f"{path} line {i} is not valid JSON ({e}): {line[:80]!r}; remove or repair that "
+                "line (each line is one optimizer step)"
+            ) from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path} line {i} is not a JSON object; each line is one step's record")
+        rec.setdefault("step", i)
+        steps.append(rec)
+    return steps
+
+
+def _last_number(steps: list[dict[str, Any]], key: str) -> float | None:
+    for r in reversed(steps):
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+            return float(v)
+    return None
+
+
+def summary_from_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A summary.json's figures rebuilt from metrics.jsonl lines (a run without one)."""
+    phases: dict[str, float] = {}
+    seconds = 0.0
+    for r in steps:
+        ph = step_phases(r)
+        for k, v in ph.items():
+            phases[k] = phases.get(k, 0.0) + v
+        secs = r.get("step_seconds")
+        seconds += float(secs) if isinstance(secs, (int, float)) else sum(ph.values())
+    trained = _last_number(steps, "trained_tokens")  # cumulative in both writers
+    if trained is None:
+        per_step = [r.get("step_trained_tokens") for r in steps]
+        trained = float(sum(t for t in per_step if isinstance(t, (int, float)))) or None
+    last_step = _last_number(steps, "step")
+    return {
+        "status": "incomplete: no summary.json (killed or still running); read from metrics.jsonl",
+        "optimizer_steps": int(last_step) if last_step is not None else len(steps),
+        "trained_tokens": trained,
+        "seen_tokens": _last_number(steps, "seen_tokens"),
+        "padded_tokens": _last_number(steps, "padded_tokens"),
+        "train_seconds": seconds or None,
+        "tokens_per_second": trained / seconds if trained and seconds else None,
+        "final_loss": _last_number(steps, "loss"),
+        "time_breakdown": phases,
+    }
 
 
 def step_phases(rec: dict[str, Any]) -> dict[str, float]:
@@ -154,4 +221,8 @@ def flat_settings(summary: dict[str, Any]) -> dict[str, Any]:
     if isinstance(choices, dict):
         for k, v in choices.items():
             out[f"choice.{k}"] = v.get("value") if isinstance(v, dict) else v
+    requested = summary.get("requested") or {}  # PitstopCallback(requested=...)
+    if isinstance(requested, dict):
+        for k, v in requested.items():
+            out[f"requested.{k}"] = v
     return out

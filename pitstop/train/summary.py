@@ -26,10 +26,15 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def jsonl_text(records: list[dict[str, Any]]) -> str:
+    """metrics.jsonl lines for `records` (non-finite numbers as null)."""
+    return "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+
+
 def append_lines(path: Path, records: list[dict[str, Any]]) -> None:
     if not records:
         return
-    text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+    text = jsonl_text(records)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, text.encode("utf-8"))

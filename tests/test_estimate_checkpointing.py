@@ -1,0 +1,62 @@
+"""`estimate` counts gradient checkpointing's recomputation, and never shows an MFU above 100%."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_report_compare import make_run
+
+from pitstop.report.estimate import (
+    DataTokens,
+    estimate,
+    format_estimate,
+    load_profile,
+    recompute_per_token,
+)
+from pitstop.report.gpus import get_gpu
+from pitstop.report.memory import ModelShape
+
+SHAPE = ModelShape(layers=2, hidden=64, intermediate=172, heads=4, kv_heads=4, vocab=4096)
+TOKENS = DataTokens(10**10, 10**10, None, 128, "test")
+
+
+def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
+    kw = {"tokens": TOKENS, "seq_len": 128, "gpu": get_gpu("H100"), "mfu": 0.5, "price": 2.0}
+    off = estimate(SHAPE, **kw)
+    on = estimate(SHAPE, gradient_checkpointing=True, **kw)
+    n = SHAPE.params().non_embedding
+    extra = 2 * n + 4 * 2 * 64 * 128  # the forward pass again: 2N + 4·L·d·T
+    assert on.flops_per_token == pytest.approx(off.flops_per_token + extra)
+    assert on.train_seconds == pytest.approx(
+        off.train_seconds * on.flops_per_token / off.flops_per_token
+    )
+    assert on.to_dict()["cost"]["total"] > off.to_dict()["cost"]["total"]
+    assert "recomputed" in format_estimate(on) and "recomputed" not in format_estimate(off)
+
+
+def test_a_profile_without_checkpointing_is_scaled_up(tmp_path: Path) -> None:
+    prof = load_profile(make_run(tmp_path / "run", config={"gradient_checkpointing": False}))
+    off = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof)
+    on = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof,
+                  gradient_checkpointing=True)  # fmt: skip
+    fpt = off.flops_per_token
+    factor = (fpt + recompute_per_token(_fm(), 128)) / fpt
+    start = off.throughput.startup_seconds
+    assert on.train_seconds - start == pytest.approx((off.train_seconds - start) * factor)
+    assert any("scaled by" in a for a in on.assumptions)
+
+
+def _fm():
+    from pitstop.measure.flops import FlopsModel
+
+    return FlopsModel(SHAPE.params().non_embedding, 0, SHAPE.layers, SHAPE.hidden)
+
+
+def test_mfu_above_one_is_not_shown(tmp_path: Path) -> None:
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"tokens_per_second": 2000.0, "mfu": 2.11, "device": {"type": "cpu"}}))
+    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(p))
+    assert est.throughput.mfu is None and est.to_dict()["time"]["mfu"] is None
+    assert "measured low" in est.time_basis
