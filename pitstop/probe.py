@@ -211,6 +211,12 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
+    if out.is_dir():
+        from pitstop.train.lock import holder, in_progress_message
+
+        who = holder(out)  # another writer: refused whatever the flags say
+        if who is not None:
+            return in_progress_message(out, who)
     has_run = out.is_dir() and any(
         (out / n).exists() for n in ("summary.json", "checkpoints", "final")
     )

@@ -57,7 +57,9 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io
+from pitstop.train import guard, model_io, oom
+from pitstop.train import lock as run_lock
+from pitstop.train import resume as resume_mod
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup, lr_at
@@ -261,8 +263,10 @@ class Trainer:
 
         # --- data (after the model: `batching: auto` times each strategy on it)
         self.eval_set: Any = None
+        self.data_key: str | None = None  # the store's content key: a resume's data identity
         if loader is None:
             store = data_mod.open_training_store(cfg)
+            self.data_key = store.manifest.get("key")
             held = data_mod.eval_data(cfg, store)
             resume_strategy = data_mod.saved_strategy(self.out) if cfg.resume else None
             self.loader, self.geometry = data_mod.build_loader(
@@ -348,6 +352,7 @@ class Trainer:
         self.ckpt_pause = 0.0
         self.phase_totals = dict.fromkeys(PHASES, 0.0)
         self.last_loss: float | None = None
+        self.last_loss_step: int | None = None  # the step of last_loss (later ones skipped)
         self.last_eval: dict[str, Any] | None = None
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
         self.resumed_from: str | None = None
@@ -414,23 +419,43 @@ class Trainer:
         root = out / "checkpoints"
         if self.is_main:
             ckpt.remove_debris(root)
-        latest = ckpt.latest_checkpoint(root) if self.cfg.resume else None
+        # Refuses (touching nothing) when checkpoints exist and none is complete.
+        latest = (
+            resume_mod.choose_checkpoint(out, announce=self.is_main) if self.cfg.resume else None
+        )
         # Every rank reads the same checkpoint (a shared filesystem across nodes).
         latest = dist_mod.broadcast_object(latest, self.env)
-        if self.cfg.resume and latest is None and self.is_main:
-            print(
-                f"pitstop: no complete checkpoint in {root}; starting from step 0", file=sys.stderr
-            )
         if latest is not None:
             self._restore(latest)
         if self.is_main:
             truncate_metrics(out / "metrics.jsonl", self.step)
-            saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
-            write_text_atomic(out / "config.yaml", saved.to_yaml())
+            saved = RunConfig(**{
+                **self.cfg.to_dict(), "resume": False, "overwrite": False,
+                "resume_with_changes": False,
+            }).to_yaml()  # fmt: skip
+            kept = resume_mod.keep_previous_config(out, saved, self.step) if latest else None
+            if kept is not None:
+                print(f"pitstop: the configuration differs from the run's; the previous one is "
+                      f"kept in {kept}", file=sys.stderr)  # fmt: skip
+            write_text_atomic(out / "config.yaml", saved)
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
+
+    def _identity(self) -> dict[str, Any]:
+        return resume_mod.identity(
+            self.cfg, data_key=self.data_key, max_seq_len=self.geometry.max_seq_len,
+            tokens_per_step=self.geometry.tokens_per_step, total_steps=self.total_steps,
+            warmup_steps=self.warmup,
+        )  # fmt: skip
 
     def _restore(self, path: Path) -> None:
         st = ckpt.read_checkpoint(path)
+        changed = resume_mod.check_same_run(
+            st["trainer_state"].get("identity"), self._identity(),
+            allow=self.cfg.resume_with_changes, path=path,
+        )  # fmt: skip
+        if changed and self.is_main:
+            print("pitstop: warning: --resume-with-changes: continuing with changed settings: "
+                  + "; ".join(changed), file=sys.stderr)  # fmt: skip
         if self.fsdp:
             # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
             dist_mod.load_full_state(
@@ -456,6 +481,7 @@ class Trainer:
         self.ckpt_pause = float(ts["checkpoint_pause_seconds"])
         self.phase_totals.update(ts["time_breakdown"])
         self.last_loss = ts.get("last_loss")
+        self.last_loss_step = ts.get("last_loss_step")
         self.epoch_float = float(ts.get("epoch", 0.0))
         self.last_eval = ts.get("last_eval")
         self._last_ckpt_step = self.step
@@ -585,6 +611,15 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
+        """Train; OUT_DIR is locked against a second writer for the whole run (train/lock.py)."""
+        held = run_lock.acquire(self.out) if self.is_main else None
+        try:
+            return self._fit()
+        finally:
+            if held is not None:
+                held.release()
+
+    def _fit(self) -> dict[str, Any]:
         self._prepare_output()
         self.tb, tb_note = _tensorboard(self.cfg, self.out, self.is_main)
         self.choices["tensorboard"] = Choice(bool(not isinstance(self.tb, _NullWriter)), tb_note)
@@ -604,7 +639,12 @@ class Trainer:
         try:
             tl.start_step()
             while self.step < self.total_steps:
-                self._train_step(tl)
+                try:
+                    self._train_step(tl)
+                except (RuntimeError, MemoryError) as e:
+                    if not oom.is_oom(e):
+                        raise
+                    raise self._out_of_memory(e) from None
                 rec = tl.end_step()
                 tl.start_step()  # logging, eval and checkpoint below count toward the next step
                 self._pending[-1]["record"] = rec
@@ -655,7 +695,11 @@ class Trainer:
             if not ok:
                 self._finish_quietly(status)
         status = "completed"
-        self._final_save(t_train0)
+        try:
+            self._final_save(t_train0)
+        except BaseException as e:  # the end could not be saved: no final/, and say so
+            self._finish_quietly("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+            raise
         summary = self.summary(status)
         if self.is_main:
             write_json_atomic(self.out / "summary.json", summary)
@@ -666,6 +710,16 @@ class Trainer:
         # final model was seen to abort ("terminate called without an active exception").
         dist_mod.barrier(self.env)
         return summary
+
+    def _out_of_memory(self, e: BaseException) -> oom.TrainingOutOfMemory:
+        gc = bool(self.cfg.gradient_checkpointing)
+        return oom.oom_error(
+            e, step=self.step + 1, micro=getattr(self, "_micro", None),
+            device_type=self.device.type, last_checkpoint=self.writer.last_written,
+            model_dir=str(self.cfg.model), seq_len=self.geometry.max_seq_len,
+            precision=self.precision, attention=str(self.choices["attention"].value),
+            checkpointing=gc, lora_r=self.cfg.lora_r,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
@@ -695,6 +749,7 @@ class Trainer:
             with tl.phase("host_to_device"):
                 batch = self.to_device(mb)
             last = m == micro_count - 1
+            self._micro = (m, micro_count, tuple(batch["input_ids"].shape))  # for an OOM message
             loss_acc += self.forward_backward(batch, int(meta["step_targets"]), tl, last=last)
             n_targets += int(meta["n_targets"])
             n_seen += int(meta["n_seen"])
@@ -702,6 +757,7 @@ class Trainer:
             m += 1
         with tl.phase("optimizer"):
             norm, bad, lr = self.optimizer_step(loss_acc)
+            weights_bad = guard.nonfinite_weights(self.params)  # on device: read by log()
         self.step += 1
         # The fraction of the *current* epoch: meta["step"] counts from the start of the run.
         epoch = int(meta["epoch"])
@@ -717,7 +773,7 @@ class Trainer:
         self._pending.append({
             "step": self.step, "epoch": round(self.epoch_float, 6), "loss": loss_acc, "lr": lr,
             "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
-            "bad_run": self._bad_run_t,
+            "bad_run": self._bad_run_t, "weights_bad": weights_bad,
         })  # fmt: skip
 
     def _steps_in_epoch(self, epoch: int) -> int:
@@ -729,11 +785,12 @@ class Trainer:
         """The logging step: the one place the loop reads device values (a sync)."""
         if not self._pending:
             return
-        # Summed over ranks: [n, 4] (loss share, targets, seen, positions), float64 so the
-        # counts stay exact; one collective per logging step.
+        # Summed over ranks: [n, 5] (loss share, targets, seen, positions, ranks whose
+        # weights went non-finite), float64 so the counts stay exact; one collective.
         summed = torch.stack([
             torch.cat([p["loss"].double().reshape(1),
-                       torch.tensor(p["counts"], dtype=torch.float64).to(self.device)])
+                       torch.tensor(p["counts"], dtype=torch.float64).to(self.device),
+                       p["weights_bad"].double().reshape(1).to(self.device)])
             for p in self._pending
         ])  # fmt: skip
         dist_mod.all_reduce_sum(summed, self.env)
@@ -744,7 +801,7 @@ class Trainer:
         ])  # fmt: skip
         vals = torch.cat([summed, same], dim=1).tolist()
         lines = []
-        for p, (loss, n_t, n_s, n_p, norm, bad, bad_run) in zip(self._pending, vals):
+        for p, (loss, n_t, n_s, n_p, w_bad, norm, bad, bad_run) in zip(self._pending, vals):
             rec: StepRecord = p.pop("record")
             phases = rec.resolve()
             for k, v in phases.items():
@@ -753,7 +810,7 @@ class Trainer:
             self.trained_tokens += int(n_t)
             self.seen_tokens += int(n_s)
             self.padded_tokens += int(n_p)
-            drop = ("loss", "grad_norm", "bad", "bad_run", "counts")
+            drop = ("loss", "grad_norm", "bad", "bad_run", "counts", "weights_bad")
             line = {k: v for k, v in p.items() if k not in drop}
             line.update({
                 "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
@@ -764,6 +821,12 @@ class Trainer:
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
             lines.append(line)
+            if w_bad:  # this update broke the weights: stop before anything saves them
+                line["weights_finite"] = False
+                self._pending = []
+                if self.is_main:
+                    append_lines(self.out / "metrics.jsonl", lines)
+                self._diverged(p["step"], p["lr"], loss, norm, weights=True)
             if skipped:
                 self.skipped_steps += 1
                 self.bad_run = int(bad_run)
@@ -774,7 +837,7 @@ class Trainer:
                     self._diverged(p["step"], p["lr"], loss, norm)
             else:
                 self.bad_run = 0
-                self.last_loss = loss
+                self.last_loss, self.last_loss_step = loss, p["step"]
         self._pending = []
         if not self.is_main:
             return
@@ -799,15 +862,23 @@ class Trainer:
             print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
                   f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
 
-    def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
+    def _diverged(
+        self, step: int, lr: float, loss: float, norm: float, *, weights: bool = False
+    ) -> None:
         # A checkpoint may still be on its way to disk: let it land before naming it.
         self.writer.wait()
         last = self.writer.last_written
+        what = (
+            f"the update of optimizer step {step} made weights non-finite (NaN/Inf; loss "
+            f"{loss}, gradient norm {norm}, learning rate {lr:.3g}); they were not saved"
+            if weights
+            else f"{self.bad_run} optimizer steps in a row had a non-finite loss or gradient "
+            f"(loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); those steps were skipped"
+        )
         raise TrainingDiverged(
-            f"training stopped at step {step}: {self.bad_run} optimizer steps in a row had a "
-            f"non-finite loss or gradient (loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); "
-            f"those steps were skipped. The last good checkpoint is {last or 'none (no checkpoint yet)'}. "
-            "Try a lower --lr, a longer warm-up (--warmup-steps), or --precision bf16/fp32 instead of fp16"
+            f"training stopped at step {step}: {what}. The last good checkpoint is "
+            f"{last or 'none (no checkpoint yet)'}. "
+            + guard.divergence_advice(self.precision, self.cfg.max_grad_norm)
         )
 
     def _eval_due(self, done: bool) -> bool:
@@ -852,6 +923,7 @@ class Trainer:
             "wall_seconds": self.wall_before + time.time() - self.t_process,
             "checkpoint_pause_seconds": self.ckpt_pause,
             "time_breakdown": self.phase_totals, "last_loss": self.last_loss,
+            "last_loss_step": self.last_loss_step, "identity": self._identity(),
             "last_eval": self.last_eval,
             # Read by checkpoint retention: the best checkpoint by eval loss is kept.
             "eval_loss": self.last_eval["eval_loss"]
@@ -900,9 +972,15 @@ class Trainer:
             return
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
-        model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+        try:
+            model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+            # The last checkpoint must have landed (and its weights been finite) first:
+            # final/ is never published by a run that could not save its end.
+            self.writer.wait()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         model_io.publish_dir(tmp, self.out / "final")
-        self.writer.wait()
         self.final_save_seconds = time.perf_counter() - t0
 
     def _finish_quietly(self, status: str) -> None:
@@ -992,6 +1070,7 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "peak_memory_bytes": peak_memory_bytes(self.device.type),
             "final_loss": self.last_loss,
+            "final_loss_step": self.last_loss_step,
             "eval_loss": self.last_eval["eval_loss"] if self.last_eval else None,
             "eval_ppl": self.last_eval["eval_ppl"] if self.last_eval else None,
             "eval": self.last_eval,
@@ -1025,6 +1104,9 @@ def _save_policy(cfg: RunConfig) -> str:
 def _result_line(s: dict[str, Any]) -> str:
     mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
     loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
+    at = s.get("final_loss_step")
+    if at is not None and at != s["optimizer_steps"]:  # the last steps were skipped
+        loss += f" (step {at}, the last finite one)"
     return (
         f"pitstop: {s['optimizer_steps']} steps, {s['trained_tokens']:,} trained tokens in "
         f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "

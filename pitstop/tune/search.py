@@ -161,7 +161,9 @@ def is_oom(exc: BaseException) -> bool:
                 return True
         except (ImportError, AttributeError):
             pass
-        if isinstance(e, RuntimeError) and "out of memory" in str(e).lower():
+        # CUDA's text, and the CPU allocator's ("DefaultCPUAllocator: not enough memory").
+        text = str(e).lower()
+        if isinstance(e, RuntimeError) and ("out of memory" in text or "not enough memory" in text):
             return True
         e = e.__cause__ or e.__context__
     return False
