@@ -43,9 +43,13 @@ def device_bytes(device_type: str) -> int | None:
 
 def fitting_options(
     model_dir: str, *, seq_len: int, precision: str, attention: str, checkpointing: bool,
-    lora_r: int | None, usable: int,
+    lora_r: int | None, usable: int, rows: int | None = None,
 ) -> list[str]:  # fmt: skip
-    """--micro-batch-size values (and gradient checkpointing) estimated to fit in `usable`."""
+    """--micro-batch-size values (and gradient checkpointing) estimated to fit in `usable`.
+
+    `rows`: the micro-batch that failed. It did not fit whatever the estimate says, so a
+    suggestion without checkpointing is at most half of it.
+    """
     from pitstop.report.memory import max_micro_batch, shape_from_model_dir
 
     try:
@@ -56,10 +60,14 @@ def fitting_options(
                               attention=attention if attention in ("eager", "sdpa") else "sdpa")  # fmt: skip
     opts = []
     mb = max_micro_batch(shape, usable, gradient_checkpointing=checkpointing, **kw)
+    if rows:
+        mb = min(mb, rows // 2)
     if mb:
         opts.append(f"--micro-batch-size {mb} (tokens per step stay the same: more accumulation)")
     if not checkpointing:
         mb_gc = max_micro_batch(shape, usable, gradient_checkpointing=True, **kw)
+        if rows:
+            mb_gc = min(mb_gc, rows)
         if mb_gc:
             opts.append(f"--gradient-checkpointing --micro-batch-size {mb_gc}")
     if not opts:
@@ -79,7 +87,8 @@ def oom_error(
         m, count, shape = micro
         where += f", micro-batch {m + 1} of {count} ({' x '.join(map(str, shape))} tokens)"
     total = device_bytes(device_type)
-    opts = fitting_options(usable=int(0.9 * total), **estimate) if total else []
+    rows = micro[2][0] if micro is not None and micro[2] else None
+    opts = fitting_options(usable=int(0.9 * total), rows=rows, **estimate) if total else []
     mem = f" of {total / GIB:.1f} GiB ({device_type})" if total else f" ({device_type})"
     fix = (
         "; options estimated to fit (pitstop estimate): " + "; ".join(opts)

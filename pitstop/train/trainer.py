@@ -682,6 +682,9 @@ class Trainer:
         except TrainingDiverged:
             status = "diverged"
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a save
+            status = "interrupted"
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -712,6 +715,10 @@ class Trainer:
         return summary
 
     def _out_of_memory(self, e: BaseException) -> oom.TrainingOutOfMemory:
+        try:  # a checkpoint on its way to disk: let it land before naming it
+            self.writer.wait()
+        except ckpt.CheckpointError as err:
+            print(f"pitstop: {err}", file=sys.stderr)
         gc = bool(self.cfg.gradient_checkpointing)
         return oom.oom_error(
             e, step=self.step + 1, micro=getattr(self, "_micro", None),
