@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import describe_machine, machine, markdown_table, median, write_result
-from pitstop.batching import STRATEGIES, MicroBatchLoader, choose_batching
+from pitstop.batching.auto import choose_batching
+from pitstop.batching.loader import MicroBatchLoader
+from pitstop.batching.settings import STRATEGIES
 from pitstop.config import RunConfig
 from pitstop.corpus import instruction_records
 from pitstop.data.store import StoreWriter, TokenStore

@@ -61,7 +61,7 @@ def ceiling(cfg, steps: int) -> tuple[list[float], float]:
     """Per-step trained tokens/s of the bare loop over the same batches, in memory."""
     from transformers import AutoModelForCausalLM
 
-    from pitstop.batching import MicroBatchLoader
+    from pitstop.batching.loader import MicroBatchLoader
     from pitstop.data.store import TokenStore
 
     loader = MicroBatchLoader(TokenStore(cfg.data[0]), cfg)

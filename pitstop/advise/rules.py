@@ -21,7 +21,7 @@ from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
 from pitstop.measure import verdict as V
 from pitstop.measure.peak import gpu_peak
-from pitstop.probe import DeviceInfo
+from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo
 
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
 PERIODIC_TARGET = 0.01
@@ -495,7 +495,6 @@ def optimizer_not_fused(ctx: Context) -> Finding | None:
 def compile_off(ctx: Context) -> Finding | None:
     if not ctx.cuda or ctx.setup.compile != "off":
         return None
-    from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS
 
     works = (ctx.env.get("compile") or {}).get("works")
     return Finding(

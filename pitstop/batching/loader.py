@@ -190,7 +190,7 @@ class MicroBatchLoader:
             )
         if problems:
             raise LoaderError(problems)
-        self.pad_id = pad_id if pad_id is not None else _pad_id(self.store)
+        self.pad_id = pad_id if pad_id is not None else self.store.pad_id
         self.epochs = cfg.epochs
         self.max_steps = cfg.max_steps
         if cfg.loader_workers is not None:
@@ -383,15 +383,3 @@ class MicroBatchLoader:
             )
         epoch, step = int(state["epoch"]), int(state["step"])
         self._next_step = sum(self.steps_in_epoch(e) for e in range(epoch)) + step
-
-
-def _pad_id(store: TokenStore) -> int:
-    """Padding never reaches the loss or a real token's attention; any valid id works."""
-    m = store.manifest
-    for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
-        v = m.get(key)
-        if v is None and isinstance(m.get("tokenizer"), dict):
-            v = m["tokenizer"].get(key)
-        if isinstance(v, int):
-            return v
-    return 0

@@ -50,6 +50,21 @@ def is_store(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of the token store in directory `path`, without opening its arrays
+    (DataError saying what to do when it is missing or damaged)."""
+    store, mpath = Path(path), Path(path) / MANIFEST
+    if not mpath.is_file():
+        raise DataError(
+            f"{store} is not a pitstop token store (no {MANIFEST}); "
+            "give a dataset file or run `pitstop prepare` first"
+        )
+    try:
+        return json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{mpath} is damaged ({e}); delete {store} and prepare again") from None
+
+
 class StoreWriter:
     """Appends sequences to a store being built; `finish()` publishes it atomically."""
 
@@ -124,18 +139,7 @@ class TokenStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise DataError(
-                f"{self.path} is not a pitstop token store (no {MANIFEST}); "
-                "give a dataset file or run `pitstop prepare` first"
-            )
-        try:
-            self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(
-                f"{mpath} is damaged ({e}); delete {self.path} and prepare again"
-            ) from None
+        self.manifest: dict[str, Any] = read_manifest(self.path)
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{self.path} was written by another pitstop version "
@@ -178,6 +182,19 @@ class TokenStore:
     @property
     def n_tokens(self) -> int:
         return int(self.manifest["n_tokens"])
+
+    @property
+    def pad_id(self) -> int:
+        """The id batches pad with. Padding never reaches the loss or a real token's
+        attention, so any valid id works: the tokenizer's pad, else its EOS, else 0."""
+        m = self.manifest
+        for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
+            v = m.get(key)
+            if v is None and isinstance(m.get("tokenizer"), dict):
+                v = m["tokenizer"].get(key)
+            if isinstance(v, int):
+                return v
+        return 0
 
     def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids as int64, loss mask as bool) of sequence i."""

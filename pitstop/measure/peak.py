@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
+from pitstop.probe import cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
 # Matching is by substring of torch.cuda.get_device_name(), most specific first.
@@ -56,8 +57,6 @@ def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
 
 def _cpu_key() -> dict[str, Any]:
     import torch
-
-    from pitstop.probe import cpu_name
 
     return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 

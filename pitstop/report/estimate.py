@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop.config import build_config
+from pitstop.data.prepare import prepare_data
+from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
 from pitstop.measure.flops import FlopsModel
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
@@ -136,8 +139,10 @@ class Estimate:
         }
 
 
-def load_profile(path: str | Path) -> dict[str, Any]:
-    """A profile.json, a run's summary.json, or a run directory holding summary.json."""
+def load_measured(path: str | Path) -> dict[str, Any]:
+    """The measured throughput of a profile.json, a run's summary.json, or a run directory
+    holding summary.json (only `tokens_per_second` is required; `pitstop.measure.schema.
+    load_profile` reads a full profile for the doctor)."""
     p = Path(path)
     if p.is_dir():
         for name in ("summary.json", "profile.json"):
@@ -177,11 +182,8 @@ def data_tokens(
     if data is None:
         raise ConfigError("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
     path = Path(data)
-    if (path / "manifest.json").is_file():
-        try:
-            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise DataError(f"{path / 'manifest.json'} is damaged ({e})") from None
+    if is_store(path):
+        manifest = read_manifest(path)
         stats = manifest.get("stats", {})
         where = f"token store {path}"
     elif path.is_file():
@@ -190,9 +192,6 @@ def data_tokens(
                 f"--data {data} is a dataset file: counting its tokens needs the tokenizer, "
                 "give --model DIR (or prepare it first and pass the token store)"
             )
-        from pitstop.config import build_config  # lazy: prepare pulls in tokenizers
-        from pitstop.data.prepare import prepare_data
-
         values: dict[str, Any] = {"data": [str(path)], "model": model_dir}
         if max_seq_len:
             values["max_seq_len"] = max_seq_len

@@ -67,7 +67,8 @@ def build_loader(
     `indices`: the store's sequence ids to train on (None: all; `--eval-data auto` holds
     some out). `lockstep`: equal micro-batch counts on every rank (FSDP).
     """
-    from pitstop.batching import MicroBatchLoader, choose_batching
+    from pitstop.batching.auto import choose_batching
+    from pitstop.batching.loader import MicroBatchLoader
 
     strategy = None
     batching_reason = None

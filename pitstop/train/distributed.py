@@ -44,7 +44,7 @@ import torch
 
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
-from pitstop.probe import Choice, DeviceInfo
+from pitstop.probe import Choice, DeviceInfo, strategy_problems
 
 __all__ = [
     "DistEnv",
@@ -156,19 +156,6 @@ def barrier(env: DistEnv) -> None:
 def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
     """Combinations pitstop does not run (reported before anything is written)."""
     return strategy_problems(cfg, distributed=env.distributed)
-
-
-def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
-    """check_strategy before the process group exists (`distributed`: several processes)."""
-    p = []
-    if distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
-        p.append(
-            "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
-            "use the default --strategy ddp)"
-        )
-    if distributed and cfg.load_in_4bit:
-        p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
-    return p
 
 
 def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Choice]:
