@@ -213,7 +213,7 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
     if out.is_dir():
-        from pitstop.train.lock import holder, in_progress_message
+        from pitstop.runlock import holder, in_progress_message
 
         who = holder(out)  # another writer: refused whatever the flags say
         if who is not None:

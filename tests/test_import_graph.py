@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1] / "pitstop"
 # Low to high: a module may import from its own layer and the layers below it. The
 # README's architecture section states the same list; keep the two together.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "version", "atomic", "positions", "corpus", "packing", "config"),
+    ("errors", "version", "atomic", "runlock", "positions", "corpus", "packing", "config"),
     ("probe",),
     ("data",),
     ("batching",),

@@ -254,7 +254,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     """
     import json
 
-    from pitstop.train.lock import HELD_ENV
+    from pitstop.runlock import HELD_ENV
 
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         n = torch.cuda.device_count()

@@ -2,8 +2,8 @@
 
 Both allocators are covered: `torch.OutOfMemoryError` (CUDA) and the CPU allocator's
 RuntimeError ("DefaultCPUAllocator: not enough memory"), or a plain MemoryError.
-The options come from `pitstop.report.memory` (the same estimate `pitstop estimate`
-prints), sized to this device's memory.
+The options keep the training math (tokens per step) and follow from the micro-batch
+that failed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,26 @@ class TrainingOutOfMemory(PitstopError):
 
 
 def is_oom(exc: BaseException) -> bool:
-    from pitstop.tune.search import is_oom as _is_oom  # one test for every command
+    """Whether an exception (or one it wraps) is an out-of-memory error."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError):
+            return True
+        try:
+            import torch
 
-    return _is_oom(exc)
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                return True
+        except (ImportError, AttributeError):
+            pass
+        # CUDA's text, and the CPU allocator's ("DefaultCPUAllocator: not enough memory").
+        text = str(e).lower()
+        if isinstance(e, RuntimeError) and ("out of memory" in text or "not enough memory" in text):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def device_bytes(device_type: str) -> int | None:
@@ -41,39 +58,19 @@ def device_bytes(device_type: str) -> int | None:
         return None
 
 
-def fitting_options(
-    model_dir: str, *, seq_len: int, precision: str, attention: str, checkpointing: bool,
-    lora_r: int | None, usable: int, rows: int | None = None,
-) -> list[str]:  # fmt: skip
-    """--micro-batch-size values (and gradient checkpointing) estimated to fit in `usable`.
+def fitting_options(*, rows: int | None, checkpointing: bool, seq_len: int) -> list[str]:
+    """Settings that need less memory for the same math (tokens per step stay the same).
 
-    `rows`: the micro-batch that failed. It did not fit whatever the estimate says, so a
-    suggestion without checkpointing is at most half of it.
+    The estimator (pitstop.report.memory) sits above train in the layer rule, so sizes
+    here follow from the failing micro-batch alone: half of it, or checkpointing.
     """
-    from pitstop.report.memory import max_micro_batch, shape_from_model_dir
-
-    try:
-        shape = shape_from_model_dir(model_dir)
-    except Exception:  # a model the estimator cannot read: no sized options
-        return []
-    kw: dict[str, Any] = dict(seq_len=seq_len, precision=precision, lora_r=lora_r,
-                              attention=attention if attention in ("eager", "sdpa") else "sdpa")  # fmt: skip
     opts = []
-    mb = max_micro_batch(shape, usable, gradient_checkpointing=checkpointing, **kw)
-    if rows:
-        mb = min(mb, rows // 2)
-    if mb:
-        opts.append(f"--micro-batch-size {mb} (tokens per step stay the same: more accumulation)")
+    if rows and rows > 1:
+        opts.append(f"--micro-batch-size {rows // 2} (more accumulation, same tokens per step)")
     if not checkpointing:
-        mb_gc = max_micro_batch(shape, usable, gradient_checkpointing=True, **kw)
-        if rows:
-            mb_gc = min(mb_gc, rows)
-        if mb_gc:
-            opts.append(f"--gradient-checkpointing --micro-batch-size {mb_gc}")
+        opts.append("--gradient-checkpointing")
     if not opts:
-        opts.append(
-            f"a shorter --max-seq-len than {seq_len}, or --lora-r 16 (not even one row fits)"
-        )
+        opts.append(f"a shorter --max-seq-len than {seq_len}, or --lora-r 16")
     return opts
 
 
@@ -88,10 +85,12 @@ def oom_error(
         where += f", micro-batch {m + 1} of {count} ({' x '.join(map(str, shape))} tokens)"
     total = device_bytes(device_type)
     rows = micro[2][0] if micro is not None and micro[2] else None
-    opts = fitting_options(usable=int(0.9 * total), rows=rows, **estimate) if total else []
+    opts = fitting_options(
+        rows=rows, checkpointing=estimate["checkpointing"], seq_len=estimate["seq_len"]
+    )
     mem = f" of {total / GIB:.1f} GiB ({device_type})" if total else f" ({device_type})"
     fix = (
-        "; options estimated to fit (pitstop estimate): " + "; ".join(opts)
+        "; options that need less memory: " + "; ".join(opts)
         if opts
         else "; try a smaller --micro-batch-size or --gradient-checkpointing"
     )

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from pitstop import probe
+from pitstop import runlock as run_lock
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
@@ -58,7 +59,6 @@ from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import guard, model_io, oom
-from pitstop.train import lock as run_lock
 from pitstop.train import resume as resume_mod
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.optim import build_optimizer
@@ -611,7 +611,7 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
-        """Train; OUT_DIR is locked against a second writer for the whole run (train/lock.py)."""
+        """Train; OUT_DIR is locked against a second writer for the whole run (pitstop/runlock.py)."""
         held = run_lock.acquire(self.out) if self.is_main else None
         try:
             return self._fit()

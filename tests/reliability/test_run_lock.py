@@ -14,7 +14,7 @@ import socket
 import pytest
 from _rel import metric_lines, no_traceback, sigkill, start, train_cmd, wait_until
 
-from pitstop.train import lock
+from pitstop import runlock as lock
 
 
 def test_second_acquire_names_the_holder(tmp_path):
