@@ -155,6 +155,12 @@ class RunConfig:
     resume: bool = _f(
         False, "continue from the newest complete checkpoint in --output", cmds=RUNNERS
     )
+    resume_with_changes: bool = _f(
+        False,
+        "with --resume: continue although settings that change the math differ (both "
+        "configurations are kept in --output)",
+        cmds=RUNNERS,
+    )
     overwrite: bool = _f(False, "replace an existing run in --output", cmds=RUNNERS)
 
     def to_dict(self) -> dict[str, Any]:
@@ -420,6 +426,8 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append("--max-bad-steps must be at least 1")
     if cfg.resume and cfg.overwrite:
         p.append("give --resume or --overwrite, not both")
+    if cfg.resume_with_changes and not cfg.resume:
+        p.append("--resume-with-changes goes with --resume")
     if cfg.nproc < 1:
         p.append("--nproc must be at least 1")
     bad_reporters = [r for r in cfg.report_to if r not in ("tensorboard", "wandb", "none")]

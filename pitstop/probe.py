@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import run_files, runlock
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 
@@ -213,6 +213,10 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
+    if out.is_dir():
+        who = runlock.holder(out)  # another writer: refused whatever the flags say
+        if who is not None:
+            return runlock.in_progress_message(out, who)
     has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (

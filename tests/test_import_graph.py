@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "errors",
         "version",
         "atomic",
+        "runlock",
         "positions",
         "corpus",
         "packing",

@@ -37,7 +37,10 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
     from pitstop.train.trainer import Trainer
 
     if cfg.nproc > 1 and distributed.env_world() == 1 and not kwargs:
-        return distributed.launch(cfg)
+        from pitstop import runlock as lock
+
+        with lock.acquire(str(cfg.output)):  # the ranks it launches write under this lock
+            return distributed.launch(cfg)
     trainer = Trainer(cfg, **kwargs)
     try:
         return trainer.fit()

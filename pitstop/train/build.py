@@ -75,6 +75,7 @@ class Run:
     scaler: torch.amp.GradScaler | None
     sync_free_skip: bool
     writer: ckpt.CheckpointWriter
+    data_key: str | None  # the token store's content key: a resume's data identity
 
     @property
     def fsdp(self) -> bool:
@@ -206,8 +207,10 @@ def build_run(
 
     # --- data (after the model: `batching: auto` times each strategy on it)
     eval_set: EvalSet | None = None
+    data_key: str | None = None
     if loader is None:
         store = data_mod.open_training_store(cfg)
+        data_key = store.manifest.get("key")
         held = data_mod.eval_data(cfg, store)
         resume_strategy = data_mod.saved_strategy(out) if cfg.resume else None
         loader, geometry = data_mod.build_loader(
@@ -298,7 +301,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup=warmup,
         flops=flops, flops_per_token=flops_per_token, peak_flops=peak_flops,
         peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
-        sync_free_skip=sync_free_skip, writer=writer,
+        sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
     )  # fmt: skip
 
 

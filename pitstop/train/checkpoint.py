@@ -51,6 +51,7 @@ import torch
 
 from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
+from pitstop.train.guard import NonFiniteWeights, nonfinite_tensors
 
 MARKER = "COMPLETE.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -65,32 +66,42 @@ class CheckpointError(PitstopError):
 # --- discovery ---------------------------------------------------------------
 
 
-def _is_complete(path: Path) -> bool:
+def incomplete_reason(path: Path) -> str | None:
+    """Why `path` (a step-N directory) is not a complete checkpoint, or None if it is."""
     marker = path / MARKER
     if not marker.is_file():
-        return False
+        return f"{MARKER} is missing (the write did not finish)"
     try:
         rec = json.loads(marker.read_text(encoding="utf-8"))
         for name, size in rec["files"].items():
             p = path / name
-            if not p.is_file() or p.stat().st_size != size:
-                return False
-    except (ValueError, KeyError, OSError):
-        return False
-    return True
+            if not p.is_file():
+                return f"{name} is missing"
+            if p.stat().st_size != size:
+                return f"{name} has {p.stat().st_size} bytes, {size} were written"
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MARKER} is damaged ({type(e).__name__})"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return None
+
+
+def _is_complete(path: Path) -> bool:
+    return incomplete_reason(path) is None
+
+
+def step_dirs(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step-N directory under `root`, complete or not, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return sorted(x for x in found if x[1].is_dir())
 
 
 def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and _is_complete(p):
-            out.append((int(m.group(1)), p))
-    return sorted(out)
+    return [(step, p) for step, p in step_dirs(root) if _is_complete(p)]
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -283,6 +294,11 @@ class CheckpointWriter:
         tmp = self.root / f".step-{snap.step}.partial-{secrets.token_hex(4)}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            bad = nonfinite_tensors(snap.model_state)
+            if bad:  # never saved as good (the loop stops before this; here it cannot slip)
+                raise NonFiniteWeights(
+                    f"step {snap.step}: weights {bad[:3]} hold NaN/Inf; checkpoint not written"
+                )
             tmp.mkdir()
             self.save_model(tmp, snap.model_state)
             torch.save(snap.optimizer, tmp / "optimizer.pt")

@@ -255,6 +255,8 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     """
     import json
 
+    from pitstop.runlock import HELD_ENV
+
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         n = torch.cuda.device_count()
         if cfg.nproc > n:
@@ -267,6 +269,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
         path.write_text(cfg.to_yaml(), encoding="utf-8")
         argv = launch_argv(path, cfg.nproc)
         env = dict(os.environ)
+        env[HELD_ENV] = str(os.getpid())  # run() holds OUT/.lock for the ranks it launches
         # torchrun sets OMP_NUM_THREADS=1 and prints a banner about it when unset; on a CPU
         # run split the cores between the ranks instead (torch's default would oversubscribe).
         if "OMP_NUM_THREADS" not in env:

@@ -245,7 +245,6 @@ def save_model_dir(
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     """Load a checkpoint's weights into `model` in place, exactly (no dtype round trip)."""
-    from safetensors.torch import load_file
 
     if is_peft(model):
         import peft
@@ -257,10 +256,17 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
                 "is missing); pitstop loads weights only from safetensors. Delete this "
                 "checkpoint to resume from an older one"
             )
-        peft.set_peft_model_state_dict(model, load_file(adapter))
+        peft.set_peft_model_state_dict(model, _load_safetensors(adapter, ckpt))
         return
     state = _safetensors_state(ckpt)
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # same names, other shapes: another architecture or size
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e))
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not match the model ({first[:300]}); resume with the "
+            "--model the run started from, or delete this checkpoint"
+        ) from None
     own = model.state_dict()
     missing = [k for k in result.missing_keys if not _tied_to_loaded(model, k, state, own)]
     if missing or result.unexpected_keys:
@@ -273,7 +279,6 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
 
 def _safetensors_state(ckpt: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint's *.safetensors files; CheckpointError when there are none."""
-    from safetensors.torch import load_file
 
     files = sorted(glob.glob(str(ckpt / "*.safetensors")))
     if not files:
@@ -284,8 +289,22 @@ def _safetensors_state(ckpt: Path) -> dict[str, torch.Tensor]:
         )
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(f))
+        state.update(_load_safetensors(Path(f), ckpt))
     return state
+
+
+def _load_safetensors(path: Path, ckpt: Path) -> dict[str, torch.Tensor]:
+    """One weights file; a damaged one (zeroed, cut, garbage) is a CheckpointError naming it."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as e:  # SafetensorError, OSError...: the file is unreadable as weights
+        raise CheckpointError(
+            f"checkpoint {ckpt}: {path.name} is damaged and cannot be read as safetensors "
+            f"weights ({type(e).__name__}: {str(e)[:200]}); delete this checkpoint to resume "
+            "from an older one"
+        ) from None
 
 
 def read_weights(ckpt: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:

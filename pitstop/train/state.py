@@ -27,10 +27,11 @@ _KEYS = {
     "ckpt_pause": "checkpoint_pause_seconds",
     "phase_totals": "time_breakdown",
     "last_loss": "last_loss",
+    "last_loss_step": "last_loss_step",
     "last_eval": "last_eval",
 }
 # Keys a checkpoint may lack (written by older versions): the field keeps its default.
-_OPTIONAL = {"epoch", "last_loss", "last_eval"}
+_OPTIONAL = {"epoch", "last_loss", "last_loss_step", "last_eval"}
 
 
 def _zero_phases() -> dict[str, float]:
@@ -58,6 +59,7 @@ class RunState:
     ckpt_pause: float = 0.0
     phase_totals: dict[str, float] = field(default_factory=_zero_phases)
     last_loss: float | None = None
+    last_loss_step: int | None = None  # the step of last_loss (later ones were skipped)
     last_eval: dict[str, Any] | None = None
 
     def to_trainer_state(

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from pitstop import run_files
+from pitstop import runlock as run_lock
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
@@ -51,7 +52,8 @@ from pitstop.measure.timeline import StepRecord, Timeline
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io
+from pitstop.train import guard, model_io, oom
+from pitstop.train import resume as resume_mod
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.build import Run, build_run, to_device, token_loss_sum
 from pitstop.train.hooks import NoHooks, StepHooks
@@ -133,6 +135,7 @@ class Trainer:
         self.params, self.optimizer, self.scaler = run.params, run.optimizer, run.scaler
         self.sync_free_skip = run.sync_free_skip
         self.writer = run.writer
+        self.data_key = run.data_key
 
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
         self.state = RunState()
@@ -162,23 +165,43 @@ class Trainer:
         root = out / run_files.CHECKPOINTS
         if self.is_main:
             ckpt.remove_debris(root)
-        latest = ckpt.latest_checkpoint(root) if self.cfg.resume else None
+        # Refuses (touching nothing) when checkpoints exist and none is complete.
+        latest = (
+            resume_mod.choose_checkpoint(out, announce=self.is_main) if self.cfg.resume else None
+        )
         # Every rank reads the same checkpoint (a shared filesystem across nodes).
         latest = dist_mod.broadcast_object(latest, self.env)
-        if self.cfg.resume and latest is None and self.is_main:
-            print(
-                f"pitstop: no complete checkpoint in {root}; starting from step 0", file=sys.stderr
-            )
         if latest is not None:
             self._restore(latest)
         if self.is_main:
             truncate_metrics(out / run_files.METRICS, self.state.step)
-            saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
-            write_text_atomic(out / run_files.CONFIG, saved.to_yaml())
+            saved = RunConfig(**{
+                **self.cfg.to_dict(), "resume": False, "overwrite": False,
+                "resume_with_changes": False,
+            }).to_yaml()  # fmt: skip
+            kept = resume_mod.keep_previous_config(out, saved, self.state.step) if latest else None
+            if kept is not None:
+                print(f"pitstop: the configuration differs from the run's; the previous one is "
+                      f"kept in {kept}", file=sys.stderr)  # fmt: skip
+            write_text_atomic(out / run_files.CONFIG, saved)
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
+
+    def _identity(self) -> dict[str, Any]:
+        return resume_mod.identity(
+            self.cfg, data_key=self.data_key, max_seq_len=self.geometry.max_seq_len,
+            tokens_per_step=self.geometry.tokens_per_step, total_steps=self.total_steps,
+            warmup_steps=self.warmup,
+        )  # fmt: skip
 
     def _restore(self, path: Path) -> None:
         st = ckpt.read_checkpoint(path)
+        changed = resume_mod.check_same_run(
+            st["trainer_state"].get("identity"), self._identity(),
+            allow=self.cfg.resume_with_changes, path=path,
+        )  # fmt: skip
+        if changed and self.is_main:
+            print("pitstop: warning: --resume-with-changes: continuing with changed settings: "
+                  + "; ".join(changed), file=sys.stderr)  # fmt: skip
         if self.fsdp:
             # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
             dist_mod.load_full_state(
@@ -289,6 +312,15 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
+        """Train; OUT_DIR is locked against a second writer for the whole run (pitstop/runlock.py)."""
+        held = run_lock.acquire(self.out) if self.is_main else None
+        try:
+            return self._fit()
+        finally:
+            if held is not None:
+                held.release()
+
+    def _fit(self) -> dict[str, Any]:
         self._prepare_output()
         self.run_log = RunLog(
             self.cfg, self.out, enabled=self.is_main, total_steps=self.total_steps
@@ -307,7 +339,12 @@ class Trainer:
         try:
             tl.start_step()
             while self.state.step < self.total_steps:
-                self._train_step(tl)
+                try:
+                    self._train_step(tl)
+                except (RuntimeError, MemoryError) as e:
+                    if not oom.is_oom(e):
+                        raise
+                    raise self._out_of_memory(e) from None
                 rec = tl.end_step()
                 tl.start_step()  # logging, eval and checkpoint below count toward the next step
                 self._pending[-1]["record"] = rec
@@ -344,6 +381,9 @@ class Trainer:
         except TrainingDiverged:
             status = "diverged"
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a save
+            status = "interrupted"
+            raise
         finally:
             self.run_log.stop_progress()
             self._restore_signals(old_handlers)
@@ -356,7 +396,11 @@ class Trainer:
             if not ok:
                 self._finish_quietly(status)
         status = "completed"
-        self._final_save(t_train0)
+        try:
+            self._final_save(t_train0)
+        except BaseException as e:  # the end could not be saved: no final/, and say so
+            self._finish_quietly("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+            raise
         summary = self.summary(status)
         if self.is_main:
             write_json_atomic(self.out / run_files.SUMMARY, summary)
@@ -366,6 +410,20 @@ class Trainer:
         # final model was seen to abort ("terminate called without an active exception").
         dist_mod.barrier(self.env)
         return summary
+
+    def _out_of_memory(self, e: BaseException) -> oom.TrainingOutOfMemory:
+        try:  # a checkpoint on its way to disk: let it land before naming it
+            self.writer.wait()
+        except ckpt.CheckpointError as err:
+            print(f"pitstop: {err}", file=sys.stderr)
+        gc = bool(self.cfg.gradient_checkpointing)
+        return oom.oom_error(
+            e, step=self.state.step + 1, micro=getattr(self, "_micro", None),
+            device_type=self.device.type, last_checkpoint=self.writer.last_written,
+            model_dir=str(self.cfg.model), seq_len=self.geometry.max_seq_len,
+            precision=self.precision, attention=str(self.choices["attention"].value),
+            checkpointing=gc, lora_r=self.cfg.lora_r,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
@@ -399,6 +457,7 @@ class Trainer:
             with tl.phase("host_to_device"):
                 batch = self.to_device(mb)
             last = m == micro_count - 1
+            self._micro = (m, micro_count, tuple(batch["input_ids"].shape))  # for an OOM message
             loss_acc += self.forward_backward(batch, meta.step_targets, tl, last=last)
             n_targets += meta.n_targets
             n_seen += meta.n_seen
@@ -406,6 +465,7 @@ class Trainer:
             m += 1
         with tl.phase("optimizer"):
             norm, bad, lr = self.optimizer_step(loss_acc)
+            weights_bad = guard.nonfinite_weights(self.params)  # on device: read by log()
             self.hooks.step_ended(self.state.step)
         self.state.step += 1
         # The fraction of the *current* epoch: meta.step counts from the start of the run.
@@ -423,7 +483,7 @@ class Trainer:
         self._pending.append({
             "step": self.state.step, "epoch": round(self.state.epoch_float, 6), "loss": loss_acc, "lr": lr,
             "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
-            "bad_run": self._bad_run_t,
+            "bad_run": self._bad_run_t, "weights_bad": weights_bad,
         })  # fmt: skip
 
     def _steps_in_epoch(self, epoch: int) -> int:
@@ -448,12 +508,14 @@ class Trainer:
         self.run_log.write(lines, tokens_per_second=tps, progress=progress)
 
     def _pending_values(self) -> list[list[float]]:
-        """Per pending step: loss share, targets, seen, positions (summed over ranks), then
-        grad norm, bad, bad run (the same on every rank). One collective, one transfer."""
+        """Per pending step: loss share, targets, seen, positions, ranks whose weights went
+        non-finite (summed over ranks), then grad norm, bad, bad run (the same on every
+        rank). One collective, one transfer."""
         # float64 so the counts stay exact
         summed = torch.stack([
             torch.cat([p["loss"].double().reshape(1),
-                       torch.tensor(p["counts"], dtype=torch.float64).to(self.device)])
+                       torch.tensor(p["counts"], dtype=torch.float64).to(self.device),
+                       p["weights_bad"].double().reshape(1).to(self.device)])
             for p in self._pending
         ])  # fmt: skip
         dist_mod.all_reduce_sum(summed, self.env)
@@ -469,7 +531,7 @@ class Trainer:
         Raises TrainingDiverged (after writing the lines) at cfg.max_bad_steps bad steps in a row.
         """
         lines = []
-        for p, (loss, n_t, n_s, n_p, norm, bad, bad_run) in zip(self._pending, vals):
+        for p, (loss, n_t, n_s, n_p, w_bad, norm, bad, bad_run) in zip(self._pending, vals):
             rec: StepRecord = p.pop("record")
             phases = rec.resolve()
             for k, v in phases.items():
@@ -478,7 +540,7 @@ class Trainer:
             self.state.trained_tokens += int(n_t)
             self.state.seen_tokens += int(n_s)
             self.state.padded_tokens += int(n_p)
-            drop = ("loss", "grad_norm", "bad", "bad_run", "counts")
+            drop = ("loss", "grad_norm", "bad", "bad_run", "counts", "weights_bad")
             line = {k: v for k, v in p.items() if k not in drop}
             line.update({
                 "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
@@ -489,6 +551,11 @@ class Trainer:
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
             lines.append(line)
+            if w_bad:  # this update broke the weights: stop before anything saves them
+                line["weights_finite"] = False
+                self._pending = []
+                self.run_log.append_metrics(lines)
+                self._diverged(p["step"], p["lr"], loss, norm, weights=True)
             if skipped:
                 self.state.skipped_steps += 1
                 self.state.bad_run = int(bad_run)
@@ -498,19 +565,27 @@ class Trainer:
                     self._diverged(p["step"], p["lr"], loss, norm)
             else:
                 self.state.bad_run = 0
-                self.state.last_loss = loss
+                self.state.last_loss, self.state.last_loss_step = loss, p["step"]
         self._pending = []
         return lines
 
-    def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
+    def _diverged(
+        self, step: int, lr: float, loss: float, norm: float, *, weights: bool = False
+    ) -> None:
         # A checkpoint may still be on its way to disk: let it land before naming it.
         self.writer.wait()
         last = self.writer.last_written
+        what = (
+            f"the update of optimizer step {step} made weights non-finite (NaN/Inf; loss "
+            f"{loss}, gradient norm {norm}, learning rate {lr:.3g}); they were not saved"
+            if weights
+            else f"{self.state.bad_run} optimizer steps in a row had a non-finite loss or gradient "
+            f"(loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); those steps were skipped"
+        )
         raise TrainingDiverged(
-            f"training stopped at step {step}: {self.state.bad_run} optimizer steps in a row had a "
-            f"non-finite loss or gradient (loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); "
-            f"those steps were skipped. The last good checkpoint is {last or 'none (no checkpoint yet)'}. "
-            "Try a lower --lr, a longer warm-up (--warmup-steps), or --precision bf16/fp32 instead of fp16"
+            f"training stopped at step {step}: {what}. The last good checkpoint is "
+            f"{last or 'none (no checkpoint yet)'}. "
+            + guard.divergence_advice(self.precision, self.cfg.max_grad_norm)
         )
 
     def _eval_due(self, done: bool) -> bool:
@@ -546,11 +621,13 @@ class Trainer:
     # --- checkpoints ----------------------------------------------------------------
 
     def _trainer_state(self, t_train0: float) -> dict[str, Any]:
-        return self.state.to_trainer_state(
+        ts = self.state.to_trainer_state(
             total_steps=self.total_steps,
             train_seconds=self.state.train_seconds + time.perf_counter() - t_train0,
             wall_seconds=self.state.wall_before + time.time() - self.t_process,
         )
+        ts["identity"] = self._identity()  # what --resume checks (train/resume.py)
+        return ts
 
     def checkpoint(self, t_train0: float, *, blocking: bool = False) -> None:
         """Pause only to copy state to host memory; the writer thread does the rest."""
@@ -597,9 +674,15 @@ class Trainer:
             return
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
-        model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+        try:
+            model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+            # The last checkpoint must have landed (and its weights been finite) first:
+            # final/ is never published by a run that could not save its end.
+            self.writer.wait()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         model_io.publish_dir(tmp, self.out / run_files.FINAL)
-        self.writer.wait()
         self.final_save_seconds = time.perf_counter() - t0
 
     def _finish_quietly(self, status: str) -> None:
@@ -690,6 +773,7 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "peak_memory_bytes": peak_memory_bytes(self.device.type),
             "final_loss": self.state.last_loss,
+            "final_loss_step": self.state.last_loss_step,
             "eval_loss": self.state.last_eval["eval_loss"] if self.state.last_eval else None,
             "eval_ppl": self.state.last_eval["eval_ppl"] if self.state.last_eval else None,
             "eval": self.state.last_eval,
@@ -713,6 +797,9 @@ class Trainer:
 def _result_line(s: dict[str, Any]) -> str:
     mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
     loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
+    at = s.get("final_loss_step")
+    if at is not None and at != s["optimizer_steps"]:  # the last steps were skipped
+        loss += f" (step {at}, the last finite one)"
     return (
         f"pitstop: {s['optimizer_steps']} steps, {s['trained_tokens']:,} trained tokens in "
         f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "

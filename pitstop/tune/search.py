@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pitstop.probe import COMPILE_SECONDS_BASIS
+from pitstop.train.oom import is_oom
 from pitstop.tune.space import Settings, Space
 
 OK = "ok"
@@ -145,27 +146,6 @@ def pool(results: list[TrialResult]) -> TrialResult:
         measurements=sum(r.measurements for r in ok),
         role="pooled",
     )
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Whether an exception (or one it wraps) is an out-of-memory error."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, MemoryError):
-            return True
-        try:
-            import torch
-
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                return True
-        except (ImportError, AttributeError):
-            pass
-        if isinstance(e, RuntimeError) and "out of memory" in str(e).lower():
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def free_memory() -> None:

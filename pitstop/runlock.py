@@ -1,0 +1,117 @@
+"""The run directory's writer lock: one training process writes an OUT_DIR at a time.
+
+`OUT_DIR/.lock` is held with `fcntl.flock(LOCK_EX)` for the whole run and records
+"pid host" of its holder. The kernel drops the lock when the process dies (SIGKILL
+included), so a stale lock never blocks a resume. Readers (`report`, `compare`) never
+take it. Several processes of one run: the `--nproc` launcher takes it and tells its
+ranks through PITSTOP_RUN_LOCK (its pid); under plain torchrun rank 0 takes it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from types import TracebackType
+
+from pitstop.errors import PitstopError
+
+LOCK_NAME = ".lock"
+HELD_ENV = "PITSTOP_RUN_LOCK"  # pid of the launcher that holds the lock for this process
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; the run goes unlocked
+    fcntl = None  # type: ignore[assignment]
+
+
+class RunInProgress(PitstopError):
+    """Another process is writing this run directory."""
+
+    exit_code = 1
+
+
+class RunLock:
+    """A held lock; `release()` (or leaving the `with` block) lets the next writer in."""
+
+    def __init__(self, fd: int | None, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _holder_text(fd: int) -> str:
+    raw = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+    pid = raw[0] if raw else "?"
+    host = raw[1] if len(raw) > 1 else "?"
+    return f"pid {pid}, host {host}"
+
+
+def in_progress_message(out: str | Path, holder: str) -> str:
+    return (
+        f"--output {out}: run in progress ({holder}); wait for it to end or stop that "
+        f"process first (its lock, {Path(out) / LOCK_NAME}, is released when it exits)"
+    )
+
+
+def _ours(fd: int) -> bool:
+    """True when the holder is the `--nproc` launcher that started this process."""
+    pid = os.environ.get(HELD_ENV)
+    return bool(pid) and os.pread(fd, 200, 0).decode("utf-8", "replace").split()[:1] == [pid]
+
+
+def holder(out: str | Path) -> str | None:
+    """ "pid N, host H" of another process writing `out` now, else None. Changes nothing."""
+    path = Path(out) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None if _ours(fd) else _holder_text(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def acquire(out: str | Path) -> RunLock:
+    """Take `out`'s lock for this process (creating `out`), or raise RunInProgress.
+
+    A process whose `--nproc` launcher holds the lock gets a no-op lock.
+    """
+    out = Path(out)
+    path = out / LOCK_NAME
+    if fcntl is None:
+        return RunLock(None, path)
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        ours, who = _ours(fd), _holder_text(fd)
+        os.close(fd)
+        if ours:
+            return RunLock(None, path)
+        raise RunInProgress(in_progress_message(out, who)) from None
+    # Written only once held: the holder line always names the live holder.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    return RunLock(fd, path)

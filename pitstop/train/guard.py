@@ -1,0 +1,58 @@
+"""Finite weights: a step whose update makes any parameter NaN/Inf is caught without a sync.
+
+The gradient-norm guard (trainer.optimizer_step) skips steps with non-finite gradients,
+but a finite gradient can still produce non-finite weights (a huge learning rate, an
+overflowing update). After each optimizer step `nonfinite_weights` computes, on the
+device, whether any trainable parameter is non-finite: one fused max-abs pass
+(`_foreach_norm` with ord=inf, which propagates NaN and cannot overflow the way a
+2-norm of large finite weights would). The flag is read with the rest of the step's
+values at the logging step, which every checkpoint and the final save run first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pitstop.errors import PitstopError
+
+
+def nonfinite_weights(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """0-dim bool tensor on the parameters' device: True if any of them holds NaN/Inf.
+
+    FSDP2 parameters are DTensors: each rank checks its own shard (log() sums the flags).
+    """
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    local = [t.detach() for t in local if t.numel()]
+    if not local:
+        return torch.zeros((), dtype=torch.bool)
+    norms = torch._foreach_norm(local, float("inf"))
+    return ~torch.isfinite(torch.stack(norms)).all()
+
+
+def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors in `state` holding NaN/Inf (host copies, writer thread)."""
+    return [
+        k
+        for k, t in state.items()
+        if isinstance(t, torch.Tensor)
+        and t.is_floating_point()
+        and not bool(torch.isfinite(t).all())
+    ]
+
+
+class NonFiniteWeights(PitstopError):
+    """A save was asked for weights that are not all finite; nothing was written."""
+
+    exit_code = 1
+
+
+def divergence_advice(precision: str, max_grad_norm: float) -> str:
+    """What to try after non-finite steps, fitting this run (no fp16 advice on an fp32 run)."""
+    tips = ["a lower --lr", "a longer warm-up (--warmup-steps)"]
+    if not max_grad_norm > 0:
+        tips.append("gradient clipping (--max-grad-norm 1)")
+    if precision == "fp16":
+        tips.append("--precision bf16 or fp32 instead of fp16 (its range overflows)")
+    return "Try " + ", ".join(tips[:-1]) + " or " + tips[-1]

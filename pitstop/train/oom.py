@@ -1,0 +1,101 @@
+"""Out of memory in a training step, turned into what failed and what would fit.
+
+Both allocators are covered: `torch.OutOfMemoryError` (CUDA) and the CPU allocator's
+RuntimeError ("DefaultCPUAllocator: not enough memory"), or a plain MemoryError.
+The options keep the training math (tokens per step) and follow from the micro-batch
+that failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.errors import PitstopError
+
+GIB = 1 << 30
+
+
+class TrainingOutOfMemory(PitstopError):
+    """A step needed more memory than the device has."""
+
+    exit_code = 1
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether an exception (or one it wraps) is an out-of-memory error."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError):
+            return True
+        try:
+            import torch
+
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                return True
+        except (ImportError, AttributeError):
+            pass
+        # CUDA's text, and the CPU allocator's ("DefaultCPUAllocator: not enough memory").
+        text = str(e).lower()
+        if isinstance(e, RuntimeError) and ("out of memory" in text or "not enough memory" in text):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def device_bytes(device_type: str) -> int | None:
+    """The memory a run on this device can use at most (GPU total, or host RAM)."""
+    try:
+        if device_type == "cuda":
+            import torch
+
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # no device query: the message goes without sized options
+        return None
+
+
+def fitting_options(*, rows: int | None, checkpointing: bool, seq_len: int) -> list[str]:
+    """Settings that need less memory for the same math (tokens per step stay the same).
+
+    The estimator (pitstop.report.memory) sits above train in the layer rule, so sizes
+    here follow from the failing micro-batch alone: half of it, or checkpointing.
+    """
+    opts = []
+    if rows and rows > 1:
+        opts.append(f"--micro-batch-size {rows // 2} (more accumulation, same tokens per step)")
+    if not checkpointing:
+        opts.append("--gradient-checkpointing")
+    if not opts:
+        opts.append(f"a shorter --max-seq-len than {seq_len}, or --lora-r 16")
+    return opts
+
+
+def oom_error(
+    exc: BaseException, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None,
+    device_type: str, last_checkpoint: Any, **estimate: Any,
+) -> TrainingOutOfMemory:  # fmt: skip
+    """The error for an OOM in optimizer step `step` (1-based) at micro-batch `micro`."""
+    where = f"optimizer step {step}"
+    if micro is not None:
+        m, count, shape = micro
+        where += f", micro-batch {m + 1} of {count} ({' x '.join(map(str, shape))} tokens)"
+    total = device_bytes(device_type)
+    rows = micro[2][0] if micro is not None and micro[2] else None
+    opts = fitting_options(
+        rows=rows, checkpointing=estimate["checkpointing"], seq_len=estimate["seq_len"]
+    )
+    mem = f" of {total / GIB:.1f} GiB ({device_type})" if total else f" ({device_type})"
+    fix = (
+        "; options that need less memory: " + "; ".join(opts)
+        if opts
+        else "; try a smaller --micro-batch-size or --gradient-checkpointing"
+    )
+    return TrainingOutOfMemory(
+        f"out of memory in {where}: it needed more than the memory{mem}{fix}. Nothing "
+        f"was lost: the last checkpoint ({last_checkpoint or 'none yet'}) is intact; rerun "
+        "with --resume and the new options"
+    )
