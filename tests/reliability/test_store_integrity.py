@@ -3,6 +3,7 @@
 Before: a model whose embedding is smaller than its tokenizer, or a store damaged into
 out-of-range ids, failed mid-step with an IndexError traceback (a device-side assert on
 CUDA); damage that kept the ids in range trained silently, as stores had no checksum.
+
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ def store(tmp_path, tiny_tokenizer) -> Path:
     return make_store(tmp_path / "s", tiny_tokenizer, n_docs=8)
 
 
-def test_manifest_records_largest_id_and_digests(store):
+def test_manifest_records_largest_id_and_checksums(store):
     m = json.loads((store / "manifest.json").read_text())
     tokens = np.fromfile(store / "tokens.bin", dtype=m["dtype"])
     assert m["max_token_id"] == int(tokens.max())
-    assert set(m["digests"]) == {"tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin"}
+    assert set(m["checksums"]) == {"tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin"}
     assert TokenStore(store).max_token_id == int(tokens.max())
 
 
@@ -42,14 +43,14 @@ def test_in_range_damage_is_refused_by_name(store, name):
     if raw == p.read_bytes():
         raw[i] ^= 1
     p.write_bytes(bytes(raw))
-    with pytest.raises(DataError, match=rf"{name} does not match the digest in its manifest"):
+    with pytest.raises(DataError, match=rf"{name} does not match the checksum in its manifest"):
         TokenStore(store)
 
 
 def test_old_store_without_the_new_fields_opens_and_is_scanned(store):
     m = json.loads((store / "manifest.json").read_text())
     true_max = m.pop("max_token_id")
-    m.pop("digests")
+    m.pop("checksums")
     (store / "manifest.json").write_text(json.dumps(m))
     s = TokenStore(store)
     assert s.max_token_id == true_max  # found by one scan of tokens.bin
