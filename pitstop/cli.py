@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pitstop import __version__
 from pitstop.config import FIELDS, RunConfig, build_config, field_type, load_yaml, unwrap_optional
 from pitstop.errors import PitstopError
+from pitstop.fs_errors import command_file_errors
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -171,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.unknown = unknown
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with command_file_errors(
+            args.command, getattr(args, "output", None), getattr(args, "cache_dir", None)
+        ):
+            return func(args)
     except PitstopError as e:
         # Under torchrun every rank raises the same error; rank 0 says it once.
         if os.environ.get("RANK", "0") == "0":

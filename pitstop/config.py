@@ -85,6 +85,11 @@ class RunConfig:
     )
     train_on_prompt: bool = _f(False, "also compute the loss on prompt tokens")
     trust_remote_code: bool = _f(False, "allow code from the model directory to run")
+    recheck_data: bool = _f(
+        False,
+        "hash every data file again instead of trusting its size and modification time "
+        "(an edit that keeps both is otherwise served from the cache)",
+    )
 
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(

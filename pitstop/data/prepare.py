@@ -106,7 +106,7 @@ def prepare_data(
     input_info = [
         {
             "path": str(p),
-            "fingerprint": file_fingerprint(p, root),
+            "fingerprint": file_fingerprint(p, root, recheck=cfg.recheck_data),
             "format": f,
             "compression": c,
             "bytes": p.stat().st_size,

@@ -9,6 +9,7 @@ CUDA); damage that kept the ids in range trained silently, as stores had no chec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -106,3 +107,25 @@ def test_train_refuses_a_model_with_a_smaller_embedding(tiny_model_dir, tmp_path
     assert "has an embedding of 64 rows" in err and "more than the model's 64 embedding rows" in err
     assert "resize_token_embeddings" in err and "Traceback" not in err
     assert not (out / "final").exists()
+
+
+def test_recheck_data_sees_an_edit_that_kept_size_and_mtime(tiny_model_dir, tmp_path, capsys):
+    """The documented limit of the fingerprint memo, and the flag that lifts it."""
+    from pitstop.cli import main
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "alpha beta gamma"}\n' * 20)
+    st = f.stat()
+    args = ["prepare", "--model", str(tiny_model_dir), "--data", str(f),
+            "--cache-dir", str(tmp_path / "c"), "--workers", "1", "--json"]  # fmt: skip
+
+    def prepare(*extra: str) -> dict:
+        assert main([*args, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    first = prepare()
+    f.write_text('{"text": "delta beta gamma"}\n' * 20)  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepare()["store"] == first["store"]  # served from the cache: the stated limit
+    rechecked = prepare("--recheck-data")
+    assert rechecked["store"] != first["store"] and rechecked["cache_hit"] is False
