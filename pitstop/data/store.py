@@ -143,7 +143,9 @@ class StoreWriter:
 class TokenStore:
     """Read-only view of a finished store; arrays are memory-mapped, nothing is loaded eagerly."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool = True) -> None:
+        """Open a store; `verify` reads every array once per process to check its checksum
+        (prepare's cache lookup skips it to stay instant; training never does)."""
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not mpath.is_file():
@@ -179,7 +181,8 @@ class TokenStore:
                     f"{p} has {actual} bytes, the manifest says {size}: the store is incomplete "
                     f"or damaged; delete {self.path} and prepare again"
                 )
-        _verify_checksums(self.path, self.manifest.get("checksums"))
+        if verify:
+            _verify_checksums(self.path, self.manifest.get("checksums"))
         self.tokens = _memmap(self.path / "tokens.bin", self.dtype, n_tok)
         self.mask = _memmap(self.path / "mask.bin", np.uint8, n_tok)
         self.offsets = _memmap(self.path / "offsets.bin", np.int64, n_seq + 1)

@@ -146,3 +146,22 @@ def test_other_errors_pass_through_unchanged(tmp_path):
         raise DataError("plain")
     with pytest.raises(OSError, match="Input/output"), file_errors(tmp_path):
         raise OSError(errno.EIO, "Input/output error")  # not a fault the user can fix by path
+
+
+def test_report_into_a_read_only_place(tmp_path, monkeypatch, capsys):
+    """`pitstop report` whose output cannot be written: the path and the errno, no traceback."""
+    from pitstop.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"optimizer_steps": 1}))
+    out = tmp_path / "r" / "report.html"
+
+    def read_only(self: Path, *a: object, **k: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    rc = main(["report", str(run), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "the file system is read-only (EROFS" in err and str(out.parent) in err
+    assert "An existing report was not touched" in err and "Traceback" not in err
