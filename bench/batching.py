@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import describe_machine, machine, markdown_table, median, write_result
-from pitstop.batching import STRATEGIES, MicroBatchLoader, choose_batching
+from pitstop.batching.auto import choose_batching
+from pitstop.batching.loader import MicroBatchLoader
+from pitstop.batching.settings import STRATEGIES
 from pitstop.config import RunConfig
 from pitstop.corpus import instruction_records
 from pitstop.data.store import StoreWriter, TokenStore
@@ -110,16 +112,16 @@ class StrategyRun:
         while True:
             batch = next(self.batches)
             m = batch["meta"]
-            (micro_loss(self.model, batch) / m["step_targets"]).backward()
-            seen += m["n_seen"]
-            pos += m["n_positions"]
-            if m["micro_index"] == m["micro_count"] - 1:
+            (micro_loss(self.model, batch) / m.step_targets).backward()
+            seen += m.n_seen
+            pos += m.n_positions
+            if m.micro_index == m.micro_count - 1:
                 break
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         if record:
-            self.rates["trained"].append(m["step_targets"] / dt)
+            self.rates["trained"].append(m.step_targets / dt)
             self.rates["seen"].append(seen / dt)
             self.rates["positions"].append(pos / dt)
             self.rates["s"].append(dt)

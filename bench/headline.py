@@ -646,8 +646,9 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     try:
-        from pitstop.batching import BatchSettings, build_plan, step_micro_batches
         from pitstop.batching.collate import collate
+        from pitstop.batching.plan import build_plan, step_micro_batches
+        from pitstop.batching.settings import BatchSettings
         from pitstop.config import RunConfig
         from pitstop.train.schedule import default_warmup, lr_at
     except ImportError as e:  # pitstop.batching is being written alongside this benchmark

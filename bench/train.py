@@ -61,13 +61,13 @@ def ceiling(cfg, steps: int) -> tuple[list[float], float]:
     """Per-step trained tokens/s of the bare loop over the same batches, in memory."""
     from transformers import AutoModelForCausalLM
 
-    from pitstop.batching import MicroBatchLoader
+    from pitstop.batching.loader import MicroBatchLoader
     from pitstop.data.store import TokenStore
 
     loader = MicroBatchLoader(TokenStore(cfg.data[0]), cfg)
     batches: list[list[dict]] = [[] for _ in range(steps)]
     for mb in loader:
-        batches[mb["meta"]["step"]].append(mb)
+        batches[mb["meta"].step].append(mb)
     torch.manual_seed(cfg.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation="sdpa").to(dev)
@@ -83,9 +83,9 @@ def ceiling(cfg, steps: int) -> tuple[list[float], float]:
             ids, lab, pos = (mb[k].to(dev) for k in ("input_ids", "labels", "position_ids"))
             logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), lab[:, 1:].flatten(),
-                                   ignore_index=-100, reduction="sum") / mb["meta"]["step_targets"]  # fmt: skip
+                                   ignore_index=-100, reduction="sum") / mb["meta"].step_targets  # fmt: skip
             loss.backward()
-            targets += mb["meta"]["n_targets"]
+            targets += mb["meta"].n_targets
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -1,119 +1,37 @@
-"""The `pitstop` command: a thin layer that parses flags and calls the library.
+"""The `pitstop` command: a registry of the commands in `pitstop.commands`.
 
-Flags are generated from `pitstop.config.RunConfig`, so every YAML key has a flag
-of the same name (`max_seq_len` ↔ `--max-seq-len`) and the same validation.
-User errors (`PitstopError`) are printed without a traceback and exit with their
-code (2 for configuration, 1 for data).
+Each command module adds its subcommand (`register`) and runs it (`run`). User errors
+(`PitstopError`) are printed without a traceback and exit with their code (2 for
+configuration, 1 for data).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import difflib
-import json
 import os
 import sys
-import typing
 from collections.abc import Callable, Sequence
 
-from pitstop import __version__
-from pitstop.config import FIELDS, RunConfig, build_config, field_type, load_yaml, unwrap_optional
+from pitstop.commands import (
+    compare,
+    demo,
+    doctor,
+    estimate,
+    prepare,
+    profile,
+    report,
+    train,
+    tune,
+)
 from pitstop.errors import PitstopError
 from pitstop.fs_errors import command_file_errors
+from pitstop.version import __version__
 
-
-def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """One flag per RunConfig field that applies to `command`; only flags given are recorded."""
-    parser.add_argument("--config", help="YAML file of options (flags given here win)")
-    for name, f in FIELDS.items():
-        if command not in f.metadata["cmds"]:
-            continue
-        flag = "--" + name.replace("_", "-")
-        tp = field_type(name)
-        help_ = f.metadata["help"].replace("%", "%%")
-        if name == "data":
-            parser.add_argument(
-                flag, action="append", metavar="FILE", help=help_, default=argparse.SUPPRESS
-            )
-        elif tp is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, help=help_, default=argparse.SUPPRESS
-            )
-        else:
-            inner, _ = unwrap_optional(tp)
-            if typing.get_origin(inner) is typing.Literal:
-                metavar = "|".join(typing.get_args(inner))
-            else:
-                metavar = name.split("_")[-1].upper()
-            default = f.default if f.default is not dataclasses.MISSING else None
-            shown = f"{help_} (default: {default})" if default not in (None, False) else help_
-
-            parser.add_argument(flag, metavar=metavar, help=shown, default=argparse.SUPPRESS)
-
-
-def _unknown_flag_problems(unknown: list[str], command: str) -> list[str]:
-    known = ["--" + n.replace("_", "-") for n, f in FIELDS.items() if command in f.metadata["cmds"]]
-    problems = []
-    after_flag = False
-    for tok in unknown:
-        if after_flag and not tok.startswith("-"):
-            after_flag = False  # the value of the unknown flag just reported
-            continue
-        after_flag = tok.startswith("--") and "=" not in tok
-        if not tok.startswith("--"):
-            problems.append(f"unexpected argument {tok!r} (options take the form --name value)")
-            continue
-        flag = tok.split("=", 1)[0]
-        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else f"; see `pitstop {command} --help`"
-        problems.append(f"unknown option {flag}{hint}")
-    return problems
-
-
-def _config_from_args(args: argparse.Namespace, command: str) -> RunConfig:
-    given = {k: v for k, v in vars(args).items() if k in FIELDS}
-    yaml_values = load_yaml(args.config) if getattr(args, "config", None) else {}
-    return build_config(
-        yaml_values,
-        given,
-        source=getattr(args, "config", None) or "config",
-        command=command,
-        extra_problems=_unknown_flag_problems(getattr(args, "unknown", []), command),
-    )
-
-
-def cmd_prepare(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args, "prepare")
-    from pitstop.data.prepare import format_stats, prepare_data
-
-    result = prepare_data(cfg, progress=not args.json)
-    if args.json:
-        print(
-            json.dumps(
-                {"store": str(result.store_path), "cache_hit": result.cache_hit, **result.stats},
-                indent=1,
-            )
-        )
-    else:
-        print(format_stats(result.stats))
-        hit = "cache hit" if result.cache_hit else f"prepared in {result.seconds:.1f} s"
-        print(f"\ntoken store: {result.store_path} ({hit})")
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args, "train")
-    from pitstop.train import run
-
-    run(cfg)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from pitstop.demo import run_demo
-
-    return run_demo(output=args.output, max_steps=args.max_steps)
+# In `pitstop --help` order.
+COMMANDS = (prepare, train, demo, doctor, estimate, compare, report, profile, tune)
+# Commands that take the RunConfig flags: an unknown flag there is reported with the
+# configuration's other problems (with "did you mean"), not by argparse alone.
+CONFIG_COMMANDS = ("prepare", "train", "profile", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,49 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pitstop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-
-    p = sub.add_parser(
-        "prepare",
-        allow_abbrev=False,
-        help="dataset file(s) -> cached token store, with length statistics",
-    )
-    _add_config_flags(p, "prepare")
-    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    p.set_defaults(func=cmd_prepare)
-
-    p = sub.add_parser(
-        "train", allow_abbrev=False, help="the optimized training run (--resume continues exactly)"
-    )
-    _add_config_flags(p, "train")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("demo", help="the embedded default: bundled corpus, tiny model, end to end")
-    p.add_argument("--output", default="demo-out", help="where the demo writes (default: demo-out)")
-    p.add_argument(
-        "--max-steps", type=int, default=80, help="optimizer steps to train (default: 80)"
-    )
-    p.set_defaults(func=cmd_demo)
-
-    from pitstop.advise.command import register as register_doctor
-
-    register_doctor(sub)
-
-    from pitstop.report.command import register as register_report
-
-    register_report(sub)
-
-    from pitstop.measure.profile_command import register as register_profile
-    from pitstop.tune.command import register as register_tune
-
-    register_profile(sub)
-    register_tune(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown and args.command not in ("prepare", "train", "profile", "tune"):
+    if unknown and args.command not in CONFIG_COMMANDS:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.unknown = unknown
     func: Callable[[argparse.Namespace], int] = args.func

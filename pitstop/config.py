@@ -284,16 +284,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(
+def collect_config(
     yaml_values: dict[str, Any] | None = None,
     cli_values: dict[str, Any] | None = None,
     *,
     source: str = "config",
     command: str = TRAIN,
-    extra_problems: list[str] | None = None,
-) -> RunConfig:
-    """Merge YAML values, then CLI values (which win), coerce and validate everything at once."""
-    problems: list[str] = list(extra_problems or [])
+) -> tuple[RunConfig, list[str]]:
+    """Merge YAML values, then CLI values (which win), coerce them and check the schema and
+    what `command` requires. Returns the config and every problem found (not raised), so
+    a command can add the machine's problems (`probe.preflight`) and report all at once."""
+    problems: list[str] = []
     values: dict[str, Any] = {}
     for origin, raw, from_string in (
         (source, yaml_values or {}, False),
@@ -311,23 +312,57 @@ def build_config(
                 label = f"--{key.replace('_', '-')}" if origin == "flag" else f"{origin}: {key}"
                 problems.append(f"{label} {e}")
     cfg = RunConfig(**values)
-    problems += validate(cfg, command=command)
+    problems += required_problems(cfg, command) + validate(cfg)
+    return cfg, problems
+
+
+def build_config(
+    yaml_values: dict[str, Any] | None = None,
+    cli_values: dict[str, Any] | None = None,
+    *,
+    source: str = "config",
+    command: str = TRAIN,
+    extra_problems: list[str] | None = None,
+) -> RunConfig:
+    """Merge YAML values, then CLI values (which win), coerce and validate everything at once.
+
+    Checks the schema and what `command` needs; the machine's checks (device, precision,
+    kernels, strategy) are `pitstop.probe.preflight`, which the commands add."""
+    cfg, problems = collect_config(yaml_values, cli_values, source=source, command=command)
+    problems = list(extra_problems or []) + problems
     if problems:
         raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
     return cfg
 
 
-def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
-    """Cross-field checks. Returns every problem; checks needing a device live in the probe."""
+# What each command cannot run without; a command not listed (doctor) needs none of them.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    PREPARE: ("data", "tokenizer"),
+    TRAIN: ("data", "model", "output"),
+    "profile": ("data", "model"),
+    "tune": ("data", "model"),
+}
+
+
+def required_problems(cfg: RunConfig, command: str) -> list[str]:
+    """The options `command` needs that `cfg` leaves unset, each with the flag to give."""
+    need = REQUIRED.get(command, ())
     p: list[str] = []
-    if not cfg.data and command != "demo":
+    if "data" in need and not cfg.data:
         p.append("no data: give --data FILE (a dataset file or a prepared token store)")
-    if command == PREPARE and not (cfg.model or cfg.tokenizer):
+    if "tokenizer" in need and not (cfg.model or cfg.tokenizer):
         p.append("no tokenizer: give --model DIR or --tokenizer DIR")
-    if command in RUNNERS and not cfg.model:
+    if "model" in need and not cfg.model:
         p.append("no model: give --model DIR (a local Hugging Face model directory)")
-    if command == TRAIN and not cfg.output:
+    if "output" in need and not cfg.output:
         p.append("no output directory: give --output DIR")
+    return p
+
+
+def validate(cfg: RunConfig) -> list[str]:
+    """The schema's cross-field checks, every problem at once. What a command requires is
+    `required_problems`; what needs the machine is `pitstop.probe.preflight`."""
+    p: list[str] = []
     if cfg.max_seq_len < 8:
         p.append(f"--max-seq-len is {cfg.max_seq_len}; it must be at least 8")
     if cfg.workers < 0:
@@ -405,10 +440,4 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:
         p.append("--template must be 'alpaca' or contain {instruction} (and optionally {input})")
     p += range_problems(cfg)
-    if command in RUNNERS:
-        # Checks that need the machine (CUDA, the output directory) but no model: listed
-        # with the flag problems. Lazy import: the probe imports torch only when called.
-        from pitstop.probe import config_problems
-
-        p += config_problems(cfg, command=command)
     return p

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pitstop.errors import short_repr
-
-if TYPE_CHECKING:
-    from pitstop.config import RunConfig
 
 # Far above any real count of steps, tokens or rows, and still exact in a float and an
 # int64: a bigger number is a typo that would overflow somewhere deep in numpy or torch.
@@ -29,7 +26,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def range_problems(cfg: RunConfig) -> list[str]:
+def range_problems(cfg: Any) -> list[str]:
+    # `cfg` is a RunConfig; not imported here, as config imports this module
     """One message per number outside its range (validate's own checks are not repeated)."""
     p: list[str] = []
     for f in dataclasses.fields(cfg):

@@ -18,6 +18,12 @@ from typing import Any
 
 from pitstop.config import build_config
 from pitstop.corpus import sample_corpus_path
+from pitstop.data.prepare import format_stats, prepare_data
+from pitstop.report.estimate import format_estimate
+from pitstop.report.html import write_report
+from pitstop.report.planned import estimate_planned_run
+from pitstop.tiny import build_model_dir
+from pitstop.train import run
 
 
 def _say(msg: str) -> None:
@@ -45,10 +51,6 @@ def format_breakdown(summary: dict[str, Any]) -> str:
 
 
 def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
-    from pitstop.data.prepare import format_stats, prepare_data
-    from pitstop.tiny import build_model_dir
-    from pitstop.train import run
-
     out = Path(output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _say(f"building a tiny Llama and its tokenizer in {out / 'model'}")
@@ -83,6 +85,8 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
     print(format_breakdown(summary))
 
     _say("the doctor's findings for this run")
+    # Deferred: pitstop.advise imports torch, which `pitstop --help` (that lists the demo)
+    # must not load.
     from pitstop.advise.doctor import doctor
     from pitstop.advise.finding import format_findings
 
@@ -98,11 +102,13 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
     (run_dir / "findings.json").write_text(json.dumps({"findings": report["findings"]}, indent=1))
 
     _say("a full epoch of this corpus, estimated from this run's measured throughput")
-    from pitstop.cli import main as cli_main
-    from pitstop.report import write_report
-
-    cli_main(["estimate", "--model", str(model_dir), "--data", str(prepared.store_path),
-              "--from-profile", str(run_dir), "--cache-dir", str(out / "cache")])  # fmt: skip
+    est = estimate_planned_run(
+        model=str(model_dir),
+        data=str(prepared.store_path),
+        from_profile=str(run_dir),
+        cache_dir=str(out / "cache"),
+    )
+    print(format_estimate(est))
     report_path = write_report(run_dir, run_dir / "report.html")
 
     print(f"\noutputs: {run_dir}")

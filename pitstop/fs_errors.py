@@ -131,7 +131,7 @@ def _safe_text(safe: Callable[[], str] | None) -> str:
 @contextmanager
 def command_file_errors(command: str, output: str | None, cache_dir: str | None) -> Iterator[None]:
     """`file_errors` for a CLI command, from its --output and --cache-dir flags."""
-    from pitstop.data.cache import cache_root
+    from pitstop.cache_layout import cache_root
 
     cache = str(cache_root(cache_dir))
     where = cache if command == "prepare" else (output or None)

@@ -42,8 +42,17 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pitstop.advise.doctor import device_from_dict, doctor
+from pitstop.advise.environment import environment
+from pitstop.advise.finding import format_findings
+from pitstop.cache_layout import cache_root
+from pitstop.measure.flops import flops_model
+from pitstop.measure.flops import mfu as mfu_of
+from pitstop.measure.peak import device_peak
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
+from pitstop.measure.verdict import format_verdict, verdict
+from pitstop.probe import DeviceInfo, detect_device
 
 __all__ = ["PitstopCallback"]
 
@@ -223,8 +232,6 @@ class PitstopCallback(TrainerCallback):
             ]
         if model is not None:
             try:
-                from pitstop.measure.flops import flops_model
-
                 self._flops_model = flops_model(model)
             except Exception:  # an exotic model without embeddings API: no MFU
                 self._flops_model = None
@@ -326,15 +333,12 @@ class PitstopCallback(TrainerCallback):
     # --- results ---------------------------------------------------------------------------
 
     def _device(self, args: Any) -> Any:
-        from pitstop.probe import detect_device
 
         dev_type = getattr(getattr(args, "device", None), "type", "cpu")
         index = getattr(getattr(args, "device", None), "index", None) or 0
         try:
             return detect_device("cuda" if dev_type == "cuda" else "cpu", index=index)[0]
         except Exception:  # a device pitstop does not know (mps, xpu): report it by name only
-            from pitstop.probe import DeviceInfo
-
             return DeviceInfo(type=dev_type, name=dev_type, cpu_count=os.cpu_count() or 1)
 
     def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
@@ -356,14 +360,7 @@ class PitstopCallback(TrainerCallback):
         mfu = None
         fm = getattr(self, "_flops_model", None)
         if fm is not None and positions and seconds and rows:
-            from pitstop.measure.flops import mfu as mfu_of
-            from pitstop.measure.peak import device_peak
-
-            cache = (
-                self.cache_dir
-                or os.environ.get("PITSTOP_CACHE_DIR")
-                or Path.home() / ".cache" / "pitstop"
-            )
+            cache = cache_root(self.cache_dir)
             import torch
 
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -406,8 +403,6 @@ class PitstopCallback(TrainerCallback):
         )
 
     def _doctor(self, args: Any) -> dict[str, Any] | None:
-        from pitstop.advise.doctor import device_from_dict, doctor
-        from pitstop.advise.environment import environment
 
         assert self.profile is not None
         dev = device_from_dict(self.profile["device"])
@@ -425,7 +420,6 @@ class PitstopCallback(TrainerCallback):
         """The end-of-training report: phase breakdown, verdict, findings."""
         if self.profile is None:
             return "pitstop: no profile (training did not run a step)"
-        from pitstop.measure.verdict import format_verdict, verdict
 
         p = self.profile
         total = sum(p["step_seconds"]) or 1.0
@@ -439,7 +433,5 @@ class PitstopCallback(TrainerCallback):
             lines.append(f"  {name:<15}{sec:>10.4f} s  {100 * sec / total:5.1f}%")
         lines.append(format_verdict(verdict(p)))
         if self.report is not None:
-            from pitstop.advise.finding import format_findings
-
             lines += ["", format_findings(self.report["findings"])]
         return "\n".join(lines)

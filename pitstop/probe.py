@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
+from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 
 # torch.compile cost/benefit basis, measured for pitstop on CPU: a 7.6M-parameter Llama
@@ -211,9 +213,7 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
-    has_run = out.is_dir() and any(
-        (out / n).exists() for n in ("summary.json", "checkpoints", "final")
-    )
+    has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "
@@ -222,15 +222,30 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     return None
 
 
-def config_problems(
-    cfg: Any, device: DeviceInfo | None = None, *, command: str = "train"
-) -> list[str]:
+def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
+    """Combinations of the multi-process strategy pitstop does not run (`distributed`:
+    several processes). Pure config logic: the trainer checks the same before wrapping."""
+    p = []
+    if distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
+        p.append(
+            "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
+            "use the default --strategy ddp)"
+        )
+    if distributed and cfg.load_in_4bit:
+        p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
+    return p
+
+
+def preflight(cfg: RunConfig, device: DeviceInfo | None = None) -> list[str]:
     """Every problem with `cfg` that needs this machine but no model load: device,
-    precision, attention kernel, 4-bit, multi-process strategy and (for `train`) the
-    output directory. The messages are the ones the trainer raises for the same problem,
-    so `build_config` can report them together with the flag problems."""
+    precision, attention kernel, 4-bit and the multi-process strategy. The messages are
+    the ones the trainer raises for the same problem, so the commands can report them
+    together with the configuration's own (`config.validate`). `device` defaults to
+    the one `cfg.device` selects here."""
     p: list[str] = []
     if device is None:
+        # torch is imported where it is needed throughout this module: the CLI imports
+        # the probe to check configurations, and must not load torch to do it.
         import torch
 
         if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -248,14 +263,8 @@ def config_problems(
     ):
         if problem:
             p.append(problem)
-    from pitstop.train.distributed import strategy_problems
-
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     p += strategy_problems(cfg, distributed=max(cfg.nproc, world) > 1)
-    if command == "train":
-        out = output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
-        if out:
-            p.append(out)
     return p
 
 
@@ -283,6 +292,19 @@ def compile_status() -> tuple[bool, str]:
     if os.environ.get("PITSTOP_NO_COMPILE") or os.environ.get("TORCHDYNAMO_DISABLE") == "1":
         return False, "disabled by the environment (PITSTOP_NO_COMPILE / TORCHDYNAMO_DISABLE)"
     return True, "torch.compile is available"
+
+
+def estimated_run_seconds(
+    steps: int, tokens_per_step: int, flops_per_token: float, peak_flops: float | None
+) -> float | None:
+    """The run length `compile: auto` weighs compile time against (None without a peak).
+
+    An estimate from FLOPs at ASSUMED_MFU_FOR_ESTIMATE of the device's peak, before any
+    step has run; the trainer and the tuner both decide with it.
+    """
+    if not peak_flops:
+        return None
+    return steps * tokens_per_step * flops_per_token / (peak_flops * ASSUMED_MFU_FOR_ESTIMATE)
 
 
 def choose_compile(requested: str, dev: DeviceInfo, estimated_run_seconds: float | None) -> Choice:

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from pitstop.corpus import sample_texts
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -92,8 +94,6 @@ def build_model_dir(
     """Write a tiny Llama model directory to `dest` (skipped if one with the same spec is there)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from pitstop.corpus import sample_texts
 
     dest = Path(dest)
     spec = {

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pitstop.advise.command import register
 from pitstop.advise.environment import check_compile, environment, read_throughput
+from pitstop.commands.doctor import register
 from pitstop.data.stats import compute_stats
 from pitstop.data.store import StoreWriter
 from pitstop.errors import ConfigError

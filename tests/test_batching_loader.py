@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -66,35 +67,35 @@ def test_loader_covers_the_epoch_and_counts_targets(store, strategy):
     assert loader.total_steps == loader.steps_per_epoch
     batches = list(loader)
     metas = [b["meta"] for b in batches]
-    assert sum(m["n_seen"] for m in metas) == store.n_tokens
+    assert sum(m.n_seen for m in metas) == store.n_tokens
     targets = int(store.target_counts().sum())
-    assert sum(m["n_targets"] for m in metas) == targets
-    assert sum(m["n_positions"] for m in metas) == loader.efficiency().positions
-    steps = sorted({m["step"] for m in metas})
+    assert sum(m.n_targets for m in metas) == targets
+    assert sum(m.n_positions for m in metas) == loader.efficiency().positions
+    steps = sorted({m.step for m in metas})
     assert steps == list(range(loader.steps_per_epoch))
     for step in steps:
-        ms = [m for m in metas if m["step"] == step]
-        assert [m["micro_index"] for m in ms] == list(range(ms[0]["micro_count"]))
-        assert ms[0]["step_targets"] == sum(m["n_targets"] for m in ms)
+        ms = [m for m in metas if m.step == step]
+        assert [m.micro_index for m in ms] == list(range(ms[0].micro_count))
+        assert ms[0].step_targets == sum(m.n_targets for m in ms)
     for b in batches:
         assert set(b) == {"input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen", "meta"}
         assert b["input_ids"].shape[0] <= 2
-        assert all(isinstance(v, int) for v in b["meta"].values())
+        assert all(isinstance(v, int) for v in dataclasses.asdict(b["meta"]).values())
 
 
 def test_multiple_epochs_use_a_new_order(store):
     loader = MicroBatchLoader(store, cfg(batching="bucket", epochs=2))
     assert loader.total_steps == loader.steps_in_epoch(0) + loader.steps_in_epoch(1)
     batches = list(loader)
-    e0 = [b for b in batches if b["meta"]["epoch"] == 0]
-    e1 = [b for b in batches if b["meta"]["epoch"] == 1]
-    assert sum(b["meta"]["n_seen"] for b in e1) == store.n_tokens
-    assert e1[0]["meta"]["step"] == loader.steps_in_epoch(0) and e1[0]["meta"]["epoch_step"] == 0
+    e0 = [b for b in batches if b["meta"].epoch == 0]
+    e1 = [b for b in batches if b["meta"].epoch == 1]
+    assert sum(b["meta"].n_seen for b in e1) == store.n_tokens
+    assert e1[0]["meta"].step == loader.steps_in_epoch(0) and e1[0]["meta"].epoch_step == 0
     assert not torch.equal(e0[0]["input_ids"], e1[0]["input_ids"])
     half = MicroBatchLoader(store, cfg(batching="pack", epochs=1.5))
     assert half.total_steps == half.steps_per_epoch + -(-half.steps_per_epoch // 2)
     fixed = MicroBatchLoader(store, cfg(batching="pack", max_steps=3 * half.steps_per_epoch + 1))
-    assert list(fixed)[-1]["meta"]["epoch"] == 3
+    assert list(fixed)[-1]["meta"].epoch == 3
 
 
 def same(a, b):
@@ -115,7 +116,7 @@ def test_resume_mid_run_gives_exactly_the_remaining_batches(store, strategy):
     consumed = []
     for b in it:  # stop after the last micro-batch of step 5
         consumed.append(b)
-        if b["meta"]["step"] == 5 and b["meta"]["micro_index"] == b["meta"]["micro_count"] - 1:
+        if b["meta"].step == 5 and b["meta"].micro_index == b["meta"].micro_count - 1:
             break
     state = first.state_dict()
     assert state["global_step"] == 6
@@ -127,7 +128,7 @@ def test_resume_mid_run_gives_exactly_the_remaining_batches(store, strategy):
     # Crossing the epoch boundary: state in epoch 1 resumes there.
     second = MicroBatchLoader(store, c)
     second.load_state_dict({**state, "epoch": 1, "step": 2, "global_step": None})
-    assert next(iter(second))["meta"]["step"] == second.steps_in_epoch(0) + 2
+    assert next(iter(second))["meta"].step == second.steps_in_epoch(0) + 2
 
 
 def test_resume_after_a_partial_step_restarts_that_step(store):
@@ -135,7 +136,7 @@ def test_resume_after_a_partial_step_restarts_that_step(store):
     loader = MicroBatchLoader(store, c)
     it = iter(loader)
     b = next(it)
-    assert b["meta"]["micro_count"] > 1
+    assert b["meta"].micro_count > 1
     assert loader.state_dict()["step"] == 0
     resumed = MicroBatchLoader(store, c)
     resumed.load_state_dict(loader.state_dict())
@@ -155,20 +156,20 @@ def test_resume_refuses_a_different_data_order(store):
 def test_two_ranks_split_every_step(store, strategy):
     c = cfg(batching=strategy)
     ranks = [list(MicroBatchLoader(store, c, rank=r, world_size=2)) for r in (0, 1)]
-    steps = [sorted({b["meta"]["step"] for b in bs}) for bs in ranks]
+    steps = [sorted({b["meta"].step for b in bs}) for bs in ranks]
     assert steps[0] == steps[1]
-    seen = sum(b["meta"]["n_seen"] for bs in ranks for b in bs)
+    seen = sum(b["meta"].n_seen for bs in ranks for b in bs)
     assert seen == store.n_tokens
     for step in steps[0]:
-        per_rank = [[b["meta"] for b in bs if b["meta"]["step"] == step] for bs in ranks]
-        total = sum(m["n_targets"] for ms in per_rank for m in ms)
-        assert all(ms and ms[0]["step_targets"] == total for ms in per_rank)
+        per_rank = [[b["meta"] for b in bs if b["meta"].step == step] for bs in ranks]
+        total = sum(m.n_targets for ms in per_rank for m in ms)
+        assert all(ms and ms[0].step_targets == total for ms in per_rank)
 
     # Sequences are disjoint between ranks: compare the first tokens of every row's documents.
     def docs(bs):
         out = set()
         for b in bs:
-            if b["meta"]["filler"]:
+            if b["meta"].filler:
                 continue
             pos, ids = b["position_ids"], b["input_ids"]
             starts = (pos == 0).nonzero().tolist()
@@ -185,7 +186,7 @@ def test_workers_give_the_same_batches(store):
     got = []
     for b in loader:  # stop mid-run with batches prefetched, then iterate again
         got.append(b)
-        if b["meta"]["step"] == 2 and b["meta"]["micro_index"] == b["meta"]["micro_count"] - 1:
+        if b["meta"].step == 2 and b["meta"].micro_index == b["meta"].micro_count - 1:
             break
     got += list(loader)  # the persistent workers continue from the loader's position
     assert len(got) == len(ref) and all(same(a, b) for a, b in zip(ref, got))

@@ -15,7 +15,7 @@ from pitstop.report.estimate import (
     data_tokens,
     estimate,
     format_estimate,
-    load_profile,
+    load_measured,
     options_table,
 )
 from pitstop.report.gpus import find_gpu, get_gpu
@@ -58,7 +58,7 @@ def test_packing_efficiency_and_epochs_scale_the_work() -> None:
 
 def test_time_from_a_measured_run(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", steps=40, tokens_per_step=4096, step_seconds=0.5)
-    prof = load_profile(run)  # a run directory: its summary.json
+    prof = load_measured(run)  # a run directory: its summary.json
     est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=prof)
     # trained tokens / measured tokens/s + start-up (wall - train = 10 s) once
     assert est.train_seconds == pytest.approx(1_000_000 / 8192 + 10)
@@ -69,7 +69,7 @@ def test_time_from_a_measured_run(tmp_path: Path) -> None:
     p.write_text(
         json.dumps({"tokens_per_second": 2000.0, "mfu": 0.4, "device": "NVIDIA A100-SXM4-80GB"})
     )
-    gpu_prof = load_profile(p)
+    gpu_prof = load_measured(p)
     same = estimate(SHAPE, tokens=TOKENS, profile=gpu_prof)
     assert same.train_seconds == pytest.approx(500.0) and same.gpu.name == "A100 80GB"
     # on another GPU, the profile's MFU (measured on a GPU) carries over to that GPU's peak
@@ -77,7 +77,7 @@ def test_time_from_a_measured_run(tmp_path: Path) -> None:
     assert other.throughput.mfu == 0.4 and "measured on NVIDIA A100" in other.time_basis
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DataError, match="no tokens_per_second"):
-        load_profile(tmp_path / "bad.json")
+        load_measured(tmp_path / "bad.json")
 
 
 def test_options_table_verdicts() -> None:
@@ -181,7 +181,7 @@ def _real_run(dest: Path, step_seconds: list[float], checkpoint_s: dict[int, flo
 def test_a_short_run_predicts_from_its_steady_steps(tmp_path: Path) -> None:
     # two slow warm-up steps (a process's first steps), then 1 s steps with one 3x burst
     run = _real_run(tmp_path / "run", [6.0, 4.0] + [1.0] * 9 + [3.0])
-    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(run))
+    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(run))
     assert est.throughput.trained_tokens_per_second == pytest.approx(1000.0)  # median step
     # start-up: wall - train (4 s) + the warm-up's time above two steady steps (10 - 2)
     assert est.throughput.startup_seconds == pytest.approx(12.0)
@@ -194,7 +194,7 @@ def test_checkpoint_pauses_stay_in_the_steady_rate(tmp_path: Path) -> None:
     # every 5th steady step also wrote a checkpoint for 2 s: the full run pays that too
     secs = [1.0, 1.0] + [1.0, 1.0, 1.0, 1.0, 3.0] * 2
     run = _real_run(tmp_path / "run", secs, checkpoint_s={7: 2.0, 12: 2.0})
-    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(run)).throughput
+    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(run)).throughput
     assert rate.trained_tokens_per_second == pytest.approx(1000 / 1.4)
     assert "pauses 0.4 s per step added" in rate.basis
 
@@ -204,6 +204,6 @@ def test_a_profile_json_uses_its_median_step(tmp_path: Path) -> None:
     prof = {"tokens_per_second": 500.0, "step_seconds": [1.0, 1.0, 1.0, 5.0], "warmup": 2,
             "tokens_per_step": 1000, "phases": {"checkpoint": 0.0}, "device": "cpu"}  # fmt: skip
     p.write_text(json.dumps(prof))
-    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(p)).throughput
+    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(p)).throughput
     assert rate.trained_tokens_per_second == pytest.approx(1000.0)
     assert rate.startup_seconds == 0.0

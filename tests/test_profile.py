@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from pitstop.measure.profile import format_profile, step_spread, window_utilisation
 from pitstop.measure.schema import load_profile, make_profile
 from pitstop.measure.timeline import PHASES
+from pitstop.profiling import format_profile, step_spread, window_utilisation
 
 # --- fast: pure functions -------------------------------------------------------------
 
@@ -55,7 +55,7 @@ def _flags(model: Path, store: Path, cache: Path) -> list[str]:
 
 def _cli(argv: list[str]) -> int:
     """The command as the CLI runs it (register + parse + func), without pitstop/cli.py's main."""
-    from pitstop.measure.profile_command import register
+    from pitstop.commands.profile import register
 
     parser = argparse.ArgumentParser(prog="pitstop")
     register(parser.add_subparsers(dest="command"))
@@ -115,8 +115,8 @@ class SlowLoader:
 def test_a_slow_loader_is_called_input_bound(tiny_model_dir, store, tmp_path):
     from _train_util import train_config
 
-    from pitstop.batching import MicroBatchLoader
-    from pitstop.measure.profile import run_profile
+    from pitstop.batching.loader import MicroBatchLoader
+    from pitstop.profiling import run_profile
 
     warmup, steps = 1, 3
     cfg = train_config(

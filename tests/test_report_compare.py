@@ -15,26 +15,10 @@ from pitstop.report.runs import load_run, step_phases
 
 
 def run_cli(argv: list[str]) -> int:
-    """Run a report subcommand through `pitstop.cli.main` once the lead has wired
-    `register` in; until then through a parser built the same way."""
-    import argparse
-    import sys
-
+    """Run a report subcommand through `pitstop.cli.main`, as the `pitstop` command does."""
     from pitstop import cli
 
-    if "estimate" in cli.build_parser()._subparsers._group_actions[0].choices:
-        return cli.main(argv)
-    from pitstop.errors import PitstopError
-    from pitstop.report.command import register
-
-    parser = argparse.ArgumentParser(prog="pitstop")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except PitstopError as e:
-        print(f"pitstop {args.command}: error: {e.render()}", file=sys.stderr)
-        return e.exit_code
+    return cli.main(argv)
 
 
 def make_run(

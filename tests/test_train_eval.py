@@ -117,12 +117,12 @@ def test_epoch_fraction_over_two_epochs(tiny_model_dir, tmp_path):
 
 
 def test_wandb_not_installed_is_a_one_line_notice(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from pitstop.train.trainer import _NullRun, _wandb
+    from pitstop.train.run_log import NullRun, open_wandb
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     cfg = _cfg(tiny_model_dir, tmp_path / "s", tmp_path / "out", report_to=["wandb"])
-    run, note = _wandb(cfg, tmp_path / "out", True)
-    assert isinstance(run, _NullRun) and "not installed" in note
+    run, note = open_wandb(cfg, tmp_path / "out", True)
+    assert isinstance(run, NullRun) and "not installed" in note
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "wandb" in err and "pip install wandb" in err
     run.log({"train/loss": 1.0}, step=1)  # a no-op, never an error
@@ -130,7 +130,7 @@ def test_wandb_not_installed_is_a_one_line_notice(tiny_model_dir, tmp_path, monk
 
 
 def test_wandb_gets_the_run_config_and_honours_its_mode(tiny_model_dir, tmp_path, monkeypatch):
-    from pitstop.train.trainer import _wandb
+    from pitstop.train.run_log import open_wandb
 
     calls: dict = {}
     fake = types.ModuleType("wandb")
@@ -143,8 +143,8 @@ def test_wandb_gets_the_run_config_and_honours_its_mode(tiny_model_dir, tmp_path
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = _cfg(tiny_model_dir, tmp_path / "s", tmp_path / "out", report_to=["wandb"])
-    _, note = _wandb(cfg, tmp_path / "out", True)
+    _, note = open_wandb(cfg, tmp_path / "out", True)
     assert note == "mode offline"
     assert calls["dir"] == str(tmp_path / "out") and calls["config"]["lr"] == cfg.lr
-    run, note = _wandb(cfg, tmp_path / "out", False)  # other ranks never start a run
-    assert "rank 0" in note and type(run).__name__ == "_NullRun"
+    run, note = open_wandb(cfg, tmp_path / "out", False)  # other ranks never start a run
+    assert "rank 0" in note and type(run).__name__ == "NullRun"

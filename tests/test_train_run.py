@@ -89,7 +89,8 @@ def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys
 
 
 def test_resume_is_bit_identical(tiny_model_dir, store, tmp_path, monkeypatch):
-    from pitstop.train import RunInterrupted, run
+    from pitstop.train import run
+    from pitstop.train.trainer import RunInterrupted
 
     ref = tmp_path / "ref"
     s_ref = run(_cfg(tiny_model_dir, store, ref))
@@ -181,7 +182,8 @@ def test_sigterm_saves_and_prints_the_resume_command(tiny_model_dir, store, tmp_
 
 
 def test_nan_steps_are_skipped_then_the_run_stops(tiny_model_dir, store, tmp_path, monkeypatch):
-    from pitstop.train import TrainingDiverged, run
+    from pitstop.train import run
+    from pitstop.train.trainer import TrainingDiverged
 
     monkeypatch.setenv("PITSTOP_TEST_NAN_STEPS", "3")
     out = tmp_path / "one"

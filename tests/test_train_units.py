@@ -346,35 +346,35 @@ def test_custom_architecture_needs_trust_remote_code(tiny_model_dir, tmp_path):
 
 def test_machine_problems_match_the_trainer_messages(tmp_path):
     from pitstop.config import RunConfig
-    from pitstop.probe import config_problems
+    from pitstop.probe import output_dir_problem, preflight
 
     def cfg(**kw):
         return RunConfig(model="m", data=["d"], output=str(tmp_path / "out"), **kw)
 
-    assert config_problems(cfg(), CPU) == []
-    [fp16] = config_problems(cfg(precision="fp16"), CPU)
+    assert preflight(cfg(), CPU) == []
+    [fp16] = preflight(cfg(precision="fp16"), CPU)
     with pytest.raises(ConfigError) as e:
         choose_precision("fp16", CPU)
     assert str(e.value) == fp16
-    [bf16] = config_problems(cfg(precision="bf16"), V100)
+    [bf16] = preflight(cfg(precision="bf16"), V100)
     assert "no bf16" in bf16
-    probs = config_problems(cfg(attention="flash_attention_2", lora_r=4, load_in_4bit=True), CPU)
+    probs = preflight(cfg(attention="flash_attention_2", lora_r=4, load_in_4bit=True), CPU)
     assert any("flash-attn needs a CUDA GPU" in p for p in probs)
     assert any("--load-in-4bit needs a CUDA GPU" in p for p in probs)
-    assert config_problems(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == [
+    assert preflight(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == [
         "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
         "use the default --strategy ddp)"
     ]
     (tmp_path / "out" / "checkpoints").mkdir(parents=True)
-    [held] = config_problems(cfg(), CPU)
-    assert "already holds a run" in held
-    assert config_problems(cfg(resume=True), CPU) == []
-    assert config_problems(cfg(), CPU, command="profile") == []
+    assert preflight(cfg(), CPU) == []  # the output directory is the train command's check
+    held = output_dir_problem(str(tmp_path / "out"), resume=False, overwrite=False)
+    assert held is not None and "already holds a run" in held
+    assert output_dir_problem(str(tmp_path / "out"), resume=True, overwrite=False) is None
 
 
 def test_measurement_config_turns_evaluation_off(tmp_path):
     from pitstop.config import RunConfig
-    from pitstop.measure.profile import measurement_config
+    from pitstop.profiling import measurement_config
 
     cfg = RunConfig(model="m", data=["d"], eval_data="auto", eval_steps=5)
     run_cfg = measurement_config(cfg, tmp_path / "run", 4)

@@ -21,7 +21,7 @@ def store(tmp_path_factory, tiny_tokenizer):
 
 
 def test_tune_end_to_end_writes_a_train_config(tiny_model_dir, store, cache_dir, tmp_path, capsys):
-    from pitstop.tune.command import register
+    from pitstop.commands.tune import register
 
     parser = argparse.ArgumentParser(prog="pitstop")
     register(parser.add_subparsers(dest="command"))

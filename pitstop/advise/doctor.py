@@ -18,6 +18,8 @@ from pitstop.advise.finding import Finding, rank
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config
 from pitstop.config import FIELDS, RunConfig
+from pitstop.data.prepare import prepare_data
+from pitstop.data.store import is_store
 from pitstop.errors import ConfigError
 from pitstop.measure.verdict import verdict as profile_verdict
 from pitstop.probe import DeviceInfo
@@ -71,7 +73,6 @@ def load_data_facts(
     cache_dir: str | Path | None = None,
 ) -> DataFacts:
     """Length facts of a token store, or of a dataset file prepared with the model's tokenizer."""
-    from pitstop.data.store import is_store
 
     if is_store(path):
         return data_facts_from_store(path)
@@ -82,12 +83,6 @@ def load_data_facts(
             f"--data {path} is a dataset file; give --model DIR so its tokenizer can count the "
             "tokens, or give a prepared token store (`pitstop prepare`)"
         )
-    try:
-        from pitstop.data.prepare import prepare_data
-    except ImportError as e:  # the data stage is optional for the doctor
-        raise ConfigError(
-            f"cannot prepare {path} here ({e}); give a prepared token store"
-        ) from None
     cfg = RunConfig(
         data=[str(path)], model=str(model), cache_dir=str(cache_dir) if cache_dir else None
     )
@@ -141,11 +136,8 @@ def doctor(
         data = load_data_facts(
             data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
         )
-    elif data is None and config is not None and len(config.data) == 1:
-        from pitstop.data.store import is_store
-
-        if is_store(config.data[0]):
-            data = data_facts_from_store(config.data[0])
+    elif data is None and config is not None and len(config.data) == 1 and is_store(config.data[0]):
+        data = data_facts_from_store(config.data[0])
     base_setup = None
     if baseline is not None:
         base_setup = (

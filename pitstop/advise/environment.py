@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
+from pitstop.cache_layout import COMPILE_CHECK
 from pitstop.probe import DeviceInfo, compile_status, detect_device, flash_attn_status
 
 READ_LIMIT_BYTES = 256 * 1024 * 1024
@@ -78,7 +79,7 @@ def check_compile(
     if not ok:
         return {"checked": False, "works": False, "reason": why}
     key = {"torch": torch.__version__, "python": platform.python_version(), "device": device}
-    path = Path(cache_dir) / "compile_check.json" if cache_dir else None
+    path = Path(cache_dir) / COMPILE_CHECK if cache_dir else None
     if path is not None and path.is_file():
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.data.stats import padding_waste
+from pitstop.data.store import TokenStore
+
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -101,15 +104,12 @@ class DataFacts:
             if isinstance(row, dict) and row.get("max_len") == max_len:
                 return row
         if self.lengths is not None and len(self.lengths):
-            from pitstop.data.stats import padding_waste
-
             return padding_waste(np.asarray(self.lengths, dtype=np.int64), max_len)
         return None
 
 
 def data_facts_from_store(path: str | Path) -> DataFacts:
     """Stats and lengths of a token store directory (the manifest is read defensively)."""
-    from pitstop.data.store import TokenStore
 
     store = TokenStore(path)  # DataError with a clear message when it is not a store
     stats = store.manifest.get("stats")

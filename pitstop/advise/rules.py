@@ -21,7 +21,7 @@ from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
 from pitstop.measure import verdict as V
 from pitstop.measure.peak import gpu_peak
-from pitstop.probe import DeviceInfo
+from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo, choose_precision
 
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
 PERIODIC_TARGET = 0.01
@@ -60,11 +60,7 @@ class Context:
     def precision(self) -> str:
         """The precision the run uses; `auto` resolved the way pitstop's probe resolves it."""
         p = self.setup.precision
-        if p != "auto":
-            return p
-        if not self.cuda:
-            return "fp32"
-        return "bf16" if self.device.bf16 else "fp16"
+        return p if p != "auto" else choose_precision(p, self.device).value
 
     def base_step_seconds(self) -> float | None:
         """Mean step seconds without the periodic phases (checkpoint, eval, logging)."""
@@ -495,7 +491,6 @@ def optimizer_not_fused(ctx: Context) -> Finding | None:
 def compile_off(ctx: Context) -> Finding | None:
     if not ctx.cuda or ctx.setup.compile != "off":
         return None
-    from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS
 
     works = (ctx.env.get("compile") or {}).get("works")
     return Finding(

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pitstop.batching.collate import collate
-from pitstop.batching.loader import _pad_id, _seen_tokens, sequence_targets
+from pitstop.batching.loader import _seen_tokens, sequence_targets
 from pitstop.batching.plan import build_plan, step_micro_batches
 from pitstop.batching.settings import STRATEGIES, BatchSettings, Strategy
 from pitstop.config import RunConfig
@@ -84,7 +84,7 @@ def choose_batching(
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)
-    pad_id = _pad_id(store)
+    pad_id = store.pad_id
     timings: dict[str, StrategyTiming] = {}
     skipped: dict[str, str] = {}
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]] = {}

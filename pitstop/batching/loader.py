@@ -35,6 +35,7 @@ from pitstop.batching.plan import (
     plan_efficiency,
     step_micro_batches,
 )
+from pitstop.batching.records import MicroBatchMeta
 from pitstop.batching.settings import BatchSettings, Strategy
 from pitstop.config import RunConfig
 from pitstop.data.store import TokenStore
@@ -101,18 +102,18 @@ class _MicroBatchDataset(Dataset):
         s = self._store
         batch = collate(s.tokens, s.mask, s.offsets, key.spec, self.pad_id)
         labels = batch["labels"]
-        batch["meta"] = {
-            "epoch": key.epoch,
-            "step": key.step,
-            "epoch_step": key.epoch_step,
-            "micro_index": key.micro_index,
-            "micro_count": key.micro_count,
-            "n_positions": int(labels.numel()),
-            "n_seen": _seen_tokens(s.offsets, key.spec),
-            "n_targets": int((labels != -100).sum()),
-            "step_targets": key.step_targets,
-            "filler": int(key.spec.filler),
-        }
+        batch["meta"] = MicroBatchMeta(
+            epoch=key.epoch,
+            step=key.step,
+            epoch_step=key.epoch_step,
+            micro_index=key.micro_index,
+            micro_count=key.micro_count,
+            n_positions=int(labels.numel()),
+            n_seen=_seen_tokens(s.offsets, key.spec),
+            n_targets=int((labels != -100).sum()),
+            step_targets=key.step_targets,
+            filler=bool(key.spec.filler),
+        )
         return batch
 
 
@@ -141,10 +142,9 @@ class MicroBatchLoader:
     """Iterates the run's micro-batches for one rank, across epochs, resumably.
 
     Each item is a dict: ``input_ids``, ``labels``, ``position_ids`` (Long [B, T], CPU),
-    ``cu_seqlens`` (Int32 [n_segments + 1]), ``max_seqlen`` (int) and ``meta`` (ints:
-    epoch, step, epoch_step, micro_index, micro_count, n_positions, n_seen, n_targets,
-    step_targets, filler). Divide the summed loss of a micro-batch by
-    ``meta["step_targets"]`` (the step's targets over all ranks) and sum gradients over
+    ``cu_seqlens`` (Int32 [n_segments + 1]), ``max_seqlen`` (int) and ``meta`` (a
+    `pitstop.batching.records.MicroBatchMeta`). Divide the summed loss of a micro-batch by
+    ``meta.step_targets`` (the step's targets over all ranks) and sum gradients over
     micro-batches and ranks: that is the mean over the step with no extra communication.
     """
 
@@ -190,7 +190,7 @@ class MicroBatchLoader:
             )
         if problems:
             raise LoaderError(problems)
-        self.pad_id = pad_id if pad_id is not None else _pad_id(self.store)
+        self.pad_id = pad_id if pad_id is not None else self.store.pad_id
         self.epochs = cfg.epochs
         self.max_steps = cfg.max_steps
         if cfg.loader_workers is not None:
@@ -335,7 +335,7 @@ class MicroBatchLoader:
                     "worker was killed (out of memory), lower --loader-workers or --prefetch-factor"
                 ) from e
             m = batch["meta"]
-            self._next_step = m["step"] + (1 if m["micro_index"] == m["micro_count"] - 1 else 0)
+            self._next_step = m.step + (1 if m.last_of_step else 0)
             yield batch
 
     # --- resume -------------------------------------------------------------------
@@ -383,15 +383,3 @@ class MicroBatchLoader:
             )
         epoch, step = int(state["epoch"]), int(state["step"])
         self._next_step = sum(self.steps_in_epoch(e) for e in range(epoch)) + step
-
-
-def _pad_id(store: TokenStore) -> int:
-    """Padding never reaches the loss or a real token's attention; any valid id works."""
-    m = store.manifest
-    for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
-        v = m.get(key)
-        if v is None and isinstance(m.get("tokenizer"), dict):
-            v = m["tokenizer"].get(key)
-        if isinstance(v, int):
-            return v
-    return 0

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pitstop.batching.pack import bfd_arrays
 from pitstop.batching.settings import BatchSettings, Strategy
+from pitstop.packing import bfd_arrays
 
 __all__ = [
     "Efficiency",

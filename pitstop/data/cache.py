@@ -23,20 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
+from pitstop.cache_layout import FINGERPRINTS
 
 PREP_VERSION = 1  # bump when the pipeline changes the tokens it writes for the same inputs
 STALE_PARTIAL_SECONDS = 24 * 3600
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 _NOT_TOKENIZER = {"generation_config.json", "pitstop_tiny.json"}
-
-
-def cache_root(cache_dir: str | None) -> Path:
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("PITSTOP_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "pitstop"
 
 
 def _digest_file(path: Path) -> str:
@@ -56,7 +48,7 @@ def file_fingerprint(path: str | Path, root: Path, *, recheck: bool = False) -> 
     real = os.path.realpath(path)
     st = os.stat(real)
     memo_key = hashlib.blake2b(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode(), digest_size=16)
-    memo = root / "fingerprints" / memo_key.hexdigest()
+    memo = root / FINGERPRINTS / memo_key.hexdigest()
     if not recheck:
         try:
             return memo.read_text().strip()

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.cache_layout import STORES, cache_root
 from pitstop.config import RunConfig
 from pitstop.data import tokenize
 from pitstop.data.cache import (
     PREP_VERSION,
-    cache_root,
     clean_stale_partials,
     file_fingerprint,
     store_key,
@@ -123,7 +123,7 @@ def prepare_data(
             "prepare_version": PREP_VERSION,
         }
     )
-    stores = root / "stores"
+    stores = root / STORES
     dest = stores / key
     if is_store(dest):
         try:

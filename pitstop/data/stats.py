@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.packing import bfd_arrays
+
 CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -20,9 +22,8 @@ def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[floa
     """(filled fraction, rows) of best-fit-decreasing packing of `lengths` into rows of `max_len`.
 
     Lengths above `max_len` are split into full rows plus a remainder first, as
-    `--long-docs split` does. The packing is the trainer's own (`pitstop.batching.pack`).
+    `--long-docs split` does. The packing is the trainer's own (`pitstop.packing`).
     """
-    from pitstop.batching.pack import bfd_arrays
 
     a = np.asarray(lengths, dtype=np.int64)
     a = a[a > 0]

@@ -60,6 +60,21 @@ def is_store(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of the token store in directory `path`, without opening its arrays
+    (DataError saying what to do when it is missing or damaged)."""
+    store, mpath = Path(path), Path(path) / MANIFEST
+    if not mpath.is_file():
+        raise DataError(
+            f"{store} is not a pitstop token store (no {MANIFEST}); "
+            "give a dataset file or run `pitstop prepare` first"
+        )
+    try:
+        return json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{mpath} is damaged ({e}); delete {store} and prepare again") from None
+
+
 class StoreWriter:
     """Appends sequences to a store being built; `finish()` publishes it atomically."""
 
@@ -147,18 +162,7 @@ class TokenStore:
         """Open a store; `verify` reads every array once per process to check its checksum
         (prepare's cache lookup skips it to stay instant; training never does)."""
         self.path = Path(path)
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise DataError(
-                f"{self.path} is not a pitstop token store (no {MANIFEST}); "
-                "give a dataset file or run `pitstop prepare` first"
-            )
-        try:
-            self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(
-                f"{mpath} is damaged ({e}); delete {self.path} and prepare again"
-            ) from None
+        self.manifest: dict[str, Any] = read_manifest(self.path)
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{self.path} was written by another pitstop version "
@@ -210,6 +214,19 @@ class TokenStore:
         if "max_token_id" not in self.manifest:
             self.manifest["max_token_id"] = int(self.tokens.max()) if len(self.tokens) else -1
         return int(self.manifest["max_token_id"])
+
+    @property
+    def pad_id(self) -> int:
+        """The id batches pad with. Padding never reaches the loss or a real token's
+        attention, so any valid id works: the tokenizer's pad, else its EOS, else 0."""
+        m = self.manifest
+        for key in ("pad_token_id", "pad_id", "eos_token_id", "eos_id"):
+            v = m.get(key)
+            if v is None and isinstance(m.get("tokenizer"), dict):
+                v = m["tokenizer"].get(key)
+            if isinstance(v, int):
+                return v
+        return 0
 
     def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids as int64, loss mask as bool) of sequence i."""

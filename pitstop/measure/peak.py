@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
+from pitstop.cache_layout import CPU_PEAK
+from pitstop.probe import cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
 # Matching is by substring of torch.cuda.get_device_name(), most specific first.
@@ -57,8 +59,6 @@ def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
 def _cpu_key() -> dict[str, Any]:
     import torch
 
-    from pitstop.probe import cpu_name
-
     return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
@@ -81,7 +81,7 @@ def measure_cpu_peak(size: int = 1024, repeats: int = 5) -> float:
 def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
     """The measured CPU fp32 peak, cached under `cache_dir` (measured again if absent)."""
     key = _cpu_key()
-    path = Path(cache_dir) / "cpu_peak.json" if cache_dir else None
+    path = Path(cache_dir) / CPU_PEAK if cache_dir else None
     if path is not None and path.is_file():
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))

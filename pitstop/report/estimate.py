@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
+from pitstop.config import build_config
+from pitstop.data.prepare import prepare_data
+from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
 from pitstop.measure.flops import FlopsModel
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
@@ -136,11 +140,13 @@ class Estimate:
         }
 
 
-def load_profile(path: str | Path) -> dict[str, Any]:
-    """A profile.json, a run's summary.json, or a run directory holding summary.json."""
+def load_measured(path: str | Path) -> dict[str, Any]:
+    """The measured throughput of a profile.json, a run's summary.json, or a run directory
+    holding summary.json (only `tokens_per_second` is required; `pitstop.measure.schema.
+    load_profile` reads a full profile for the doctor)."""
     p = Path(path)
     if p.is_dir():
-        for name in ("summary.json", "profile.json"):
+        for name in (run_files.SUMMARY, run_files.PROFILE):
             if (p / name).is_file():
                 p = p / name
                 break
@@ -177,11 +183,8 @@ def data_tokens(
     if data is None:
         raise ConfigError("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
     path = Path(data)
-    if (path / "manifest.json").is_file():
-        try:
-            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise DataError(f"{path / 'manifest.json'} is damaged ({e})") from None
+    if is_store(path):
+        manifest = read_manifest(path)
         stats = manifest.get("stats", {})
         where = f"token store {path}"
     elif path.is_file():
@@ -190,9 +193,6 @@ def data_tokens(
                 f"--data {data} is a dataset file: counting its tokens needs the tokenizer, "
                 "give --model DIR (or prepare it first and pass the token store)"
             )
-        from pitstop.config import build_config  # lazy: prepare pulls in tokenizers
-        from pitstop.data.prepare import prepare_data
-
         values: dict[str, Any] = {"data": [str(path)], "model": model_dir}
         if max_seq_len:
             values["max_seq_len"] = max_seq_len
@@ -256,7 +256,7 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
         median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
         warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
     else:
-        lines = read_metrics(Path(prof.get("_path", "")).with_name("metrics.jsonl"))
+        lines = read_metrics(Path(prof.get("_path", "")).with_name(run_files.METRICS))
         lines = sorted(
             (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
             key=lambda r: r["step"],

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.errors import DataError
 from pitstop.measure.timeline import PHASES
 
@@ -40,7 +41,7 @@ def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{p} is not a directory; give the --output directory of `pitstop train`")
-    sp = p / "summary.json"
+    sp = p / run_files.SUMMARY
     if not sp.is_file():
         raise DataError(
             f"{p} is not a pitstop run (no summary.json); give the --output directory of a "
@@ -53,7 +54,7 @@ def load_run(path: str | Path) -> Run:
     if not isinstance(summary, dict):
         raise DataError(f"{sp} is not a JSON object")
     steps = []
-    mp = p / "metrics.jsonl"
+    mp = p / run_files.METRICS
     if mp.is_file():
         with open(mp, encoding="utf-8") as f:
             for i, line in enumerate(f):
@@ -68,7 +69,7 @@ def load_run(path: str | Path) -> Run:
                     rec.setdefault("step", i + 1)
                     steps.append(rec)
     findings: list[dict[str, Any]] = []
-    fp = p / "findings.json"
+    fp = p / run_files.FINDINGS
     if fp.is_file():
         try:
             data = json.loads(fp.read_text(encoding="utf-8"))

@@ -3,7 +3,8 @@
 OUT_DIR receives summary.json, metrics.jsonl (one line per optimizer step),
 TensorBoard events (when installed and asked for), checkpoints/step-N/ and final/
 (loadable with AutoModelForCausalLM.from_pretrained, or a PEFT adapter for LoRA).
-See `pitstop.train.trainer` for the loop and the metrics.jsonl fields, and
+See `pitstop.train.trainer` for the loop (`Trainer`, `RunInterrupted`,
+`TrainingDiverged`) and the metrics.jsonl fields, and
 `pitstop.train.checkpoint` for the checkpoint layout and its guarantees.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from pitstop.config import RunConfig
 
-__all__ = ["RunInterrupted", "Trainer", "TrainingDiverged", "run"]
+__all__ = ["run"]
 
 
 def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
@@ -30,6 +31,8 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
     the run as `cfg.nproc` processes (`pitstop.train.distributed.launch`) and returns
     rank 0's summary. Multi-node: see `pitstop.train.distributed`.
     """
+    # Deferred: the trainer imports torch; the package's light modules (summary, banner)
+    # are read by `pitstop report`/`estimate`, which must not load it.
     from pitstop.train import distributed
     from pitstop.train.trainer import Trainer
 
@@ -40,11 +43,3 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
         return trainer.fit()
     finally:
         trainer.close()
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("Trainer", "RunInterrupted", "TrainingDiverged"):
-        from pitstop.train import trainer
-
-        return getattr(trainer, name)
-    raise AttributeError(f"module 'pitstop.train' has no attribute {name!r}")

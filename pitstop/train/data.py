@@ -3,8 +3,7 @@
 The loader contract (pitstop.batching.MicroBatchLoader): iterating yields micro-batch
 dicts {input_ids Long[B,T], labels Long[B,T] (-100 = not a target; the model shifts),
 position_ids Long[B,T] (restarting at 0 per packed document), cu_seqlens Int32[n+1],
-max_seqlen int, meta {epoch, step, micro_index, micro_count, n_positions, n_seen,
-n_targets, step_targets, ...}} up to the end of the run, with `state_dict()` /
+max_seqlen int, meta `pitstop.batching.records.MicroBatchMeta`} up to the end of the run, with `state_dict()` /
 `load_state_dict()` for exact resume and `steps_per_epoch` / `total_steps` known up
 front. The trainer accepts any object honouring it (tests pass small ones).
 """
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.probe import Choice
 
@@ -48,7 +48,7 @@ def saved_strategy(out: Path) -> str | None:
 
     from pitstop.train.checkpoint import latest_checkpoint
 
-    ck = latest_checkpoint(out / "checkpoints")
+    ck = latest_checkpoint(out / run_files.CHECKPOINTS)
     if ck is None or not (ck / "loader_state.json").is_file():
         return None
     return json.loads((ck / "loader_state.json").read_text(encoding="utf-8")).get("strategy")
@@ -70,7 +70,8 @@ def build_loader(
     `indices`: the store's sequence ids to train on (None: all; `--eval-data auto` holds
     some out). `lockstep`: equal micro-batch counts on every rank (FSDP).
     """
-    from pitstop.batching import MicroBatchLoader, choose_batching
+    from pitstop.batching.auto import choose_batching
+    from pitstop.batching.loader import MicroBatchLoader
 
     strategy = None
     batching_reason = None

@@ -42,9 +42,10 @@ from typing import Any
 
 import torch
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
-from pitstop.probe import Choice, DeviceInfo
+from pitstop.probe import Choice, DeviceInfo, strategy_problems
 
 __all__ = [
     "DistEnv",
@@ -156,19 +157,6 @@ def barrier(env: DistEnv) -> None:
 def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
     """Combinations pitstop does not run (reported before anything is written)."""
     return strategy_problems(cfg, distributed=env.distributed)
-
-
-def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
-    """check_strategy before the process group exists (`distributed`: several processes)."""
-    p = []
-    if distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
-        p.append(
-            "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
-            "use the default --strategy ddp)"
-        )
-    if distributed and cfg.load_in_4bit:
-        p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
-    return p
 
 
 def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Choice]:
@@ -295,4 +283,4 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             f"the {cfg.nproc} training processes stopped with exit code {rc} (their messages are above)",
             exit_code=rc if 0 < rc < 256 else 1,
         )
-    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    return json.loads((out / run_files.SUMMARY).read_text(encoding="utf-8"))

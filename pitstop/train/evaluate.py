@@ -37,7 +37,7 @@ class EvalSet:
         lockstep: bool,
         source: str,
     ) -> None:
-        from pitstop.batching.loader import _pad_id, sequence_targets
+        from pitstop.batching.loader import sequence_targets
         from pitstop.batching.plan import build_plan, step_micro_batches
 
         self.store = store
@@ -65,7 +65,7 @@ class EvalSet:
         self.n_targets = int(sequence_targets(store)[ids].sum())  # over all ranks
         if self.n_targets == 0:
             raise ConfigError(f"--eval-data {source}: its sequences hold no loss targets")
-        self.pad_id = _pad_id(store)
+        self.pad_id = store.pad_id
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """Micro-batch dicts (CPU tensors), as the training loader collates them."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pitstop.data import tokenize
 from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, four_bit_problem
 from pitstop.train.checkpoint import CheckpointError
@@ -26,15 +27,8 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def load_tokenizer(cfg: Any) -> Any:
-    from transformers import AutoTokenizer
-
-    src = cfg.tokenizer or cfg.model
-    try:
-        return AutoTokenizer.from_pretrained(
-            src, local_files_only=True, trust_remote_code=cfg.trust_remote_code
-        )
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load a tokenizer from {src}: {e}") from None
+    """The run's tokenizer (saved with the final model): the one `prepare` checks and uses."""
+    return tokenize.load_tokenizer(cfg.tokenizer or cfg.model, cfg.trust_remote_code)
 
 
 def load_model(

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pitstop.probe import COMPILE_SECONDS_BASIS
 from pitstop.tune.space import Settings, Space
 
 OK = "ok"
@@ -230,10 +231,6 @@ class SearchResult:
         return w.tokens_per_second / b.tokens_per_second
 
 
-class _Budget(Exception):
-    """No time left for any further trial."""
-
-
 def search(
     space: Space,
     measure: Measure,
@@ -258,204 +255,351 @@ def search(
     and the winner are always measured in this run, so the speed-up compares like with
     like.
     """
-    t0 = clock()
-    if isinstance(start, TrialResult):
-        t0 -= start.seconds  # the caller's baseline trial spent the budget too
-    trials: list[TrialResult] = []
-    history: dict[Settings, list[TrialResult]] = {}
-    limit = memory_limit_bytes
-    out_of_budget = False
-    if compile_estimate_seconds is None:
-        from pitstop.probe import COMPILE_SECONDS_BASIS
+    return Search(
+        space,
+        measure,
+        budget_seconds=budget_seconds,
+        memory_limit_bytes=memory_limit_bytes,
+        headroom=headroom,
+        min_gain=min_gain,
+        cache=cache,
+        clock=clock,
+        compile_estimate_seconds=(
+            COMPILE_SECONDS_BASIS if compile_estimate_seconds is None else compile_estimate_seconds
+        ),
+        max_passes=max_passes,
+        confirm_rounds=confirm_rounds,
+        log=log,
+    ).run(start)
 
-        compile_estimate_seconds = COMPILE_SECONDS_BASIS
 
-    def fits(r: TrialResult | None) -> bool:
-        return r is not None and r.status == OK and r.tokens_per_second is not None
+def fits(r: TrialResult | None) -> bool:
+    """Whether a trial ran, fit in memory and has a figure."""
+    return r is not None and r.status == OK and r.tokens_per_second is not None
 
-    def judge(r: TrialResult) -> TrialResult:
-        if (
-            r.status == OK
-            and limit is not None
-            and r.peak_memory_bytes is not None
-            and r.peak_memory_bytes > (1 - headroom) * limit
-        ):
-            r.status = OVER_MEMORY
-            r.error = (
-                f"peak {r.peak_memory_bytes / 2**30:.2f} GiB is above the limit "
-                f"{limit / 2**30:.2f} GiB minus {headroom:.0%} headroom"
-            )
-        return r
 
-    def figure(s: Settings) -> TrialResult:
-        """Every measurement of `s` so far, pooled."""
-        return pool(history[s])
+class Search:
+    """One search: its trials so far, the best fitting figure, and the budget left.
 
-    def expected_cost(s: Settings) -> float:
-        done = [t.seconds for t in trials if not t.cached and t.seconds > 0]
-        base = statistics.median(done) if done else 0.0
-        compiled = [t.seconds for t in trials if t.settings.compile and not t.cached]
-        if s.compile and not compiled:
-            return base + compile_estimate_seconds
-        return max(base, statistics.median(compiled)) if s.compile and compiled else base
+    `run` goes through the module docstring's stages in order: `measure_start` (1),
+    `micro_batch` (2), `descend` (3, each win checked by `adopt`: 4) and `confirm` (5).
+    `trial` is the one place a setting is measured; once the budget cannot cover a
+    trial, it sets `exhausted` and every later search trial is refused, so the stages
+    stop where they are and the confirmation (whose time was reserved) still runs.
+    """
 
-    def reserve(s: Settings) -> float:
-        """Time kept for the confirmation, should `s` (or the best so far) win."""
-        if not confirm_rounds or not fits(baseline):
-            return 0.0
-        cand = max(expected_cost(s), expected_cost(state.best.settings) if state.best else 0.0)
-        return confirm_rounds * (expected_cost(baseline.settings) + cand)
-
-    def run(s: Settings, *, fresh: bool = False, force: bool = False, role: str = "search"):
-        nonlocal out_of_budget
-        if s in history and not fresh:
-            return figure(s)
-        if cache is not None and not fresh:
-            hit = cache.get(s)
-            if hit is not None:
-                hit.cached = True
-                return record(judge(hit))
-        if not force and clock() - t0 + expected_cost(s) + reserve(s) > budget_seconds:
-            out_of_budget = True
-            if not s.compile:
-                raise _Budget
-            return None  # a compile trial is dearer; cheaper ones may still fit
-        t = clock()
-        r = judge(safe_measure(measure, s))
-        r.seconds = r.seconds or (clock() - t)
-        r.role = role
-        if cache is not None and role in ("search", "start"):
-            cache.put(r)
-        return record(r)
-
-    def record(r: TrialResult) -> TrialResult:
-        trials.append(r)
-        history.setdefault(r.settings, []).append(r)
-        if log is not None:
-            log(r)
-        return figure(r.settings)
-
-    def between() -> float:
-        """Trial-to-trial noise measured in this run (see `trial_to_trial_noise`)."""
-        return trial_to_trial_noise(
-            [[t for t in ts if fits(t) and not t.cached] for ts in history.values()]
+    def __init__(
+        self,
+        space: Space,
+        measure: Measure,
+        *,
+        budget_seconds: float,
+        memory_limit_bytes: int | None,
+        headroom: float,
+        min_gain: float,
+        cache: Any,
+        clock: Callable[[], float],
+        compile_estimate_seconds: float,
+        max_passes: int,
+        confirm_rounds: int,
+        log: Callable[[TrialResult], None] | None,
+    ) -> None:
+        self.space, self.measure, self.cache, self.clock, self.log = (
+            space,
+            measure,
+            cache,
+            clock,
+            log,
         )
+        self.budget_seconds, self.limit = budget_seconds, memory_limit_bytes
+        self.headroom, self.min_gain = headroom, min_gain
+        self.compile_estimate_seconds = compile_estimate_seconds
+        self.max_passes, self.confirm_rounds = max_passes, confirm_rounds
+        self.t0 = clock()
+        self.trials: list[TrialResult] = []
+        self.history: dict[Settings, list[TrialResult]] = {}
+        self.baseline: TrialResult | None = None
+        self.best: TrialResult | None = None
+        self.out_of_budget = False  # some trial was skipped for lack of time
+        self.exhausted = False  # not even a cheap trial fits the time left: search over
 
-    def better(r: TrialResult | None, best: TrialResult | None) -> bool:
-        if not fits(r):
-            return False
-        if best is None:
-            return True
-        margin = max(min_gain, 2 * noise(r, best, between()))  # type: ignore[arg-type]
-        return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[union-attr,operator]
+    # --- the stages ---------------------------------------------------------------------
 
-    def adopt(r: TrialResult | None, best: TrialResult | None) -> TrialResult | None:
-        """`r`'s pooled figure if it beats `best`, checked by a second measurement of each."""
-        if not better(r, best):
+    def run(self, start: Settings | TrialResult) -> SearchResult:
+        baseline = self.measure_start(start)
+        self.best = baseline if fits(baseline) else None
+        self.micro_batch(baseline)
+        if self.best is not None:
+            self.descend()
+        return self.confirm(baseline)
+
+    def measure_start(self, start: Settings | TrialResult) -> TrialResult:
+        """Stage 1: the user's configuration, measured fresh (or as the caller measured it)."""
+        if isinstance(start, TrialResult):
+            self.t0 -= start.seconds  # the caller's baseline trial spent the budget too
+            baseline = self.judge(start)
+            baseline.role = "start"
+            self.record(baseline)
+        else:
+            baseline = self.trial(start, fresh=True, force=True, role="start")  # type: ignore[assignment]
+        self.baseline = baseline
+        return baseline
+
+    def micro_batch(self, baseline: TrialResult) -> None:
+        """Stage 2: the micro-batch ladder; updates `self.best`."""
+        space = self.space
+        if not space.tune_micro_batch:
+            return
+        ladder = space.micro_ladder()
+        start = baseline.settings
+        if self.best is None:
+            # The start does not fit (or failed): the largest smaller micro-batch that does.
+            for m in [m for m in reversed(ladder) if m < start.micro_rows]:
+                r = self.trial(start.replace(micro_rows=m))
+                if fits(r):
+                    self.best = r
+                    break
+            if (
+                self.best is None
+                and space.gradient_checkpointing
+                and not start.gradient_checkpointing
+            ):
+                ckpt = start.replace(gradient_checkpointing=True)
+                for m in ladder:
+                    r = self.trial(ckpt.replace(micro_rows=m))
+                    if not fits(r):
+                        break
+                    self.take(r)
+                return
+            if self.best is None:
+                return
+        no_gain = 0
+        for m in [m for m in ladder if m > self.best.settings.micro_rows]:
+            r = self.trial(self.best.settings.replace(micro_rows=m))
+            if not fits(r):
+                break  # larger micro-batches need more memory still
+            if self.take(r):
+                no_gain = 0
+            else:
+                no_gain += 1
+                if no_gain >= 2:
+                    break
+        if self.best.settings == start and start.micro_rows > 1:
+            # Bigger did not help (common on CPUs, where cache size rules): try one rung down.
+            down = max(m for m in ladder if m < start.micro_rows)
+            self.take(self.trial(start.replace(micro_rows=down)))
+
+    def descend(self) -> None:
+        """Stage 3: coordinate descent, passes repeated while something changes."""
+        assert self.best is not None
+        for _ in range(self.max_passes):
+            changed = False
+            for name, values in self.space.coordinates():
+                if name == "prefetch_factor" and self.best.settings.loader_workers == 0:
+                    continue  # prefetching needs worker processes
+                for v in values:
+                    if v != getattr(self.best.settings, name):
+                        changed |= self.take(self.trial(self.best.settings.replace(**{name: v})))
+            if self.space.tune_micro_batch:
+                # a new strategy or kernel can move the best micro-batch by one rung
+                ladder = self.space.micro_ladder()
+                m = self.best.settings.micro_rows
+                i = ladder.index(m) if m in ladder else -1
+                for j in (i - 1, i + 1):
+                    if i >= 0 and 0 <= j < len(ladder):
+                        changed |= self.take(
+                            self.trial(self.best.settings.replace(micro_rows=ladder[j]))
+                        )
+            if not changed or self.exhausted:
+                break
+
+    def take(self, r: TrialResult | None) -> bool:
+        """Make `r` the best if `adopt` accepts it; whether it did."""
+        won = self.adopt(r, self.best)
+        if won is not None:
+            self.best = won
+        return won is not None
+
+    def adopt(self, r: TrialResult | None, best: TrialResult | None) -> TrialResult | None:
+        """Stage 4: `r`'s pooled figure if it beats `best`, checked by a second measurement
+        of each."""
+        if not self.better(r, best):
             return None
         if best is None:
             return r
-        c, b = figure(r.settings), figure(best.settings)  # type: ignore[union-attr]
+        c, b = self.figure(r.settings), self.figure(best.settings)  # type: ignore[union-attr]
         if c.measurements >= 2:  # checked before (a pooled figure from the cache)
             return c
         # The challenger was picked *because* it measured fast, so the decision rests on a
         # fresh pair measured side by side, the incumbent first (the order alternates with
         # the challenger's first trial). No time for it (a compile trial over budget): the
         # change is not taken.
-        rb = run(b.settings, fresh=True, role="recheck")
-        rc = run(c.settings, fresh=True, role="recheck") if rb is not None else None
+        rb = self.trial(b.settings, fresh=True, role="recheck")
+        rc = self.trial(c.settings, fresh=True, role="recheck") if rb is not None else None
         if rb is None or rc is None:
             return None
-        pair_won = better(history[c.settings][-1], history[b.settings][-1])
-        c, b = figure(c.settings), figure(b.settings)
-        if cache is not None:
-            cache.put(c)  # pooled: a later tune need not check it again
-            cache.put(b)
-        state.best = b  # the incumbent's figure may have moved
+        pair_won = self.better(self.history[c.settings][-1], self.history[b.settings][-1])
+        c, b = self.figure(c.settings), self.figure(b.settings)
+        if self.cache is not None:
+            self.cache.put(c)  # pooled: a later tune need not check it again
+            self.cache.put(b)
+        self.best = b  # the incumbent's figure may have moved
         return c if pair_won else None
 
-    if isinstance(start, TrialResult):
-        baseline = judge(start)
-        baseline.role = "start"
-        record(baseline)
-    else:
-        baseline = run(start, fresh=True, force=True, role="start")  # type: ignore[assignment]
-    state = _Best(baseline if fits(baseline) else None)
-    stopped = "converged"
-    try:
-        _micro_batch(space, baseline, state, run, adopt, fits)
-        if state.best is not None:
-            for _ in range(max_passes):
-                changed = False
-                for name, values in space.coordinates():
-                    if name == "prefetch_factor" and state.best.settings.loader_workers == 0:
-                        continue  # prefetching needs worker processes
-                    for v in values:
-                        if v == getattr(state.best.settings, name):
-                            continue
-                        r = run(state.best.settings.replace(**{name: v}))
-                        won = adopt(r, state.best)
-                        if won is not None:
-                            state.best, changed = won, True
-                if space.tune_micro_batch:
-                    # a new strategy or kernel can move the best micro-batch by one rung
-                    ladder = space.micro_ladder()
-                    m = state.best.settings.micro_rows
-                    i = ladder.index(m) if m in ladder else -1
-                    for j in (i - 1, i + 1):
-                        if i >= 0 and 0 <= j < len(ladder):
-                            r = run(state.best.settings.replace(micro_rows=ladder[j]))
-                            won = adopt(r, state.best)
-                            if won is not None:
-                                state.best, changed = won, True
-                if not changed:
-                    break
-    except _Budget:
-        pass
-    if out_of_budget:
-        stopped = "budget"
-    best = state.best
-    confirmed: bool | None = None
-    rejected: TrialResult | None = None
-    if best is None:
-        stopped = "nothing-fits"
-    elif fits(baseline) and best.settings != baseline.settings:
-        if confirm_rounds > 0:
-            pair = [best.settings, baseline.settings]
-            for i in range(confirm_rounds):
-                for s in pair if i % 2 else pair[::-1]:  # the start first in round 1
-                    run(s, fresh=True, force=True, role="confirm")
-            if cache is not None:
-                cache.put(figure(best.settings))
-            base_c, best_c = (
-                pool([t for t in history[s] if t.role == "confirm"])
-                for s in (baseline.settings, best.settings)
-            )
-            if not fits(base_c):  # the start failed this time: its earlier figures stand
-                base_c = figure(baseline.settings)
-            level = figure(baseline.settings)  # every measurement of the start in this run
-            baseline = level
-            if fits(best_c) and better(best_c, base_c):
-                best, confirmed = _scaled(best_c, level, base_c), True
+    def confirm(self, baseline: TrialResult) -> SearchResult:
+        """Stage 5: the winner against the start, side by side; the result."""
+        stopped = "budget" if self.out_of_budget else "converged"
+        best = self.best
+        confirmed: bool | None = None
+        rejected: TrialResult | None = None
+        if best is None:
+            stopped = "nothing-fits"
+        elif fits(baseline) and best.settings != baseline.settings:
+            if self.confirm_rounds > 0:
+                pair = [best.settings, baseline.settings]
+                for i in range(self.confirm_rounds):
+                    for s in pair if i % 2 else pair[::-1]:  # the start first in round 1
+                        self.trial(s, fresh=True, force=True, role="confirm")
+                if self.cache is not None:
+                    self.cache.put(self.figure(best.settings))
+                base_c, best_c = (
+                    pool([t for t in self.history[s] if t.role == "confirm"])
+                    for s in (baseline.settings, best.settings)
+                )
+                if not fits(base_c):  # the start failed this time: its earlier figures stand
+                    base_c = self.figure(baseline.settings)
+                level = self.figure(baseline.settings)  # every measurement of the start
+                baseline = level
+                if fits(best_c) and self.better(best_c, base_c):
+                    best, confirmed = _scaled(best_c, level, base_c), True
+                else:
+                    rejected, best, confirmed = best_c, level, False
             else:
-                rejected, best, confirmed = best_c, level, False
-        else:
-            baseline = figure(baseline.settings)
-    elif fits(baseline):
-        # The start won: measure it once more at the end (time allowing; the confirmation's
-        # reserve covers it), so its figure pools trials from both ends of the tune and
-        # drift in the machine's speed averages out instead of deciding the figure.
-        if confirm_rounds > 0 and clock() - t0 + expected_cost(baseline.settings) <= budget_seconds:
-            run(baseline.settings, fresh=True, force=True, role="confirm")
-        baseline = best = figure(baseline.settings)
-    elif best.cached:
-        # A number from an earlier tune is not a measurement of this run: measure again.
-        fresh = run(best.settings, fresh=True, force=True, role="confirm")
-        if fits(fresh):
-            best = pool([t for t in history[best.settings] if not t.cached])
-    return SearchResult(
-        trials, baseline, best, stopped, clock() - t0, limit, confirmed, rejected, between()
-    )
+                baseline = self.figure(baseline.settings)
+        elif fits(baseline):
+            # The start won: measure it once more at the end (time allowing; the
+            # confirmation's reserve covers it), so its figure pools trials from both ends
+            # of the tune and drift in the machine's speed averages out instead of
+            # deciding the figure.
+            if (
+                self.confirm_rounds > 0
+                and self.elapsed() + self.expected_cost(baseline.settings) <= self.budget_seconds
+            ):
+                self.trial(baseline.settings, fresh=True, force=True, role="confirm")
+            baseline = best = self.figure(baseline.settings)
+        elif best.cached:
+            # A number from an earlier tune is not a measurement of this run: measure again.
+            fresh = self.trial(best.settings, fresh=True, force=True, role="confirm")
+            if fits(fresh):
+                best = pool([t for t in self.history[best.settings] if not t.cached])
+        return SearchResult(
+            self.trials,
+            baseline,
+            best,
+            stopped,
+            self.elapsed(),
+            self.limit,
+            confirmed,
+            rejected,
+            self.between(),
+        )
+
+    # --- measuring ----------------------------------------------------------------------
+
+    def trial(
+        self, s: Settings, *, fresh: bool = False, force: bool = False, role: str = "search"
+    ) -> TrialResult | None:
+        """The figure of `s`: pooled from this run, from the cache, or measured now. None
+        when the time left does not cover it (`force`: the start and the confirmation,
+        whose time is reserved, run regardless)."""
+        if self.exhausted and not force:
+            return None
+        if s in self.history and not fresh:
+            return self.figure(s)
+        if self.cache is not None and not fresh:
+            hit = self.cache.get(s)
+            if hit is not None:
+                hit.cached = True
+                return self.record(self.judge(hit))
+        if (
+            not force
+            and self.elapsed() + self.expected_cost(s) + self.reserve(s) > self.budget_seconds
+        ):
+            self.out_of_budget = True
+            # A compile trial is dearer; cheaper ones may still fit. Any other: search over.
+            self.exhausted = not s.compile
+            return None
+        t = self.clock()
+        r = self.judge(safe_measure(self.measure, s))
+        r.seconds = r.seconds or (self.clock() - t)
+        r.role = role
+        if self.cache is not None and role in ("search", "start"):
+            self.cache.put(r)
+        return self.record(r)
+
+    def record(self, r: TrialResult) -> TrialResult:
+        self.trials.append(r)
+        self.history.setdefault(r.settings, []).append(r)
+        if self.log is not None:
+            self.log(r)
+        return self.figure(r.settings)
+
+    def judge(self, r: TrialResult) -> TrialResult:
+        """Mark a fitting trial over the memory limit (minus headroom) as over-memory."""
+        limit = self.limit
+        if (
+            r.status == OK
+            and limit is not None
+            and r.peak_memory_bytes is not None
+            and r.peak_memory_bytes > (1 - self.headroom) * limit
+        ):
+            r.status = OVER_MEMORY
+            r.error = (
+                f"peak {r.peak_memory_bytes / 2**30:.2f} GiB is above the limit "
+                f"{limit / 2**30:.2f} GiB minus {self.headroom:.0%} headroom"
+            )
+        return r
+
+    def figure(self, s: Settings) -> TrialResult:
+        """Every measurement of `s` so far, pooled."""
+        return pool(self.history[s])
+
+    def better(self, r: TrialResult | None, best: TrialResult | None) -> bool:
+        if not fits(r):
+            return False
+        if best is None:
+            return True
+        margin = max(self.min_gain, 2 * noise(r, best, self.between()))  # type: ignore[arg-type]
+        return r.tokens_per_second > best.tokens_per_second * (1 + margin)  # type: ignore[union-attr,operator]
+
+    def between(self) -> float:
+        """Trial-to-trial noise measured in this run (see `trial_to_trial_noise`)."""
+        return trial_to_trial_noise(
+            [[t for t in ts if fits(t) and not t.cached] for ts in self.history.values()]
+        )
+
+    # --- the budget ---------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def expected_cost(self, s: Settings) -> float:
+        done = [t.seconds for t in self.trials if not t.cached and t.seconds > 0]
+        base = statistics.median(done) if done else 0.0
+        compiled = [t.seconds for t in self.trials if t.settings.compile and not t.cached]
+        if s.compile and not compiled:
+            return base + self.compile_estimate_seconds
+        return max(base, statistics.median(compiled)) if s.compile and compiled else base
+
+    def reserve(self, s: Settings) -> float:
+        """Time kept for the confirmation, should `s` (or the best so far) win."""
+        if not self.confirm_rounds or not fits(self.baseline):
+            return 0.0
+        assert self.baseline is not None
+        cand = max(
+            self.expected_cost(s), self.expected_cost(self.best.settings) if self.best else 0.0
+        )
+        return self.confirm_rounds * (self.expected_cost(self.baseline.settings) + cand)
 
 
 def _scaled(best_c: TrialResult, level: TrialResult, base_c: TrialResult) -> TrialResult:
@@ -485,65 +629,6 @@ def _scaled(best_c: TrialResult, level: TrialResult, base_c: TrialResult) -> Tri
             },
         },
     )
-
-
-@dataclass
-class _Best:
-    """The best fitting trial so far, shared with helpers so a budget stop keeps it."""
-
-    best: TrialResult | None
-
-
-def _micro_batch(
-    space: Space,
-    baseline: TrialResult,
-    state: _Best,
-    run: Callable[..., TrialResult | None],
-    adopt: Callable[[TrialResult | None, TrialResult | None], TrialResult | None],
-    fits: Callable[[TrialResult | None], bool],
-) -> None:
-    """The micro-batch ladder (step 2 of the module docstring); updates `state.best`."""
-    if not space.tune_micro_batch:
-        return
-    ladder = space.micro_ladder()
-    start = baseline.settings
-    if state.best is None:
-        # The start does not fit (or failed): the largest smaller micro-batch that does.
-        for m in [m for m in reversed(ladder) if m < start.micro_rows]:
-            r = run(start.replace(micro_rows=m))
-            if fits(r):
-                state.best = r
-                break
-        if state.best is None and space.gradient_checkpointing and not start.gradient_checkpointing:
-            ckpt = start.replace(gradient_checkpointing=True)
-            for m in ladder:
-                r = run(ckpt.replace(micro_rows=m))
-                if not fits(r):
-                    break
-                won = adopt(r, state.best)
-                if won is not None:
-                    state.best = won
-            return
-        if state.best is None:
-            return
-    no_gain = 0
-    for m in [m for m in ladder if m > state.best.settings.micro_rows]:
-        r = run(state.best.settings.replace(micro_rows=m))
-        if not fits(r):
-            break  # larger micro-batches need more memory still
-        won = adopt(r, state.best)
-        if won is not None:
-            state.best, no_gain = won, 0
-        else:
-            no_gain += 1
-            if no_gain >= 2:
-                break
-    if state.best.settings == start and start.micro_rows > 1:
-        # Bigger did not help (common on CPUs, where cache size rules): try one rung down.
-        down = max(m for m in ladder if m < start.micro_rows)
-        won = adopt(run(start.replace(micro_rows=down)), state.best)
-        if won is not None:
-            state.best = won
 
 
 def median_standard_error(r: TrialResult) -> float:

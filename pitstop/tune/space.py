@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop import probe
+from pitstop.batching.settings import BatchSettings
 from pitstop.config import RunConfig
 
 # Knob names as the CLI's --knobs takes them.
@@ -106,7 +108,6 @@ class Space:
 
 def resolved_tokens_per_step(cfg: RunConfig) -> int:
     """The tokens per optimizer step the user's config means (explicit, or derived as pitstop does)."""
-    from pitstop.batching.settings import BatchSettings
 
     # The strategy does not enter the tokens-per-step rule; bucket avoids pack's divisibility check.
     return BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy="bucket").tokens_per_step
@@ -142,8 +143,6 @@ def settings_from_choices(cfg: RunConfig, choices: dict[str, Any]) -> Settings:
     elif cfg.micro_batch_size is not None:
         rows = cfg.micro_batch_size
     else:
-        from pitstop.batching.settings import BatchSettings
-
         bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy="bucket")
         rows = max(1, (bs.tokens_per_micro_batch or msl) // msl)
     return Settings(
@@ -166,7 +165,6 @@ def build_space(
     baseline: Settings | None = None,
 ) -> Space:
     """The values worth trying on this machine for this config; knobs not in `knobs` stay put."""
-    from pitstop import probe
 
     msl = cfg.max_seq_len
     max_rows = max(1, math.ceil(tokens_per_step / msl / max(1, cfg.nproc)))

@@ -1,7 +1,7 @@
 """A trial: a short real training run of one setting, measured; and the trial cache.
 
 `TrialRunner(cfg, ...)(settings)` runs the trainer (the instrumented subclass from
-`pitstop.measure.profile`) in a scratch directory with the knobs of `settings`
+`pitstop.profiling`) in a scratch directory with the knobs of `settings`
 applied and tokens per step pinned, and returns a `TrialResult`:
 
 - the first `warmup` steps (allocator warm-up, lazy init, torch.compile's
@@ -38,18 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop import __version__
+from pitstop import probe
 from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
-from pitstop.measure.profile import (
+from pitstop.profiling import (
     StepClock,
-    measured_trainer_class,
+    measured_trainer,
     measurement_config,
     peak_memory,
     reset_peak_memory,
 )
+from pitstop.train.summary import read_metrics
 from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
+from pitstop.version import __version__
 
 # Fields a trial overrides or that cannot change step speed: left out of the cache key.
 _KEY_IGNORED = {
@@ -135,14 +137,13 @@ class TrialRunner:
             quiet = contextlib.redirect_stderr(out) if self.quiet else contextlib.nullcontext()
             with quiet:
                 kwargs = {"device": self.device} if self.device is not None else {}
-                trainer = measured_trainer_class()(run_cfg, **kwargs)
-                trainer.clock = StepClock(on_step_start=self._stop_when_stable)
+                clock = StepClock(on_step_start=self._stop_when_stable)
+                trainer = measured_trainer(run_cfg, clock, **kwargs)
                 summary = trainer.fit()
             peak = peak_memory(trainer.device.type)
-            setup = trainer.clock.starts[0] - t_start if trainer.clock.starts else 0.0
+            setup = clock.starts[0] - t_start if clock.starts else 0.0
             tps_math = int(trainer.geometry.tokens_per_step)
             steps_per_epoch = int(trainer.steps_per_epoch)
-            from pitstop.train.summary import read_metrics
 
             lines = sorted(read_metrics(tmp / "run" / "metrics.jsonl"), key=lambda r: r["step"])
         finally:
@@ -192,7 +193,6 @@ class TrialRunner:
 
 
 def _device_type(cfg: RunConfig) -> str:
-    from pitstop import probe
 
     dev, _ = probe.detect_device(cfg.device)
     return dev.type

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop.config import RunConfig
+from pitstop import probe
+from pitstop.cache_layout import cache_root
+from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.tune.search import (
     OK,
     OOM,
@@ -30,7 +32,16 @@ from pitstop.tune.search import (
     safe_measure,
     search,
 )
-from pitstop.tune.space import KNOBS, Settings, Space, apply_settings, build_space
+from pitstop.tune.space import (
+    KNOBS,
+    Settings,
+    Space,
+    apply_settings,
+    build_space,
+    resolved_tokens_per_step,
+    settings_from_choices,
+)
+from pitstop.tune.trial import TrialCache, TrialRunner, cache_context
 
 DEFAULT_BUDGET_SECONDS = 180.0
 CPU_MEMORY_SHARE = 0.8  # default CPU cap: this share of the RAM available at start
@@ -131,7 +142,6 @@ def memory_limit(dev: Any, cap_gb: float | None) -> tuple[int | None, str]:
 
 def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps: int) -> bool:
     """Whether `compile: auto` compiles the user's real (long) run, by the trainer's own rule."""
-    from pitstop import probe
 
     ex = baseline.extra
     spe = int(ex.get("steps_per_epoch") or 1)
@@ -139,7 +149,7 @@ def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps
     peak, fpt = ex.get("peak_flops"), ex.get("flops_per_token")
     if not peak or not fpt:
         return False
-    est = steps * tps * fpt / (peak * probe.ASSUMED_MFU_FOR_ESTIMATE)
+    est = probe.estimated_run_seconds(steps, tps, fpt, peak)
     return bool(probe.choose_compile("auto", dev, est).value)
 
 
@@ -166,8 +176,6 @@ def _warm_process(runner: Any, say: Callable[[str], None]) -> float:
 
 def _measure_start(cfg: RunConfig, runner: Any, dev: Any) -> TrialResult:
     """The user's configuration as written; out of memory is a result, other errors are raised."""
-    from pitstop import probe
-    from pitstop.tune.space import settings_from_choices
 
     try:
         return runner(None)
@@ -202,10 +210,6 @@ def tune(
     log: Callable[[str], None] | None = None,
 ) -> TuneReport:
     """Run the tuner on `cfg`; nothing is written (see `write_tuned_config`)."""
-    from pitstop import probe
-    from pitstop.data.cache import cache_root
-    from pitstop.tune.space import resolved_tokens_per_step
-    from pitstop.tune.trial import TrialCache, TrialRunner, cache_context
 
     say = log or (lambda _msg: None)
     dev, _ = probe.detect_device(cfg.device)
@@ -287,7 +291,6 @@ def write_tuned_config(
     cfg: RunConfig, report: TuneReport, path: str | Path, *, run_output: str | None = None
 ) -> RunConfig:
     """Write tuned.yaml and check that `pitstop train --config` accepts it as is."""
-    from pitstop.config import build_config, load_yaml
 
     p = Path(path)
     tuned = tuned_config(cfg, report, run_output=run_output, yaml_path=p)

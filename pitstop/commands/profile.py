@@ -1,8 +1,7 @@
-"""`pitstop profile`: the command layer over `pitstop.measure.profile.run_profile`.
+"""`pitstop profile`: the command layer over `pitstop.profiling.run_profile`.
 
-Wire it into the CLI with `register(sub)` (`sub` = the parser's subparsers object),
-like `pitstop.advise.command.register`. The command takes every training flag
-(`_add_config_flags(p, "profile")`), plus --steps, --warmup, --trace and --output.
+The command takes every training flag (`add_config_flags(p, "profile")`), plus
+--steps, --warmup, --trace and --output.
 
 `--output` here is the profile JSON path, not a run directory: a profile never keeps
 its run (the steps run in a temporary directory that is removed), so the RunConfig
@@ -14,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.errors import ConfigError
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 3
@@ -25,8 +26,6 @@ DEFAULT_WARMUP = 3
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `profile` subcommand to an argparse subparsers object; returns its parser."""
-    from pitstop.cli import _add_config_flags
-
     p = subparsers.add_parser(
         "profile",
         allow_abbrev=False,
@@ -40,8 +39,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "left out) for `pitstop doctor --profile`."
         ),
     )
-    _add_config_flags(p, "profile")
-    _escape_percent(p)
+    add_config_flags(p, "profile")
+    escape_percent(p)
     p.add_argument(
         "--steps",
         type=int,
@@ -68,31 +67,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(open in ui.perfetto.dev or chrome://tracing; profiling slows those steps)",
     )
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
-    p.set_defaults(func=cmd_profile)
+    p.set_defaults(func=run)
     return p
 
 
-def _escape_percent(parser: argparse.ArgumentParser) -> None:
-    """Escape a bare '%' in flag help (argparse %-formats help; "5% of the run" breaks --help).
-
-    Already-escaped '%%' and '%(default)s' placeholders are left alone.
-    """
-    for action in parser._actions:
-        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
-            action.help = re.sub(r"(?<!%)%(?![%(])", "%%", action.help)
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    from pitstop.cli import _config_from_args
-    from pitstop.errors import ConfigError
-    from pitstop.measure.profile import format_profile, run_profile
+def run(args: argparse.Namespace) -> int:
+    # Deferred: the profile runs the trainer (torch), which `pitstop --help` must not load.
+    from pitstop.profiling import format_profile, run_profile
 
     problems = []
     if args.steps < 1:
         problems.append(f"--steps must be at least 1, got {args.steps}")
     if args.warmup < 0:
         problems.append(f"--warmup must be 0 or more, got {args.warmup}")
-    cfg = _config_from_args(args, "profile")  # raises every config problem at once
+    cfg = config_from_args(args, "profile")  # raises every config problem at once
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
     result = run_profile(cfg, steps=args.steps, warmup=args.warmup, trace_dir=args.trace)

@@ -1,8 +1,4 @@
-"""`pitstop doctor`: the command layer over `pitstop.advise.doctor`.
-
-Wire it into the CLI with `register(sub)` where `sub` is the parser's subparsers
-object; the handler is set as the `func` default, like the other commands.
-"""
+"""`pitstop doctor`: flags -> `pitstop.advise.doctor.doctor` -> ranked findings."""
 
 from __future__ import annotations
 
@@ -10,7 +6,11 @@ import argparse
 import json
 from typing import Any
 
+from pitstop.cache_layout import cache_root
+from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.errors import ConfigError
+from pitstop.measure.schema import load_profile
+from pitstop.measure.verdict import Verdict, format_verdict
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -59,36 +59,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="skip test-compiling a tiny function (the check runs once and is cached)",
     )
-    p.set_defaults(func=cmd_doctor)
+    p.set_defaults(func=run)
     return p
 
 
-def _load_config(path: str) -> Any:
-    from pitstop.config import build_config, load_yaml
-
-    values = load_yaml(path)
-    # The doctor audits configs that may not name their data yet; validate everything else.
-    placeholder = not values.get("data")
-    cfg = build_config(
-        {**values, "data": values.get("data") or ["-"]}, source=path, command="doctor"
-    )
-    if placeholder:
-        cfg.data = []
-    return cfg
+def _load_config(path: str) -> RunConfig:
+    # The doctor audits configs that may not name their data or model yet: the schema is
+    # checked, and nothing is required (the "doctor" command requires no option).
+    return build_config(load_yaml(path), source=path, command="doctor")
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    # Deferred: pitstop.advise probes the environment with torch, which `pitstop --help`
+    # and the other commands must not pay for (about 25 s cold on the 2-core dev box).
     from pitstop.advise.doctor import doctor
     from pitstop.advise.environment import format_environment
     from pitstop.advise.finding import format_findings
     from pitstop.advise.hf_args import load_hf_args
-    from pitstop.measure.schema import load_profile
-    from pitstop.measure.verdict import Verdict, format_verdict
 
     cache_dir = args.cache_dir
     if cache_dir is None:
-        from pitstop.data.cache import cache_root
-
         try:
             cache_dir = str(cache_root(None))
         except Exception:  # the cache location is a convenience for the compile check

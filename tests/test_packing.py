@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitstop.batching.pack import best_fit_decreasing, bfd_arrays
 from pitstop.batching.plan import measure_efficiency
 from pitstop.batching.settings import BatchSettings
+from pitstop.packing import best_fit_decreasing, bfd_arrays
 
 
 def naive_bfd(lengths: list[int], capacity: int) -> list[list[int]]:

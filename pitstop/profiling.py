@@ -10,12 +10,12 @@ initialisation, torch.compile) are dropped, and the rest becomes a
 `pitstop.profile/1` dict (`pitstop.measure.schema.make_profile`) with the bottleneck
 verdict (`pitstop.measure.verdict`).
 
-Two small overrides of the trainer's named phase methods (in `MeasuredTrainer`)
-make this possible without touching the loop: `fetch_batch` stamps the start of
-each step (to know when the measured window starts, for device sampling and for
-early stopping in `pitstop tune`), `optimizer_step` steps the torch.profiler
-schedule, and `_final_save` is skipped because a measurement run has no use for a
-final model (writing it can take minutes for a large model).
+The trainer's explicit hooks (`pitstop.train.hooks`, implemented by `StepClock`)
+make this possible without touching the loop: the start of each step is stamped (to
+know when the measured window starts, for device sampling and for early stopping in
+`pitstop tune`), its end steps the torch.profiler schedule, and `save_final=False`
+skips the final model a measurement run has no use for (writing it can take minutes
+for a large model).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pitstop import run_files
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
 
@@ -100,45 +101,29 @@ class StepClock:
     on_step_start: Callable[[int, StepClock], bool] | None = None
     on_step_end: Callable[[int], None] | None = None
 
+    def step_started(self) -> bool:
+        """`pitstop.train.hooks.StepHooks`: stamp the step's start; True stops after it."""
+        idx = len(self.starts)
+        self.starts.append(time.perf_counter())
+        return bool(self.on_step_start is not None and self.on_step_start(idx, self))
+
+    def step_ended(self, step: int) -> None:
+        """`pitstop.train.hooks.StepHooks`: stamp the end of the last optimizer update."""
+        self.end = time.perf_counter()
+        if self.on_step_end is not None:
+            self.on_step_end(step)
+
     def durations(self) -> list[float]:
         """Wall seconds of each completed step (start to next start, the last to `end`)."""
         marks = [*self.starts, self.end] if self.end is not None else list(self.starts)
         return [b - a for a, b in itertools.pairwise(marks)]
 
 
-def measured_trainer_class() -> type:
-    """A `Trainer` subclass that reports step boundaries and skips the final save."""
+def measured_trainer(cfg: RunConfig, clock: StepClock, **kwargs: Any) -> Any:
+    """A `Trainer` that reports step boundaries to `clock` and writes no final model."""
     from pitstop.train.trainer import Trainer
 
-    class MeasuredTrainer(Trainer):
-        """Trainer with hooks at step boundaries; see the module docstring."""
-
-        clock: StepClock
-
-        def fetch_batch(self) -> dict[str, Any]:
-            mb = super().fetch_batch()
-            if int(mb["meta"].get("micro_index", 0)) == 0:
-                idx = len(self.clock.starts)
-                self.clock.starts.append(time.perf_counter())
-                hook = self.clock.on_step_start
-                if hook is not None and hook(idx, self.clock):
-                    # The loop ends after the step now starting (total_steps is re-read
-                    # every step); the LR schedule does not matter for a measurement.
-                    self.total_steps = self.step + 1
-            return mb
-
-        def optimizer_step(self, loss: Any) -> Any:
-            out = super().optimizer_step(loss)
-            self.clock.end = time.perf_counter()
-            if self.clock.on_step_end is not None:
-                self.clock.on_step_end(self.step)
-            return out
-
-        def _final_save(self, t_train0: float) -> None:
-            # A measurement run keeps no model; still let async checkpoint writes finish.
-            self.writer.wait()
-
-    return MeasuredTrainer
+    return Trainer(cfg, hooks=clock, save_final=False, **kwargs)
 
 
 def measurement_config(cfg: RunConfig, out_dir: Path, total_steps: int) -> RunConfig:
@@ -247,9 +232,8 @@ def run_profile(
             kwargs["loader"] = loader
         if device is not None:
             kwargs["device"] = device
-        trainer = measured_trainer_class()(run_cfg, **kwargs)
         clock = StepClock()
-        trainer.clock = clock
+        trainer = measured_trainer(run_cfg, clock, **kwargs)
         cuda = trainer.device.type == "cuda"
         prof = _trace_context(Path(trace_dir) if trace_dir else None, warmup, steps, cuda)
         if prof is not None:
@@ -262,7 +246,7 @@ def run_profile(
         with sampler, ctx:
             summary = trainer.fit()
         peak = peak_memory(trainer.device.type)
-        lines = read_metrics(tmp / "run" / "metrics.jsonl")
+        lines = read_metrics(tmp / "run" / run_files.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,7 +1,6 @@
-"""`pitstop tune`: the command layer over `pitstop.tune.tune`.
+"""`pitstop tune`: the command layer over `pitstop.tune.tuner.tune`.
 
-Wire it into the CLI with `register(sub)` (`sub` = the parser's subparsers object).
-The command takes every training flag (`_add_config_flags(p, "tune")`) plus the
+The command takes every training flag (`add_config_flags(p, "tune")`) plus the
 tuner's own. `--output` is the tuned YAML path (trials run in temporary directories
 and keep nothing), so the parser uses `conflict_handler="resolve"` to let it replace
 the config's `--output`; the run directory written into the YAML comes from
@@ -15,15 +14,14 @@ import json
 import sys
 from typing import Any
 
-from pitstop.measure.profile_command import _escape_percent
+from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.errors import ConfigError
 from pitstop.tune.space import KNOBS
-from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS
+from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS, format_report, tune, write_tuned_config
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `tune` subcommand to an argparse subparsers object; returns its parser."""
-    from pitstop.cli import _add_config_flags
-
     p = subparsers.add_parser(
         "tune",
         allow_abbrev=False,
@@ -38,8 +36,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "config as YAML for `pitstop train --config`."
         ),
     )
-    _add_config_flags(p, "tune")
-    _escape_percent(p)
+    add_config_flags(p, "tune")
+    escape_percent(p)
     p.add_argument(
         "--output",
         dest="tuned_output",
@@ -86,15 +84,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="measure every trial again instead of reusing an earlier tune's",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=run)
     return p
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from pitstop.cli import _config_from_args
-    from pitstop.errors import ConfigError
-    from pitstop.tune.tuner import format_report, tune, write_tuned_config
-
+def run(args: argparse.Namespace) -> int:
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
     problems = [
         f"--knobs: unknown knob {k!r}; choose from {', '.join(KNOBS)}"
@@ -107,7 +101,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         problems.append(f"--memory-cap-gb must be positive, got {args.memory_cap_gb}")
     if args.trial_warmup < 0 or args.trial_steps < 1:
         problems.append("--trial-warmup must be 0 or more and --trial-steps at least 1")
-    cfg = _config_from_args(args, "tune")
+    cfg = config_from_args(args, "tune")
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
 

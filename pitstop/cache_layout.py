@@ -1,0 +1,26 @@
+"""Where pitstop's cache lives and what it holds (one place for the root and the names).
+
+The root is `--cache-dir`, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop. Under it:
+`stores/<key>/` (token stores, pitstop.data.cache), `fingerprints/` (memoised file
+digests), `cpu_peak.json` (the measured CPU peak for MFU) and `compile_check.json`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+STORES = "stores"
+FINGERPRINTS = "fingerprints"
+CPU_PEAK = "cpu_peak.json"
+COMPILE_CHECK = "compile_check.json"
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """The cache directory: `cache_dir` if given, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("PITSTOP_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "pitstop"

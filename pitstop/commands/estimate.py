@@ -1,0 +1,155 @@
+"""`pitstop estimate`: flags -> `pitstop.report.planned.estimate_planned_run` -> table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pitstop.commands.flags import number_flag
+from pitstop.errors import ConfigError
+from pitstop.report.estimate import DEFAULT_SCALING, format_estimate
+from pitstop.report.planned import PRECISIONS, estimate_planned_run, estimate_problems
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `estimate` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "estimate",
+        allow_abbrev=False,
+        help="memory, time and cost of a planned run (measured or from FLOPs and a GPU)",
+        description="Memory per part, time and cost of a planned run, each with its basis.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model", metavar="DIR", help="Hugging Face model directory (config.json is read)"
+    )
+    src.add_argument(
+        "--params", metavar="N", help="parameter count for a rough Llama-shaped guess (e.g. 7e9)"
+    )
+    p.add_argument(
+        "--data",
+        metavar="FILE_OR_STORE",
+        help="dataset file (prepared with --model's tokenizer) or token store",
+    )
+    p.add_argument("--tokens", metavar="T", help="tokens per epoch (instead of --data)")
+    p.add_argument("--epochs", metavar="E", default="1", help="passes over the data (default: 1)")
+    p.add_argument(
+        "--max-seq-len", metavar="L", help="row length (default: the store's, else 1024)"
+    )
+    p.add_argument(
+        "--from-profile",
+        metavar="PROFILE",
+        help="profile.json, summary.json or a run directory: measured throughput",
+    )
+    p.add_argument(
+        "--gpu", metavar="NAME", help="GPU to estimate for (e.g. H100, 'A100 80GB', 'RTX 4090')"
+    )
+    p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        default="1,2,4,8",
+        help="GPU counts for the options table (default: 1,2,4,8)",
+    )
+    p.add_argument(
+        "--scaling-efficiency",
+        metavar="E",
+        default=None,
+        help="fraction of linear speed-up kept per doubling of GPUs (default: 0.9, assumed)",
+    )
+    p.add_argument(
+        "--price-per-gpu-hour", metavar="P", help="your price (default: an example price for --gpu)"
+    )
+    p.add_argument("--lora-r", metavar="R", help="LoRA rank (adapters on every block linear)")
+    p.add_argument(
+        "--load-in-4bit", action="store_true", help="4-bit (NF4) frozen base weights, with --lora-r"
+    )
+    p.add_argument(
+        "--micro-batch-size", metavar="B", default="1", help="rows per micro-batch (default: 1)"
+    )
+    p.add_argument(
+        "--precision",
+        metavar="|".join(PRECISIONS),
+        help="default: bf16 (fp16 on GPUs without bf16, fp32 for a CPU profile)",
+    )
+    p.add_argument(
+        "--attention",
+        metavar="sdpa|flash_attention_2|eager",
+        default="sdpa",
+        help="attention kernel (default: sdpa)",
+    )
+    p.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute activations in backward"
+    )
+    p.add_argument(
+        "--headroom",
+        metavar="F",
+        default="0.1",
+        help="fraction of GPU memory kept free (default: 0.1)",
+    )
+    p.add_argument("--cache-dir", metavar="DIR", help="token-store cache for preparing --data")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    params = number_flag(args, "params", problems, lo=1)
+    tokens = number_flag(args, "tokens", problems, kind=int, lo=1)
+    epochs = number_flag(args, "epochs", problems, lo=1e-9)
+    seq = number_flag(args, "max_seq_len", problems, kind=int, lo=8)
+    mfu = number_flag(args, "mfu", problems, lo=1e-6, hi=1)
+    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
+    lora_r = number_flag(args, "lora_r", problems, kind=int, lo=1)
+    mbs = number_flag(args, "micro_batch_size", problems, kind=int, lo=1)
+    headroom = number_flag(args, "headroom", problems, lo=0, hi=0.9)
+    scaling = number_flag(args, "scaling_efficiency", problems, lo=0.01, hi=1)
+    counts: list[int] = []
+    for c in str(args.gpus).split(","):
+        c = c.strip()
+        if not c.isdigit() or int(c) < 1:
+            problems.append(
+                f"--gpus must be a comma-separated list of positive integers, got {args.gpus!r}"
+            )
+            break
+        counts.append(int(c))
+    problems += estimate_problems(
+        model=args.model,
+        params=params,
+        data=args.data,
+        tokens=tokens,
+        gpu=args.gpu,
+        from_profile=args.from_profile,
+        precision=args.precision,
+        attention=args.attention,
+        lora_r=lora_r,
+        load_in_4bit=args.load_in_4bit,
+    )
+    if problems:
+        raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
+    est = estimate_planned_run(
+        model=args.model,
+        params=params,
+        data=args.data,
+        tokens=tokens,
+        epochs=epochs or 1.0,
+        max_seq_len=seq,
+        from_profile=args.from_profile,
+        gpu=args.gpu,
+        mfu=mfu,
+        gpu_counts=counts,
+        scaling=scaling if scaling is not None else DEFAULT_SCALING,
+        price=price,
+        lora_r=lora_r,
+        load_in_4bit=args.load_in_4bit,
+        micro_batch_size=mbs or 1,
+        precision=args.precision,
+        attention=args.attention,
+        gradient_checkpointing=args.gradient_checkpointing,
+        headroom=headroom if headroom is not None else 0.1,
+        cache_dir=args.cache_dir,
+    )
+    print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
+    return 0

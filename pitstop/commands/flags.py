@@ -1,0 +1,143 @@
+"""The training flags every runner command shares, generated from `pitstop.config.RunConfig`.
+
+Every YAML key has a flag of the same name (`max_seq_len` <-> `--max-seq-len`) and the
+same validation. `config_from_args` turns parsed flags into a RunConfig and reports
+every problem at once: the schema's (`config.validate`), what the command requires,
+and what this machine cannot do (`probe.preflight`), in one ConfigError (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import re
+import typing
+from typing import Any
+
+from pitstop.config import (
+    FIELDS,
+    RUNNERS,
+    TRAIN,
+    RunConfig,
+    collect_config,
+    field_type,
+    load_yaml,
+    unwrap_optional,
+)
+from pitstop.errors import ConfigError
+from pitstop.probe import DeviceInfo, output_dir_problem, preflight
+
+
+def add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """One flag per RunConfig field that applies to `command`; only flags given are recorded."""
+    parser.add_argument("--config", help="YAML file of options (flags given here win)")
+    for name, f in FIELDS.items():
+        if command not in f.metadata["cmds"]:
+            continue
+        flag = "--" + name.replace("_", "-")
+        tp = field_type(name)
+        help_ = f.metadata["help"].replace("%", "%%")
+        if name == "data":
+            parser.add_argument(
+                flag, action="append", metavar="FILE", help=help_, default=argparse.SUPPRESS
+            )
+        elif tp is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, help=help_, default=argparse.SUPPRESS
+            )
+        else:
+            inner, _ = unwrap_optional(tp)
+            if typing.get_origin(inner) is typing.Literal:
+                metavar = "|".join(typing.get_args(inner))
+            else:
+                metavar = name.split("_")[-1].upper()
+            default = f.default if f.default is not dataclasses.MISSING else None
+            shown = f"{help_} (default: {default})" if default not in (None, False) else help_
+
+            parser.add_argument(flag, metavar=metavar, help=shown, default=argparse.SUPPRESS)
+
+
+def escape_percent(parser: argparse.ArgumentParser) -> None:
+    """Escape a bare '%' in flag help (argparse %-formats help; "5% of the run" breaks --help).
+
+    Already-escaped '%%' and '%(default)s' placeholders are left alone.
+    """
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = re.sub(r"(?<!%)%(?![%(])", "%%", action.help)
+
+
+def unknown_flag_problems(unknown: list[str], command: str) -> list[str]:
+    """One problem per flag argparse did not know, with a "did you mean" where one is close."""
+    known = ["--" + n.replace("_", "-") for n, f in FIELDS.items() if command in f.metadata["cmds"]]
+    problems = []
+    after_flag = False
+    for tok in unknown:
+        if after_flag and not tok.startswith("-"):
+            after_flag = False  # the value of the unknown flag just reported
+            continue
+        after_flag = tok.startswith("--") and "=" not in tok
+        if not tok.startswith("--"):
+            problems.append(f"unexpected argument {tok!r} (options take the form --name value)")
+            continue
+        flag = tok.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else f"; see `pitstop {command} --help`"
+        problems.append(f"unknown option {flag}{hint}")
+    return problems
+
+
+def config_from_args(
+    args: argparse.Namespace, command: str, *, device: DeviceInfo | None = None
+) -> RunConfig:
+    """The RunConfig the flags (and --config YAML) describe, checked for `command` on this
+    machine. Every problem (unknown flags, values, the schema, what the command needs,
+    what the machine cannot do) is raised at once, as one ConfigError (exit 2)."""
+    given = {k: v for k, v in vars(args).items() if k in FIELDS}
+    path = getattr(args, "config", None)
+    cfg, problems = collect_config(
+        load_yaml(path) if path else {}, given, source=path or "config", command=command
+    )
+    problems = unknown_flag_problems(getattr(args, "unknown", []), command) + problems
+    if command in RUNNERS:  # prepare runs no model: the machine's checks do not apply
+        problems += preflight(cfg, device)
+    if command == TRAIN:
+        out = output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
+        problems += [out] if out else []
+    if problems:
+        raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
+    return cfg
+
+
+def number_flag(
+    args: argparse.Namespace,
+    name: str,
+    problems: list[str],
+    *,
+    kind: type = float,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> Any:
+    """The value of flag `name` as a number (`1_000` and `7e9` allowed), or None when it was
+    not given or is invalid; an invalid value adds a problem saying what it must be."""
+    raw = getattr(args, name, None)
+    if raw is None:
+        return None
+    flag = "--" + name.replace("_", "-")
+    try:
+        v = float(str(raw).replace("_", ""))
+        if kind is int:
+            if not v.is_integer():
+                raise ValueError
+            v = int(v)
+    except ValueError:
+        problems.append(
+            f"{flag} must be {'an integer' if kind is int else 'a number'}, got {raw!r}"
+        )
+        return None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        problems.append(f"{flag} must be {rng}, got {raw}")
+        return None
+    return v

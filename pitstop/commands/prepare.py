@@ -1,0 +1,42 @@
+"""`pitstop prepare`: dataset file(s) -> cached token store, with length statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pitstop.commands.flags import add_config_flags, config_from_args
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `prepare` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "prepare",
+        allow_abbrev=False,
+        help="dataset file(s) -> cached token store, with length statistics",
+    )
+    add_config_flags(p, "prepare")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args, "prepare")
+    # Deferred: preparing loads tokenizers (transformers), which `pitstop --help` must not.
+    from pitstop.data.prepare import format_stats, prepare_data
+
+    result = prepare_data(cfg, progress=not args.json)
+    if args.json:
+        print(
+            json.dumps(
+                {"store": str(result.store_path), "cache_hit": result.cache_hit, **result.stats},
+                indent=1,
+            )
+        )
+    else:
+        print(format_stats(result.stats))
+        hit = "cache hit" if result.cache_hit else f"prepared in {result.seconds:.1f} s"
+        print(f"\ntoken store: {result.store_path} ({hit})")
+    return 0

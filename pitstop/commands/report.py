@@ -1,0 +1,39 @@
+"""`pitstop report`: a self-contained HTML report with plots of one or more runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pitstop.commands.flags import number_flag
+from pitstop.errors import ConfigError
+from pitstop.report.html import write_report
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `report` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "report",
+        allow_abbrev=False,
+        help="self-contained HTML report with plots of one or more runs",
+    )
+    p.add_argument("runs", metavar="RUN_DIR", nargs="+")
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        default="report.html",
+        help="HTML file to write (default: report.html)",
+    )
+    p.add_argument("--price-per-gpu-hour", metavar="P", help="price for the cost section")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
+    if problems:
+        raise ConfigError(problems)
+    out = write_report(args.runs, args.output, price=price)
+    print(f"report written to {out}")
+    return 0

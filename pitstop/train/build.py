@@ -1,0 +1,349 @@
+"""`build_run(cfg)`: everything a training run needs, assembled before the loop starts.
+
+The order matters and is kept from the trainer that used to do this itself: the seed
+first; choices that need only the machine (nothing written yet, so a ConfigError
+leaves no trace); the model (its directory checked before the tokenizer reads its
+config); the data after the model (`batching: auto` times each strategy on it); FLOPs
+and the device peak; the distributed wrapper after `auto`'s timing (it times the plain
+model, no collectives) and before the optimizer (FSDP2 replaces the parameters by
+sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer.
+
+`Trainer` receives the `Run` and only runs the loop.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pitstop import probe, run_files
+from pitstop.cache_layout import cache_root
+from pitstop.config import RunConfig
+from pitstop.errors import ConfigError
+from pitstop.measure import flops as flops_mod
+from pitstop.measure.peak import device_peak
+from pitstop.positions import check_positions
+from pitstop.probe import Choice, DeviceInfo
+from pitstop.train import checkpoint as ckpt
+from pitstop.train import data as data_mod
+from pitstop.train import distributed as dist_mod
+from pitstop.train import model_io
+from pitstop.train.evaluate import EvalSet
+from pitstop.train.optim import build_optimizer
+from pitstop.train.schedule import default_warmup
+
+
+@dataclass
+class Run:
+    """What `build_run` assembled; the Trainer's inputs (see the module docstring)."""
+
+    cfg: RunConfig
+    out: Path
+    t_process: float  # when the process started (wall_seconds counts from it)
+    env: dist_mod.DistEnv
+    dev: DeviceInfo
+    device: torch.device
+    choices: dict[str, Choice]  # each decision and why, for the banner and summary.json
+    precision: str
+    autocast_dtype: torch.dtype | None
+    tokenizer: Any
+    model: Any
+    wrapped: Any  # the model inside DDP/FSDP (or the model itself)
+    forward_model: Any  # what the training forward calls: wrapped, or torch.compile of it
+    compiled: bool
+    loader: Any
+    geometry: data_mod.Geometry
+    eval_set: EvalSet | None
+    steps_per_epoch: int
+    total_steps: int
+    warmup: int
+    flops: flops_mod.FlopsModel
+    flops_per_token: float
+    peak_flops: float | None
+    peak_source: str
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    sync_free_skip: bool
+    writer: ckpt.CheckpointWriter
+
+    @property
+    def fsdp(self) -> bool:
+        return self.env.distributed and self.cfg.strategy == "fsdp"
+
+
+def check_output_dir(cfg: RunConfig) -> Path:
+    """Refuse to touch a directory holding a run unless --resume or --overwrite. Writes nothing."""
+    problem = probe.output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
+    if problem:
+        raise ConfigError(problem)
+    return Path(cfg.output)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def to_device(mb: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors the forward reads, on `device`."""
+    nb = device.type == "cuda"  # pinned host batches copy asynchronously
+    return {k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")}
+
+
+def token_loss_sum(
+    forward: Callable[..., Any],
+    batch: dict[str, torch.Tensor],
+    device_type: str,
+    autocast_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
+
+    `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
+    """
+    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
+    # (documents packed in one row never attend to each other).
+    kwargs = {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "use_cache": False,
+    }
+    with torch.autocast(
+        device_type, dtype=autocast_dtype or torch.float32,
+        enabled=autocast_dtype is not None,
+    ):  # fmt: skip
+        out = forward(**kwargs)
+    logits = out.logits  # [B, T, V]
+    labels = batch["labels"]  # [B, T]; the model convention: position t predicts labels[t+1]
+    return F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(),  # [B*(T-1), V] in fp32
+        labels[:, 1:].flatten(),  # [B*(T-1)]
+        ignore_index=-100,
+        reduction="sum",
+    )
+
+
+def build_run(
+    cfg: RunConfig,
+    *,
+    device: DeviceInfo | None = None,
+    loader: Any = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Run:
+    """Assemble a run of `cfg`. Writes nothing to the output directory.
+
+    `device` overrides the probe (tests pretend machines with it); `loader` replaces the
+    batching loader (any object honouring the loader contract in train/data.py); `rank` /
+    `world_size` place the run in a process group the caller made (else torchrun's, if any).
+    """
+    t_process = _process_start()
+    out = check_output_dir(cfg)
+    seed_everything(cfg.seed)
+    _quiet_transformers()
+
+    # --- choices that need only the machine (may raise ConfigError: nothing written yet)
+    choices: dict[str, Choice] = {}
+    if device is None:
+        device, dev_choice = probe.detect_device(cfg.device)
+    else:
+        dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
+    if rank is None and world_size is None:
+        # Launched by torchrun: join its process group (and take GPU LOCAL_RANK).
+        env, device = dist_mod.init(device)
+    else:  # the caller places this run (a test, or a custom launcher with its own group)
+        w = world_size or 1
+        env = dist_mod.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
+    problems = dist_mod.check_strategy(cfg, env)
+    if problems:
+        raise ConfigError(problems, header="invalid configuration for several processes:")
+    fsdp = env.distributed and cfg.strategy == "fsdp"
+    tdev = torch.device(device.torch_device)
+    choices["device"] = dev_choice
+    prec = probe.choose_precision(cfg.precision, device)
+    choices["precision"] = prec
+    precision = prec.value
+    tf32 = probe.choose_tf32(device, precision)
+    choices["tf32"] = tf32
+    probe.apply_backend_flags(device, tf32)
+    attention = probe.choose_attention(cfg.attention, device, precision)
+    choices["optimizer"] = probe.choose_optimizer(device)
+
+    # --- model (the directory is checked before the tokenizer reads its config)
+    model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
+    note = check_positions(cfg.model, cfg.max_seq_len)
+    if note and env.rank == 0:
+        print(f"pitstop: warning: {note}", file=sys.stderr)
+    tokenizer = model_io.load_tokenizer(cfg)
+    model, attention, lora = model_io.load_model(cfg, device, precision, attention)
+    choices["attention"] = attention
+    choices["gradient_checkpointing"] = Choice(
+        cfg.gradient_checkpointing,
+        "asked for: activations recomputed in backward (~1/3 more compute, far less memory)"
+        if cfg.gradient_checkpointing
+        else "off: activations kept (fastest; turn on with --gradient-checkpointing if memory is short)",
+    )
+    if lora is not None:
+        choices["lora"] = lora
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def timing_micro_batch(mb: dict[str, Any]) -> float:
+        """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
+        loss = token_loss_sum(model, to_device(mb, tdev), tdev.type, autocast_dtype)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(loss.item())  # the sync makes the timing cover the device work
+
+    # --- data (after the model: `batching: auto` times each strategy on it)
+    eval_set: EvalSet | None = None
+    if loader is None:
+        store = data_mod.open_training_store(cfg)
+        held = data_mod.eval_data(cfg, store)
+        resume_strategy = data_mod.saved_strategy(out) if cfg.resume else None
+        loader, geometry = data_mod.build_loader(
+            cfg, store=store, rank=env.rank, world_size=env.world_size,
+            run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
+            indices=held.train_indices if held else None, lockstep=fsdp,
+        )  # fmt: skip
+        if held is not None:
+            eval_set = EvalSet(
+                held.store, loader.settings, indices=held.indices, rank=env.rank,
+                seed=cfg.seed, lockstep=fsdp, source=held.source,
+            )  # fmt: skip
+    else:
+        geometry = data_mod.Geometry(
+            "custom", int(getattr(loader, "max_seq_len", cfg.max_seq_len)),
+            int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
+            {"batching": Choice("custom", "a loader object was passed to the Trainer")},
+        )  # fmt: skip
+        if cfg.eval_data:
+            eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
+    choices.update(geometry.choices)
+    steps_per_epoch = int(loader.steps_per_epoch)
+    total_steps = int(
+        getattr(loader, "total_steps", None)
+        or data_mod.steps_for(cfg.epochs, cfg.max_steps, steps_per_epoch)
+    )
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+
+    # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
+    flops = flops_mod.flops_model(model)
+    flops_per_token = flops.per_token(geometry.max_seq_len)
+    peak_flops, peak_source = device_peak(
+        device, precision, bool(tf32.value), cache_root(cfg.cache_dir)
+    )
+    est = probe.estimated_run_seconds(
+        total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
+    )
+    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env)
+    params = [p for p in model.parameters() if p.requires_grad]
+    choices["compile"] = probe.choose_compile(cfg.compile, device, est)
+    compiled = bool(choices["compile"].value)
+    forward_model = torch.compile(wrapped) if compiled else wrapped
+
+    # --- optimizer, precision machinery
+    optimizer = build_optimizer(
+        model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"]
+    )
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
+    # the kernel itself, without a host-device sync.
+    sync_free_skip = (
+        tdev.type == "cuda" and choices["optimizer"].value == "adamw_fused" and scaler is None
+    )
+    choices["loss"] = Choice(
+        "fp32 token CE / step_targets",
+        "computed by pitstop from the logits in fp32, summed over targets and divided by the "
+        "step's target count (all ranks), so accumulated micro-batches give exactly one big "
+        "batch's gradient"
+        + (f"; x{env.world_size} to undo the gradient averaging across ranks"
+           if env.distributed else ""),
+    )  # fmt: skip
+
+    writer = ckpt.CheckpointWriter(
+        out / run_files.CHECKPOINTS,
+        keep=cfg.save_total_limit,
+        save_model=lambda dest, state: model_io.save_model_dir(model, tokenizer, dest, state),
+        enabled=env.rank == 0,
+        keep_best=eval_set is not None,
+    )
+    choices["checkpoints"] = Choice(
+        _save_policy(cfg),
+        "asynchronous: the loop pauses only to copy state to host memory; a background "
+        "thread writes atomically (partial dir, marker, rename)",
+    )
+    if eval_set is not None:
+        every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
+        choices["eval"] = Choice(
+            eval_set.source,
+            f"held-out loss and perplexity {every}at the end, over {eval_set.n_targets:,} "
+            "targets, batched like training; the checkpoint with the lowest eval loss is kept "
+            "beside the newest (checkpoints/best.json)",
+        )
+    return Run(
+        cfg=cfg, out=out, t_process=t_process, env=env, dev=device, device=tdev,
+        choices=choices, precision=precision, autocast_dtype=autocast_dtype,
+        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
+        compiled=compiled, loader=loader, geometry=geometry, eval_set=eval_set,
+        steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup=warmup,
+        flops=flops, flops_per_token=flops_per_token, peak_flops=peak_flops,
+        peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
+        sync_free_skip=sync_free_skip, writer=writer,
+    )  # fmt: skip
+
+
+def _custom_eval_set(
+    cfg: RunConfig, loader: Any, rank: int, world_size: int, fsdp: bool
+) -> EvalSet:
+    """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
+    from pitstop.batching.settings import BatchSettings
+
+    settings = getattr(loader, "settings", None) or BatchSettings.from_config(
+        cfg, world_size=world_size,
+        strategy="pack" if cfg.batching == "auto" else cfg.batching,
+    )  # fmt: skip
+    if cfg.eval_data == "auto":
+        raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
+    held = data_mod.eval_data(cfg, None)
+    assert held is not None
+    return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
+                   lockstep=fsdp, source=held.source)  # fmt: skip
+
+
+def _save_policy(cfg: RunConfig) -> str:
+    parts = []
+    if cfg.save_steps:
+        parts.append(f"every {cfg.save_steps} steps")
+    if cfg.save_minutes:
+        parts.append(f"every {cfg.save_minutes:g} min")
+    parts.append("at the end")
+    return ", ".join(parts) + f"; keep {cfg.save_total_limit}"
+
+
+def _quiet_transformers() -> None:
+    """save_pretrained's per-shard progress bars would interleave with the run's own bar."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # psutil is a dependency, but a missing /proc must not stop a run
+        return time.time()

@@ -1,0 +1,186 @@
+"""Where the run's per-step metrics go: metrics.jsonl, TensorBoard, wandb, the progress bar.
+
+`RunLog` is the one object the loop hands finished metrics lines to (rank 0 only; the
+other ranks get one whose sinks are the no-op stand-ins). TensorBoard and wandb are
+optional: a run without them gets `NullWriter` / `NullRun` (STYLE.md 6: the loop never
+asks whether a sink is on), and a one-line notice when the user asked for one that is
+not installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pitstop import run_files
+from pitstop.config import RunConfig
+from pitstop.probe import Choice
+from pitstop.train.summary import append_lines
+
+# The scalars TensorBoard and wandb get: metrics.jsonl key -> scalar name.
+_TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_second")
+_EVAL_SCALARS = ("eval_loss", "eval_ppl")
+
+
+class NullWriter:
+    """Stands in for TensorBoard when it is off: the loop never asks whether it is on."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NullRun:
+    """Stands in for a wandb run when wandb is off or not installed."""
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def open_tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
+    """A SummaryWriter in OUT_DIR/tensorboard, or a NullWriter and why."""
+    if not enabled:
+        return NullWriter(), "rank 0 writes the events"
+    if "tensorboard" not in cfg.report_to:
+        return NullWriter(), "not in --report-to"
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # optional: needs `tensorboard`
+    except ImportError:
+        print(
+            "pitstop: TensorBoard logging skipped: the tensorboard package is not installed "
+            "(pip install 'pitstop[tensorboard]')",
+            file=sys.stderr,
+        )
+        return NullWriter(), "tensorboard not installed"
+    return SummaryWriter(
+        log_dir=str(out / run_files.TENSORBOARD)
+    ), f"events in {out / run_files.TENSORBOARD}"
+
+
+def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
+    """A wandb run logging the same scalars as TensorBoard; WANDB_MODE/PROJECT are respected.
+
+    wandb is optional: not installed gives a one-line notice and no logging, never an error.
+    """
+    if not enabled:
+        return NullRun(), "rank 0 logs the run"
+    if "wandb" not in cfg.report_to:
+        return NullRun(), "not in --report-to"
+    try:
+        import wandb  # optional and slow to import: only when asked for
+    except ImportError:
+        print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
+              file=sys.stderr)  # fmt: skip
+        return NullRun(), "wandb not installed"
+    try:
+        run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
+            config=cfg.to_dict(), resume="allow",
+        )  # fmt: skip
+    except Exception as e:  # no login, no network in online mode...: the run goes on
+        print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
+              "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
+        return NullRun(), f"wandb.init failed: {type(e).__name__}"
+    mode = os.environ.get("WANDB_MODE", "online")
+    return run, f"mode {mode}"
+
+
+def open_progress(total: int, initial: int) -> Any:
+    """A tqdm bar on a terminal (PITSTOP_PROGRESS=1/0 forces it on/off)."""
+    from tqdm.auto import tqdm
+
+    force = os.environ.get("PITSTOP_PROGRESS")
+    disable = None if force is None else force == "0"  # None: only on a terminal
+    return tqdm(
+        total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
+        dynamic_ncols=True, desc="train",
+    )  # fmt: skip
+
+
+def _scalars(line: dict[str, Any]) -> dict[str, float]:
+    """A metrics line's TensorBoard/wandb scalars; skipped (None) and non-finite values left out."""
+    scalars = {
+        **{f"train/{k}": line[k] for k in _TRAIN_SCALARS},
+        **{f"eval/{k[5:]}": line[k] for k in _EVAL_SCALARS if k in line},
+    }
+    return {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
+
+
+class RunLog:
+    """The run's metrics sinks. Build it after the output directory exists; `close()` at the end.
+
+    `enabled`: this process writes (rank 0). `choices` records what TensorBoard and wandb
+    do, for the banner and summary.json.
+    """
+
+    def __init__(self, cfg: RunConfig, out: Path, *, enabled: bool, total_steps: int) -> None:
+        self.metrics_path = out / run_files.METRICS
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.tb, tb_note = open_tensorboard(cfg, out, enabled)
+        self.wb, wb_note = open_wandb(cfg, out, enabled)
+        self.choices = {"tensorboard": Choice(not isinstance(self.tb, NullWriter), tb_note)}
+        if "wandb" in cfg.report_to:
+            self.choices["wandb"] = Choice(not isinstance(self.wb, NullRun), wb_note)
+        self.bar: Any = None
+
+    def start_progress(self, initial_step: int) -> None:
+        """The progress bar (or, off a terminal, a line per logging step) from `initial_step`."""
+        if self.enabled:
+            self.bar = open_progress(self.total_steps, initial_step)
+
+    def step_done(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def stop_progress(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def append_metrics(self, lines: list[dict[str, Any]]) -> None:
+        """metrics.jsonl only (a run that stops at these lines still records them)."""
+        if self.enabled:
+            append_lines(self.metrics_path, lines)
+
+    def write(
+        self, lines: list[dict[str, Any]], *, tokens_per_second: float, progress: bool
+    ) -> None:
+        """Finished metrics lines to every sink; `progress`: also show the newest on the bar."""
+        if not self.enabled or not lines:
+            return
+        append_lines(self.metrics_path, lines)
+        for line in lines:
+            scalars = _scalars(line)
+            for key, v in scalars.items():
+                self.tb.add_scalar(key, v, line["step"])
+            self.wb.log(scalars, step=line["step"])
+        self.tb.flush()
+        if progress:
+            self._show(lines[-1], tokens_per_second)
+
+    def _show(self, last: dict[str, Any], tps: float) -> None:
+        bar = self.bar
+        if bar is None:
+            return
+        if not bar.disable:
+            bar.set_postfix(loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
+                            tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
+        else:
+            loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
+            print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
+                  f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        self.tb.close()
+        self.wb.finish()

@@ -1,0 +1,51 @@
+"""Golden losses: a fixed-seed tiny run must keep its per-step losses.
+
+A change to the loop's assembly, state or logging must not change the training math.
+The values below were recorded on CPU (torch float32, the tiny Llama of conftest.py).
+Regenerate them only for a change that is *meant* to alter the math, and say so in the
+commit: `PITSTOP_GOLDEN_PRINT=1 python -m pytest -q -s -n 0 tests/test_train_golden.py`
+prints the current values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# (batching, losses of steps 1..6); tokens_per_step 256 over micro-batches of 2 rows of 64
+GOLDEN: dict[str, list[float]] = {
+    "pack": [8.341532707214355, 8.284299850463867, 8.245250701904297, 8.226863861083984,
+             8.202546119689941, 8.127424240112305],
+    "bucket": [8.345867156982422, 8.273749351501465, 8.22635269165039, 8.149131774902344,
+               8.141239166259766, 8.091766357421875],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    from _train_util import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
+
+
+@pytest.mark.parametrize("batching", ["pack", "bucket"])
+def test_fixed_seed_losses_match_the_recorded_values(tiny_model_dir, store, tmp_path, batching):
+    from _train_util import train_config
+
+    import pitstop.train
+
+    out = tmp_path / "out"
+    cfg = train_config(tiny_model_dir, store, out, batching=batching, seed=7)
+    s = pitstop.train.run(cfg)
+    lines = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in lines]
+    if os.environ.get("PITSTOP_GOLDEN_PRINT"):
+        print(f"\n{batching!r}: {losses},")
+    assert [r["step"] for r in lines] == [1, 2, 3, 4, 5, 6]
+    assert losses == pytest.approx(GOLDEN[batching], rel=1e-5, abs=1e-6)
+    assert s["final_loss"] == pytest.approx(GOLDEN[batching][-1], rel=1e-5, abs=1e-6)
