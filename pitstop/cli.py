@@ -24,6 +24,7 @@ from pitstop.commands import (
     tune,
 )
 from pitstop.errors import PitstopError
+from pitstop.fs_errors import command_file_errors
 from pitstop.version import __version__
 
 # In `pitstop --help` order.
@@ -55,7 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.unknown = unknown
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with command_file_errors(
+            args.command, getattr(args, "output", None), getattr(args, "cache_dir", None)
+        ):
+            return func(args)
     except PitstopError as e:
         # Under torchrun every rank raises the same error; rank 0 says it once.
         if os.environ.get("RANK", "0") == "0":

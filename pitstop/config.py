@@ -21,7 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
-from pitstop.errors import ConfigError
+from pitstop.config_ranges import range_problems
+from pitstop.errors import ConfigError, short_repr
+from pitstop.yaml_load import read_yaml
 
 Format = Literal["auto", "jsonl", "json", "parquet", "csv", "text"]
 Batching = Literal["auto", "pack", "bucket", "pad"]
@@ -83,6 +85,11 @@ class RunConfig:
     )
     train_on_prompt: bool = _f(False, "also compute the loss on prompt tokens")
     trust_remote_code: bool = _f(False, "allow code from the model directory to run")
+    recheck_data: bool = _f(
+        False,
+        "hash every data file again instead of trusting its size and modification time "
+        "(an edit that keeps both is otherwise served from the cache)",
+    )
 
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(
@@ -213,24 +220,26 @@ def coerce(name: str, value: Any, *, from_string: bool = False) -> Any:
         choices = typing.get_args(tp)
         if value in choices:
             return value
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        close = difflib.get_close_matches(short_repr(value), [str(c) for c in choices], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"is {value!r}, must be one of {', '.join(map(repr, choices))}{hint}")
+        raise ValueError(
+            f"is {short_repr(value)}, must be one of {', '.join(map(repr, choices))}{hint}"
+        )
     if typing.get_origin(tp) is list:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
-        raise ValueError(f"must be {describe_type(name)}, got {value!r}")
+        raise ValueError(f"must be {describe_type(name)}, got {short_repr(value)}")
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
             return value.lower() in _TRUE
-        raise ValueError(f"must be true or false, got {value!r}")
+        raise ValueError(f"must be true or false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise ValueError(f"must be an integer, got {value!r}")
+            raise ValueError(f"must be an integer, got {short_repr(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -242,10 +251,10 @@ def coerce(name: str, value: Any, *, from_string: bool = False) -> Any:
                 f = None
             if f is not None and f.is_integer():
                 return int(f)
-        raise ValueError(f"must be an integer, got {value!r}")
+        raise ValueError(f"must be an integer, got {short_repr(value)}")
     if tp is float:
         if isinstance(value, bool):
-            raise ValueError(f"must be a number, got {value!r}")
+            raise ValueError(f"must be a number, got {short_repr(value)}")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
@@ -253,11 +262,11 @@ def coerce(name: str, value: Any, *, from_string: bool = False) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ValueError(f"must be a number, got {value!r}")
+        raise ValueError(f"must be a number, got {short_repr(value)}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ValueError(f"must be a string, got {value!r}")
+        raise ValueError(f"must be a string, got {short_repr(value)}")
     raise TypeError(f"unsupported field type for {name}: {tp}")  # a bug, not user error
 
 
@@ -273,10 +282,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist; give the path of a YAML file")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: not valid YAML ({e}); fix the syntax") from None
+    data = read_yaml(p, str(p))  # bounded: an alias bomb is refused, never expanded
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -302,7 +308,9 @@ def collect_config(
     ):
         for key, val in raw.items():
             if key not in FIELDS:
-                problems.append(f"{origin}: unknown option {key!r}{_key_hint(key)}")
+                problems.append(
+                    f"{origin}: unknown option {short_repr(key)}{_key_hint(str(key)[:100])}"
+                )
                 continue
             try:
                 values[key] = coerce(key, val, from_string=from_string and isinstance(val, str))
@@ -439,4 +447,5 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append("--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R")
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:
         p.append("--template must be 'alpaca' or contain {instruction} (and optionally {input})")
+    p += range_problems(cfg)
     return p

@@ -33,6 +33,8 @@ LAYERS: list[tuple[str, ...]] = [
         "packing",
         "run_files",
         "cache_layout",
+        "yaml_load",
+        "config_ranges",
         "config",
     ),
     ("probe",),
@@ -42,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train", "tiny"),
     ("profiling",),
     ("advise", "report", "tune", "hf"),
-    ("demo",),
+    ("demo", "fs_errors"),
     ("commands", "cli", "__main__", ""),  # "" is the package root, pitstop/__init__.py
 ]
 # Upward imports allowed in the whole package. The issue allows one; the code has none,

@@ -22,6 +22,7 @@ import yaml
 
 from pitstop.advise.setup import Setup
 from pitstop.errors import ConfigError
+from pitstop.yaml_load import parse_yaml
 
 # SFTConfig fields that TrainingArguments lacks (TRL 1.x, plus older names); their presence
 # marks a file as an SFTConfig. Kept here so the doctor works without TRL installed.
@@ -90,7 +91,8 @@ def load_hf_args(path: str | Path) -> dict[str, Any]:
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
-            data = yaml.safe_load(text)  # YAML is a superset of JSON, so .yaml/.yml/other
+            # YAML is a superset of JSON, so .yaml/.yml/other; bounded against alias bombs
+            data = parse_yaml(text, f"--hf-args {p}")
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
         raise ConfigError(f"--hf-args {p}: not valid {kind} ({e}); fix the syntax") from None

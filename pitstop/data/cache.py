@@ -8,8 +8,8 @@ of them gives a new key; a repeated prepare finds the store and skips all work.
 Hashing a multi-GB file takes seconds, so a file's digest is memoised under
 `<cache>/fingerprints/` by (real path, size, mtime_ns): an unchanged file is not
 read again, which is what makes a cache hit take well under a second. (An edit
-that keeps the size and the nanosecond mtime would go unnoticed; no editor or
-copy tool does that.)
+that keeps the size and the nanosecond mtime would go unnoticed, unless
+`--recheck-data` is given; no editor or copy tool does that.)
 """
 
 from __future__ import annotations
@@ -39,16 +39,21 @@ def _digest_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_fingerprint(path: str | Path, root: Path) -> str:
-    """blake2b of the file's bytes, memoised by (realpath, size, mtime_ns)."""
+def file_fingerprint(path: str | Path, root: Path, *, recheck: bool = False) -> str:
+    """blake2b of the file's bytes, memoised by (realpath, size, mtime_ns).
+
+    `recheck` (`--recheck-data`) hashes the file again whatever the memo says, for a
+    file edited in place with its size and modification time kept.
+    """
     real = os.path.realpath(path)
     st = os.stat(real)
     memo_key = hashlib.blake2b(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode(), digest_size=16)
     memo = root / FINGERPRINTS / memo_key.hexdigest()
-    try:
-        return memo.read_text().strip()
-    except OSError:
-        pass
+    if not recheck:
+        try:
+            return memo.read_text().strip()
+        except OSError:
+            pass
     digest = _digest_file(Path(real))
     write_cache_entry(memo, digest)  # a read-only cache only costs speed
     return digest

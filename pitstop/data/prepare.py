@@ -70,7 +70,7 @@ def prepare_data(
     if not inputs:
         raise ConfigError("no data: give --data FILE (a dataset file or a prepared token store)")
     if len(inputs) == 1 and is_store(inputs[0]):
-        store = TokenStore(inputs[0])
+        store = TokenStore(inputs[0], verify=False)  # open_store verifies what trains
         return Prepared(
             Path(inputs[0]), True, store.manifest.get("stats", {}), time.perf_counter() - t0
         )
@@ -106,7 +106,7 @@ def prepare_data(
     input_info = [
         {
             "path": str(p),
-            "fingerprint": file_fingerprint(p, root),
+            "fingerprint": file_fingerprint(p, root, recheck=cfg.recheck_data),
             "format": f,
             "compression": c,
             "bytes": p.stat().st_size,
@@ -127,7 +127,7 @@ def prepare_data(
     dest = stores / key
     if is_store(dest):
         try:
-            store = TokenStore(dest)
+            store = TokenStore(dest, verify=False)  # a cache hit stays instant
             return Prepared(dest, True, store.manifest.get("stats", {}), time.perf_counter() - t0)
         except DataError:
             import shutil

@@ -188,6 +188,9 @@ def open_binary(path: Path, compression: str | None) -> BinaryIO:
     return io.BufferedReader(_ZstdReader(f), buffer_size=1 << 20)  # type: ignore[return-value]
 
 
+_ARCHIVE_ERRORS = (EOFError, OSError, zlib.error)
+
+
 def _archive_error(path: Path, e: BaseException, where: str) -> DataError:
     if isinstance(e, EOFError):
         return DataError(
@@ -195,6 +198,34 @@ def _archive_error(path: Path, e: BaseException, where: str) -> DataError:
             "probably cut short, fetch it again"
         )
     return DataError(f"{path}: the compressed data is corrupt ({where}: {e}); fetch the file again")
+
+
+def _after(lines: int) -> str:
+    """Where reading stopped, as the last whole line read (what the user can check)."""
+    if lines == 0:
+        return "before the end of line 1"
+    return f"after line {lines:,}, the last complete line"
+
+
+def _read_some(f: BinaryIO, n: int) -> tuple[bytes, BaseException | None]:
+    """Up to `n` bytes (fewer only at the end) and the error that ended reading, if any.
+
+    `read(n)` of a truncated archive raises and drops what it had already decompressed
+    in that call; `read1` decompresses one piece at a time, so everything before the
+    damage is returned and the error can name the last complete line.
+    """
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        try:
+            piece = f.read1(min(n - got, CHUNK_BYTES))  # type: ignore[attr-defined]
+        except _ARCHIVE_ERRORS as e:
+            return b"".join(parts), e
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts), None
 
 
 def iter_chunks(
@@ -221,36 +252,34 @@ def _jsonl(
     lineno = 1
     first = True
     with open_binary(path, compression) as f:
-        try:
-            while True:
-                data = f.read(chunk_bytes)
-                buf = carry + data if carry else data
-                if not data:
-                    block, carry = buf, b""
-                else:
-                    cut = buf.rfind(b"\n") + 1
-                    if cut == 0:  # a line longer than a block: keep reading
-                        carry = buf
-                        continue
-                    block, carry = buf[:cut], buf[cut:]
-                if first and block.startswith(b"\xef\xbb\xbf"):
-                    block = block[3:]
-                first = False
-                if block.strip():
-                    yield Chunk("block", str(path), [(lineno, block)])
-                lineno += block.count(b"\n")
-                if not data:
-                    break
-        except (EOFError, OSError, zlib.error) as e:
-            raise _archive_error(path, e, f"after line {lineno}") from None
+        while True:
+            data, err = _read_some(f, chunk_bytes)
+            buf = carry + data if carry else data
+            if err is not None:  # lines before the damage were read whole; the rest is lost
+                raise _archive_error(path, err, _after(lineno - 1 + buf.count(b"\n"))) from None
+            if not data:
+                block, carry = buf, b""
+            else:
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0:  # a line longer than a block: keep reading
+                    carry = buf
+                    continue
+                block, carry = buf[:cut], buf[cut:]
+            if first and block.startswith(b"\xef\xbb\xbf"):
+                block = block[3:]
+            first = False
+            if block.strip():
+                yield Chunk("block", str(path), [(lineno, block)])
+            lineno += block.count(b"\n")
+            if not data:
+                break
 
 
 def _read_text(path: Path, compression: str | None) -> str:
     with open_binary(path, compression) as f:
-        try:
-            raw = f.read()
-        except (EOFError, OSError, zlib.error) as e:
-            raise _archive_error(path, e, "while reading") from None
+        raw, err = _read_some(f, 1 << 62)
+    if err is not None:
+        raise _archive_error(path, err, _after(raw.count(b"\n"))) from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     try:
@@ -380,40 +409,42 @@ def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) 
                 if size >= chunk_bytes:
                     yield Chunk("rows", str(path), items)
                     items, size = [], 0
-        except (EOFError, OSError, zlib.error) as e:
-            raise _archive_error(path, e, f"after line {lineno}") from None
+        except _ARCHIVE_ERRORS as e:  # lines are read whole, so `lineno` was the last one
+            raise _archive_error(path, e, _after(lineno)) from None
     if items:
         yield Chunk("rows", str(path), items)
 
 
 def _text(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
     with open_binary(path, compression) as f:
-        try:
-            buf = f.read(TEXT_SPLIT_BYTES + 1)
-            if len(buf) <= TEXT_SPLIT_BYTES:
-                yield Chunk("text", str(path), [(None, buf)])
-                return
-            # A corpus dump, not a document: pieces of about TEXT_PIECE_BYTES cut at blank lines.
-            eof, line, span = False, 1, 2 * TEXT_PIECE_BYTES
-            while buf or not eof:
-                if not eof and len(buf) < span:
-                    more = f.read(TEXT_PIECE_BYTES)
-                    eof = not more
-                    buf += more
-                    continue
-                if len(buf) <= span:
-                    cut = len(buf)
-                else:
-                    cut = buf.rfind(b"\n\n", 0, span) + 2
-                    if cut < 2:
-                        cut = buf.rfind(b"\n", 0, span) + 1
-                    if cut < 1:
-                        cut = span
-                        while cut > 0 and (buf[cut] & 0xC0) == 0x80:  # not inside a UTF-8 character
-                            cut -= 1
-                piece, buf = buf[:cut], buf[cut:]
-                if piece.strip():
-                    yield Chunk("text", str(path), [(line, piece)])
-                line += piece.count(b"\n")
-        except (EOFError, OSError, zlib.error) as e:
-            raise _archive_error(path, e, "while reading") from None
+        buf, err = _read_some(f, TEXT_SPLIT_BYTES + 1)
+        if err is not None:
+            raise _archive_error(path, err, _after(buf.count(b"\n"))) from None
+        if len(buf) <= TEXT_SPLIT_BYTES:
+            yield Chunk("text", str(path), [(None, buf)])
+            return
+        # A corpus dump, not a document: pieces of about TEXT_PIECE_BYTES cut at blank lines.
+        eof, line, span = False, 1, 2 * TEXT_PIECE_BYTES
+        while buf or not eof:
+            if not eof and len(buf) < span:
+                more, err = _read_some(f, TEXT_PIECE_BYTES)
+                if err is not None:
+                    lines = line - 1 + (buf + more).count(b"\n")
+                    raise _archive_error(path, err, _after(lines)) from None
+                eof = not more
+                buf += more
+                continue
+            if len(buf) <= span:
+                cut = len(buf)
+            else:
+                cut = buf.rfind(b"\n\n", 0, span) + 2
+                if cut < 2:
+                    cut = buf.rfind(b"\n", 0, span) + 1
+                if cut < 1:
+                    cut = span
+                    while cut > 0 and (buf[cut] & 0xC0) == 0x80:  # not inside a UTF-8 character
+                        cut -= 1
+            piece, buf = buf[:cut], buf[cut:]
+            if piece.strip():
+                yield Chunk("text", str(path), [(line, piece)])
+            line += piece.count(b"\n")

@@ -2,7 +2,8 @@
 
 Layout of a store directory (all little-endian, no pickles)::
 
-    manifest.json   format version, dtype, counts, inputs, tokenizer, options, statistics
+    manifest.json   format version, dtype, counts, largest token id, a CRC-32 checksum
+                    of each array file, inputs, tokenizer, options, statistics
     tokens.bin      every sequence's token ids back to back (uint16 if the vocabulary fits, else uint32)
     mask.bin        uint8 per token: 1 where the token is a loss target, 0 where it is context only
     offsets.bin     int64 [n_sequences + 1]: sequence i is tokens[offsets[i]:offsets[i+1]]
@@ -17,6 +18,14 @@ Atomicity: a writer fills `<dest>.partial-<random>/`, writes the manifest last,
 fsyncs, and renames the directory into place. A directory without a manifest, or
 whose files do not match the manifest's counts, is never opened as a store.
 
+Integrity: the checksums are computed while the arrays are written (no second pass) and
+checked when a store is first opened in a process, so damage to a store, even damage
+that keeps every id in range, is refused by name instead of trained on. CRC-32 because
+it is the fastest check zlib offers (a few times blake2b's speed) and it catches
+accidental damage; it is no defence against someone who can also edit the manifest,
+and nothing stored beside the data could be. Stores written before checksums existed
+open unchecked, and their largest token id is found by one scan.
+
 Written by hand because no library offers a streaming, append-only, memory-mappable
 token array with a loss mask; numpy's memmap does the reading.
 """
@@ -27,6 +36,7 @@ import json
 import os
 import secrets
 import shutil
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,9 +85,15 @@ class StoreWriter:
         self.tmp.mkdir()
         self.dtype = token_dtype(vocab_size)
         self._files = {name: open(self.tmp / name, "wb") for name in FILES}  # noqa: SIM115
+        self._crc = dict.fromkeys(FILES, 0)
         self.n_tokens = 0
         self.n_sequences = 0
-        self._files["offsets.bin"].write(np.zeros(1, dtype=np.int64).tobytes())
+        self.max_token_id = -1
+        self._write("offsets.bin", np.zeros(1, dtype=np.int64).tobytes())
+
+    def _write(self, name: str, data: bytes) -> None:
+        self._files[name].write(data)
+        self._crc[name] = zlib.crc32(data, self._crc[name])
 
     def append(
         self,
@@ -90,11 +106,14 @@ class StoreWriter:
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != len(tokens) or len(tokens) != len(mask):
             raise ValueError("tokens, mask and lengths disagree")  # a bug, not user error
-        self._files["tokens.bin"].write(np.asarray(tokens, dtype=self.dtype).tobytes())
-        self._files["mask.bin"].write(np.asarray(mask, dtype=np.uint8).tobytes())
+        tokens = np.asarray(tokens, dtype=self.dtype)
+        if len(tokens):
+            self.max_token_id = max(self.max_token_id, int(tokens.max()))
+        self._write("tokens.bin", tokens.tobytes())
+        self._write("mask.bin", np.asarray(mask, dtype=np.uint8).tobytes())
         ends = self.n_tokens + np.cumsum(lengths)
-        self._files["offsets.bin"].write(ends.astype(np.int64).tobytes())
-        self._files["doc_ids.bin"].write(np.asarray(doc_ids, dtype=np.int64).tobytes())
+        self._write("offsets.bin", ends.astype(np.int64).tobytes())
+        self._write("doc_ids.bin", np.asarray(doc_ids, dtype=np.int64).tobytes())
         self.n_tokens += int(lengths.sum())
         self.n_sequences += len(lengths)
 
@@ -109,6 +128,8 @@ class StoreWriter:
             "dtype": self.dtype.name,
             "n_tokens": self.n_tokens,
             "n_sequences": self.n_sequences,
+            "max_token_id": self.max_token_id,
+            "checksums": {name: _crc_text(c) for name, c in self._crc.items()},
         }
         with open(self.tmp / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1)
@@ -137,7 +158,9 @@ class StoreWriter:
 class TokenStore:
     """Read-only view of a finished store; arrays are memory-mapped, nothing is loaded eagerly."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool = True) -> None:
+        """Open a store; `verify` reads every array once per process to check its checksum
+        (prepare's cache lookup skips it to stay instant; training never does)."""
         self.path = Path(path)
         self.manifest: dict[str, Any] = read_manifest(self.path)
         if self.manifest.get("format_version") != FORMAT_VERSION:
@@ -162,6 +185,8 @@ class TokenStore:
                     f"{p} has {actual} bytes, the manifest says {size}: the store is incomplete "
                     f"or damaged; delete {self.path} and prepare again"
                 )
+        if verify:
+            _verify_checksums(self.path, self.manifest.get("checksums"))
         self.tokens = _memmap(self.path / "tokens.bin", self.dtype, n_tok)
         self.mask = _memmap(self.path / "mask.bin", np.uint8, n_tok)
         self.offsets = _memmap(self.path / "offsets.bin", np.int64, n_seq + 1)
@@ -182,6 +207,13 @@ class TokenStore:
     @property
     def n_tokens(self) -> int:
         return int(self.manifest["n_tokens"])
+
+    @property
+    def max_token_id(self) -> int:
+        """The largest token id in the store (-1 when empty); older stores: one scan."""
+        if "max_token_id" not in self.manifest:
+            self.manifest["max_token_id"] = int(self.tokens.max()) if len(self.tokens) else -1
+        return int(self.manifest["max_token_id"])
 
     @property
     def pad_id(self) -> int:
@@ -206,6 +238,86 @@ class TokenStore:
         csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, dtype=np.int64))])
         off = np.asarray(self.offsets)
         return csum[off[1:]] - csum[off[:-1]]
+
+
+def check_vocab(store: TokenStore, model_dir: str | Path | None) -> None:
+    """Refuse a model whose embedding cannot look up every id the store holds.
+
+    An id at or past the embedding's size fails mid-step with an IndexError (on CUDA a
+    device-side assert that kills the process), so it is checked before training: the
+    store's largest id and the size of the tokenizer that wrote it, against the
+    model's `vocab_size` (the rows of its input embedding in Hugging Face models).
+    """
+    rows = _embedding_rows(model_dir)
+    if rows is None:
+        return  # no config.json vocab_size to check against; the model load reports that
+    tok = store.manifest.get("tokenizer") or {}
+    tok_size = tok.get("vocab_size")
+    problems = []
+    if store.max_token_id >= rows:
+        problems.append(
+            f"the token store {store.path} holds token id {store.max_token_id}, but the model "
+            f"in {model_dir} has an embedding of {rows} rows (ids 0-{rows - 1})"
+        )
+    if isinstance(tok_size, int) and tok_size > rows:
+        problems.append(
+            f"the tokenizer that prepared {store.path} ({tok.get('path', '?')}) has {tok_size} "
+            f"tokens, more than the model's {rows} embedding rows"
+        )
+    if problems:
+        raise DataError(
+            "; ".join(problems) + ". Prepare the data with this model's own tokenizer "
+            "(--tokenizer defaults to --model), or resize the model's embedding to the "
+            "tokenizer (model.resize_token_embeddings(len(tokenizer))) and save the model"
+        )
+
+
+def _embedding_rows(model_dir: str | Path | None) -> int | None:
+    if not model_dir:
+        return None
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        if isinstance(c, dict) and isinstance(c.get("vocab_size"), int):
+            return int(c["vocab_size"])
+    return None
+
+
+def _crc_text(crc: int) -> str:
+    return f"crc32:{crc:08x}"
+
+
+# Files already verified in this process, by identity: a store is often opened twice
+# (prepare's cache lookup, then training), and reading it once is enough.
+_VERIFIED: set[tuple[str, int, int, int, int]] = set()
+
+
+def _file_id(p: Path) -> tuple[str, int, int, int, int]:
+    st = p.stat()  # any write changes ctime, which no tool can set back
+    return (os.path.realpath(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _verify_checksums(path: Path, checksums: Any) -> None:
+    """Read each array file once per process and compare its checksum with the manifest."""
+    if not isinstance(checksums, dict):
+        return  # written before checksums existed: opened unchecked (see the module doc)
+    for name in FILES:
+        p = path / name
+        ident = _file_id(p)
+        if ident in _VERIFIED:
+            continue
+        crc = 0
+        with open(p, "rb") as f:
+            while block := f.read(1 << 22):
+                crc = zlib.crc32(block, crc)
+        if _crc_text(crc) != checksums.get(name):
+            raise DataError(
+                f"{p} does not match the checksum in its manifest: the store was changed or "
+                f"damaged after it was written; delete {path} and prepare the data again"
+            )
+        _VERIFIED.add(ident)
 
 
 def _memmap(path: Path, dtype: Any, n: int) -> np.ndarray:

@@ -53,8 +53,18 @@ svg.chart{background:#fafbfc;border:1px solid #e3e6ea}
 """
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x))
+def text(x: Any) -> str:
+    """`x` as HTML (or SVG) text content: every value a report shows goes through here.
+
+    Run names, phase keys, settings and findings come from files anyone can craft;
+    escaping `&`, `<` and `>` keeps them from opening an element.
+    """
+    return html.escape(str(x), quote=False)
+
+
+def attr(x: Any) -> str:
+    """`x` as the value of a double-quoted attribute: quotes escaped too, so it cannot end it."""
+    return html.escape(str(x), quote=True)
 
 
 def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -110,7 +120,7 @@ class _Frame:
 
     def axes(self, title: str, xlabel: str, ylabel: str) -> list[str]:
         out = [
-            f'<text x="{self.w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{_e(title)}</text>'
+            f'<text x="{self.w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{text(title)}</text>'
         ]
         for t in _nice_ticks(self.y0, self.y1):
             y = self.py(t)
@@ -127,9 +137,9 @@ class _Frame:
             f'<line x1="{self.left}" x2="{self.w - self.right}" y1="{self.h - self.bottom}" '
             f'y2="{self.h - self.bottom}" stroke="#333"/>'
             f'<line x1="{self.left}" x2="{self.left}" y1="{self.top}" y2="{self.h - self.bottom}" stroke="#333"/>'
-            f'<text x="{self.w / 2}" y="{self.h - 6}" text-anchor="middle" font-size="11">{_e(xlabel)}</text>'
+            f'<text x="{self.w / 2}" y="{self.h - 6}" text-anchor="middle" font-size="11">{text(xlabel)}</text>'
             f'<text x="12" y="{self.h / 2}" text-anchor="middle" font-size="11" '
-            f'transform="rotate(-90 12 {self.h / 2})">{_e(ylabel)}</text>'
+            f'transform="rotate(-90 12 {self.h / 2})">{text(ylabel)}</text>'
         )
         return out
 
@@ -151,14 +161,14 @@ def line_chart(
         return _empty(name, title, w, h)
     f = _Frame(xs, ys, w, h, y0)
     out = [
-        f'<svg class="chart" data-chart="{name}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
+        f'<svg class="chart" data-chart="{attr(name)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
     ]
     out += f.axes(title, xlabel, ylabel)
     for i, (label, pts) in enumerate(lines):
         color = COLORS[i % len(COLORS)]
         coords = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)
         out.append(
-            f'<polyline class="series" data-series="{_e(label)}" data-points="{len(pts)}" '
+            f'<polyline class="series" data-series="{attr(label)}" data-points="{len(pts)}" '
             f'fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
         )
         if len(pts) == 1:
@@ -168,7 +178,7 @@ def line_chart(
             ly = f.top + 4 + 14 * i
             out.append(
                 f'<rect x="{w - f.right - 150}" y="{ly}" width="10" height="10" fill="{color}"/>'
-                f'<text x="{w - f.right - 136}" y="{ly + 9}" font-size="10">{_e(label[:24])}</text>'
+                f'<text x="{w - f.right - 136}" y="{ly + 9}" font-size="10">{text(label[:24])}</text>'
             )
     out.append("</svg>")
     return "".join(out)
@@ -193,7 +203,7 @@ def stacked_bars(
     f = _Frame([first, last + size], [0, max(tops) or 1.0], w - 150, h, True)
     f.x0, f.x1 = first, last + size
     out = [
-        f'<svg class="chart" data-chart="{name}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
+        f'<svg class="chart" data-chart="{attr(name)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
     ]
     out += f.axes(
         title, "optimizer step" + (f" (mean of {size} per bar)" if size > 1 else ""), "seconds"
@@ -209,15 +219,15 @@ def stacked_bars(
             y_top, y_bot = f.py(base + v), f.py(base)
             label = f"step {s0:g}" + (f"-{s1:g}" if s1 != s0 else "") + f": {p} {v * 1000:.1f} ms"
             out.append(
-                f'<rect class="bar" data-phase="{p}" x="{x:.1f}" y="{y_top:.1f}" width="{bw:.1f}" '
-                f'height="{max(0.5, y_bot - y_top):.1f}" fill="{PHASE_COLORS.get(p, "#999")}"><title>{_e(label)}</title></rect>'
+                f'<rect class="bar" data-phase="{attr(p)}" x="{x:.1f}" y="{y_top:.1f}" width="{bw:.1f}" '
+                f'height="{max(0.5, y_bot - y_top):.1f}" fill="{attr(PHASE_COLORS.get(p, "#999"))}"><title>{text(label)}</title></rect>'
             )
             base += v
     for i, p in enumerate(phases):  # legend right of the plot
         ly = f.top + 16 * i
         out.append(
-            f'<rect x="{w - 140}" y="{ly}" width="11" height="11" fill="{PHASE_COLORS.get(p, "#999")}"/>'
-            f'<text x="{w - 124}" y="{ly + 10}" font-size="11">{_e(p)}</text>'
+            f'<rect x="{w - 140}" y="{ly}" width="11" height="11" fill="{attr(PHASE_COLORS.get(p, "#999"))}"/>'
+            f'<text x="{w - 124}" y="{ly + 10}" font-size="11">{text(p)}</text>'
         )
     out.append("</svg>")
     return "".join(out)
@@ -229,15 +239,15 @@ def hbars(name: str, title: str, items: list[tuple[str, float]], unit: str, w: i
     if not items:
         return _empty(name, title, w, h)
     top = max(v for _, v in items) or 1.0
-    out = [f'<svg class="chart" data-chart="{name}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">',
-           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{_e(title)}</text>']  # fmt: skip
+    out = [f'<svg class="chart" data-chart="{attr(name)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{text(title)}</text>']  # fmt: skip
     for i, (label, v) in enumerate(items):
         y = 34 + 26 * i
         bw = (w - 260) * v / top
         out.append(
-            f'<text x="150" y="{y + 14}" text-anchor="end" font-size="11">{_e(label[:26])}</text>'
+            f'<text x="150" y="{y + 14}" text-anchor="end" font-size="11">{text(label[:26])}</text>'
             f'<rect class="bar" x="156" y="{y}" width="{bw:.1f}" height="18" fill="{COLORS[i % len(COLORS)]}"/>'
-            f'<text x="{160 + bw:.1f}" y="{y + 14}" font-size="11">{_e(_human(v, unit))}</text>'
+            f'<text x="{160 + bw:.1f}" y="{y + 14}" font-size="11">{text(_human(v, unit))}</text>'
         )
     out.append("</svg>")
     return "".join(out)
@@ -251,29 +261,31 @@ def _human(v: float, unit: str) -> str:
 
 def _empty(name: str, title: str, w: int, h: int) -> str:
     return (
-        f'<svg class="chart empty" data-chart="{name}" width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
-        f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{_e(title)}</text>'
+        f'<svg class="chart empty" data-chart="{attr(name)}" width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{text(title)}</text>'
         f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" fill="#888">no data recorded</text></svg>'
     )
 
 
 def _summary_table(runs: list[Run], price: float | None) -> str:
-    head = "".join(f"<th>{_e(r.name)}</th>" for r in runs)
+    head = "".join(f"<th>{text(r.name)}</th>" for r in runs)
     rows = []
     metrics = [run_metrics(r, price) for r in runs]
     for m in METRICS:
         if m.key == "cost" and price is None:
             continue
-        cells = "".join(f'<td class="num">{_e(fmt_value(m.key, mm[m.key]))}</td>' for mm in metrics)
-        rows.append(f"<tr><th>{_e(m.label)}</th>{cells}</tr>")
+        cells = "".join(
+            f'<td class="num">{text(fmt_value(m.key, mm[m.key]))}</td>' for mm in metrics
+        )
+        rows.append(f"<tr><th>{text(m.label)}</th>{cells}</tr>")
     extra = [
         ("trained tokens", "trained_tokens"),
         ("optimizer steps", "optimizer_steps"),
         ("device", "device"),
     ]
     for label, key in extra:
-        cells = "".join(f'<td class="num">{_e(_show(r.summary.get(key)))}</td>' for r in runs)
-        rows.append(f"<tr><th>{_e(label)}</th>{cells}</tr>")
+        cells = "".join(f'<td class="num">{text(_show(r.summary.get(key)))}</td>' for r in runs)
+        rows.append(f"<tr><th>{text(label)}</th>{cells}</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -303,29 +315,27 @@ def _cost_section(runs: list[Run], price: float | None) -> str:
             tps = m["tokens_per_second"]
             per_m = price / 3600 / tps * 1e6 if tps else None
             items.append(
-                f"<li><b>{_e(r.name)}</b>: {m['cost']:.2f} USD for {fmt_value('wall_seconds', m['wall_seconds'])}"
+                f"<li><b>{text(r.name)}</b>: {m['cost']:.2f} USD for {fmt_value('wall_seconds', m['wall_seconds'])}"
                 + (f"; {per_m:.4f} USD per million trained tokens" if per_m else "")
                 + "</li>"
             )
-    return (
-        f"<p>At {price} USD per GPU-hour (wall time × GPUs × price):</p><ul>{''.join(items)}</ul>"
-    )
+    return f"<p>At {text(price)} USD per GPU-hour (wall time × GPUs × price):</p><ul>{''.join(items)}</ul>"
 
 
 def _findings(run: Run) -> str:
     if not run.findings:
-        return f'<p class="muted">{_e(run.name)}: no findings.json (run <code>pitstop doctor</code>).</p>'
+        return f'<p class="muted">{text(run.name)}: no findings.json (run <code>pitstop doctor</code>).</p>'
     rows = []
     for f in run.findings:
         sev = str(f.get("severity", ""))
         rows.append(
-            f'<tr><td class="sev-{_e(sev.lower())}">{_e(sev)}</td><td><b>{_e(f.get("title", ""))}</b>'
-            f'<br><span class="muted">{_e(f.get("id", ""))}</span></td><td>{_e(f.get("evidence", ""))}</td>'
-            f'<td>{_e(f.get("effect", ""))}<br><span class="muted">{_e(f.get("basis", ""))}</span></td>'
-            f"<td>{_e(f.get('fix', ''))}</td></tr>"
+            f'<tr><td class="sev-{attr(sev.lower())}">{text(sev)}</td><td><b>{text(f.get("title", ""))}</b>'
+            f'<br><span class="muted">{text(f.get("id", ""))}</span></td><td>{text(f.get("evidence", ""))}</td>'
+            f'<td>{text(f.get("effect", ""))}<br><span class="muted">{text(f.get("basis", ""))}</span></td>'
+            f"<td>{text(f.get('fix', ''))}</td></tr>"
         )
     return (
-        f"<h3>{_e(run.name)}</h3><table><tr><th>severity</th><th>finding</th><th>evidence</th>"
+        f"<h3>{text(run.name)}</h3><table><tr><th>severity</th><th>finding</th><th>evidence</th>"
         f"<th>effect (basis)</th><th>fix</th></tr>{''.join(rows)}</table>"
     )
 
@@ -342,18 +352,18 @@ def _comparison(runs: list[Run], price: float | None) -> str:
             cls = {True: "better", False: "worse", None: ""}[r["b_better"]]
             ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
             rows.append(
-                f'<tr><th>{_e(r["label"])}</th><td class="num">{_e(fmt_value(r["metric"], r["a"]))}</td>'
-                f'<td class="num">{_e(fmt_value(r["metric"], r["b"]))}</td><td class="num {cls}">{ratio}</td></tr>'
+                f'<tr><th>{text(r["label"])}</th><td class="num">{text(fmt_value(r["metric"], r["a"]))}</td>'
+                f'<td class="num">{text(fmt_value(r["metric"], r["b"]))}</td><td class="num {cls}">{ratio}</td></tr>'
             )
         diffs = (
             "".join(
-                f"<tr><td>{_e(d['setting'])}</td><td>{_e(d['a'])}</td><td>{_e(d['b'])}</td></tr>"
+                f"<tr><td>{text(d['setting'])}</td><td>{text(d['a'])}</td><td>{text(d['b'])}</td></tr>"
                 for d in res["settings_differ"]
             )
             or '<tr><td colspan="3" class="muted">no recorded setting differs</td></tr>'
         )
         parts.append(
-            f"<h3>{_e(base.name)} (A) → {_e(other.name)} (B)</h3>"
+            f"<h3>{text(base.name)} (A) → {text(other.name)} (B)</h3>"
             f"<table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th></tr>{''.join(rows)}</table>"
             + "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in res.get("notes") or [])
             + f"<p>Settings that differ:</p><table><tr><th>setting</th><th>A</th><th>B</th></tr>{diffs}</table>"
@@ -404,16 +414,16 @@ def render(runs: list[Run], price: float | None = None, title: str | None = None
         if tb:
             total = sum(tb.values()) or 1.0
             cells = "".join(
-                f'<tr><td>{_e(k)}</td><td class="num">{v:,.2f} s</td><td class="num">{v / total:.1%}</td></tr>'
+                f'<tr><td>{text(k)}</td><td class="num">{v:,.2f} s</td><td class="num">{v / total:.1%}</td></tr>'
                 for k, v in sorted(tb.items(), key=lambda kv: -kv[1])
             )
             breakdowns.append(
                 f"<table><tr><th>phase (whole run)</th><th>seconds</th><th>share</th></tr>{cells}</table>"
             )
     body = [
-        f"<h1>{_e(title)}</h1>",
+        f"<h1>{text(title)}</h1>",
         f'<p class="muted">written {time.strftime("%Y-%m-%d %H:%M")} by pitstop; runs: '
-        + ", ".join(f"<code>{_e(r.path)}</code>" for r in runs)
+        + ", ".join(f"<code>{text(r.path)}</code>" for r in runs)
         + "</p>",
         "<h2>Summary</h2>",
         _summary_table(runs, price),
@@ -431,7 +441,7 @@ def render(runs: list[Run], price: float | None = None, title: str | None = None
     if len(runs) > 1:
         body += ["<h2>Comparison</h2>", _comparison(runs, price)]
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'
         f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>"
     )
 

@@ -263,12 +263,20 @@ class CheckpointWriter:
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
+            intact = self.last_written is not None and _is_complete(self.last_written)
+            # Only a checkpoint still on disk and whole is called intact (the run
+            # directory may have been deleted or damaged: that is what failed).
+            kept = (
+                f"the previous complete checkpoint ({self.last_written}) is intact: free space "
+                "or fix the cause, then rerun with --resume"
+                if intact
+                else f"no complete checkpoint remains under {self.root}: fix the cause, then "
+                "rerun (it starts from the beginning)"
+            )
             raise CheckpointError(
                 f"writing a checkpoint under {self.root} failed: {_one_line(err)}"
                 f"{self._disk_full_note(err)}. The run stopped so no "
-                "more unsaved work is paid for; the previous complete checkpoint "
-                f"({self.last_written or 'none'}) is intact: free space or fix the cause, then "
-                "rerun with --resume"
+                f"more unsaved work is paid for; {kept}"
             ) from err
 
     def _disk_full_note(self, err: BaseException) -> str:

@@ -35,8 +35,11 @@ class Geometry:
 
 def open_training_store(cfg: RunConfig) -> Any:
     from pitstop.data.prepare import open_store
+    from pitstop.data.store import check_vocab
 
-    return open_store(cfg)
+    store = open_store(cfg)
+    check_vocab(store, cfg.model)  # an id past the embedding fails mid-step otherwise
+    return store
 
 
 def saved_strategy(out: Path) -> str | None:

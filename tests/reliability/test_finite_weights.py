@@ -28,7 +28,7 @@ def _break_weights_at(monkeypatch, step: int) -> None:
 
     def step_then_break(self, loss):
         out = real(self, loss)
-        if self.step + 1 == step:
+        if self.state.step + 1 == step:
             with torch.no_grad():
                 self.params[0].view(-1)[0] = float("nan")
         return out

@@ -49,7 +49,7 @@ def test_out_of_memory_names_the_micro_batch_and_what_fits(
     real = Trainer.forward_backward
 
     def oom_at_step_3(self, *a, **k):
-        if self.step + 1 == 3:
+        if self.state.step + 1 == 3:
             raise error
         return real(self, *a, **k)
 
