@@ -365,7 +365,7 @@ def _comparison(runs: list[Run], price: float | None) -> str:
         parts.append(
             f"<h3>{text(base.name)} (A) → {text(other.name)} (B)</h3>"
             f"<table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th></tr>{''.join(rows)}</table>"
-            + "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in res.get("notes") or [])
+            + "".join(f"<p><b>Note:</b> {text(n)}</p>" for n in res.get("notes") or [])
             + f"<p>Settings that differ:</p><table><tr><th>setting</th><th>A</th><th>B</th></tr>{diffs}</table>"
         )
     return "".join(parts)
