@@ -102,6 +102,7 @@ def choose_batching(
             seed=cfg.seed,
             epoch=0,
             indices=indices,
+            trained=targets,
         )
         specs = [
             spec
