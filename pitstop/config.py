@@ -156,6 +156,11 @@ class RunConfig:
         False, "continue from the newest complete checkpoint in --output", cmds=RUNNERS
     )
     overwrite: bool = _f(False, "replace an existing run in --output", cmds=RUNNERS)
+    remeasure: bool = _f(
+        False,
+        "measure the measured choices (batching: auto) again instead of reusing the cached ones",
+        cmds=RUNNERS,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -385,6 +390,11 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
         p.append("--max-bad-steps must be at least 1")
     if cfg.resume and cfg.overwrite:
         p.append("give --resume or --overwrite, not both")
+    if cfg.resume and cfg.remeasure:
+        p.append(
+            "give --resume or --remeasure, not both: a resumed run keeps the choices it started "
+            "with (so it continues the same math); start a new run to measure again"
+        )
     if cfg.nproc < 1:
         p.append("--nproc must be at least 1")
     bad_reporters = [r for r in cfg.report_to if r not in ("tensorboard", "wandb", "none")]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,8 @@ from pitstop.data.store import TokenStore
 from pitstop.errors import ConfigError
 
 __all__ = ["AutoChoice", "StrategyTiming", "choose_batching"]
+
+_T = TypeVar("_T")
 
 
 # A handful of rounds can underestimate the noise; a margin this small flipped the
@@ -245,7 +247,7 @@ def _decide(est: dict[str, float], positions: dict[str, int], noise: float) -> s
     return min(ahead, key=lambda k: est[k]) if ahead else base
 
 
-def _rank0_choice(choice: AutoChoice, world_size: int) -> AutoChoice:
+def _rank0_choice(choice: _T, world_size: int) -> _T:
     """Every rank adopts rank 0's measured choice (ranks' own timings differ by noise)."""
     import torch.distributed as dist
 

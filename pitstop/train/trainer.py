@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from pitstop import probe
 from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.batching.choices import RUN_CHOICES, write_run_choices
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
@@ -67,7 +68,7 @@ from pitstop.train.summary import (
     truncate_metrics,
 )
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
+RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml", RUN_CHOICES)
 RUN_DIRS = ("checkpoints", "final", "tensorboard")
 
 
@@ -244,8 +245,14 @@ class Trainer:
         note = check_positions(cfg.model, cfg.max_seq_len)
         if note and self.is_main:
             print(f"pitstop: warning: {note}", file=sys.stderr)
+        t_load = time.perf_counter()
+        if self.is_main:  # the first silent second before the banner is the model load
+            print(f"pitstop: loading the model from {cfg.model} ...", file=sys.stderr, flush=True)
         self.tokenizer = model_io.load_tokenizer(cfg)
         self.model, attention, lora = model_io.load_model(cfg, device, self.precision, attention)
+        if self.is_main:
+            print(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
         self.choices["attention"] = attention
         self.choices["gradient_checkpointing"] = Choice(
             cfg.gradient_checkpointing,
@@ -269,6 +276,7 @@ class Trainer:
                 cfg, store=store, rank=self.rank, world_size=self.world_size,
                 run_micro_batch=self._timing_micro_batch, resume_strategy=resume_strategy,
                 indices=held.train_indices if held else None, lockstep=self.fsdp,
+                device_name=self.dev.name, out=self.out, cache_dir=cfg.cache_dir,
             )  # fmt: skip
             if held is not None:
                 from pitstop.train.evaluate import EvalSet
@@ -427,6 +435,8 @@ class Trainer:
             truncate_metrics(out / "metrics.jsonl", self.step)
             saved = RunConfig(**{**self.cfg.to_dict(), "resume": False, "overwrite": False})
             write_text_atomic(out / "config.yaml", saved.to_yaml())
+            if self.geometry.measured is not None:  # before step 1: --resume reads it back
+                write_run_choices(out, self.geometry.measured)
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
 
     def _restore(self, path: Path) -> None:
@@ -725,6 +735,14 @@ class Trainer:
         fn = getattr(self.loader, "steps_in_epoch", None)
         return int(fn(epoch)) if fn is not None else self.steps_per_epoch
 
+    def _eta(self, step: int) -> str:
+        """Time left at the run's mean step time so far (the terminal's bar shows its own)."""
+        if step <= 0 or self.train_seconds_now <= 0:
+            return "?"
+        left = round((self.total_steps - step) * self.train_seconds_now / step)
+        h, rem = divmod(left, 3600)
+        return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
     def log(self, bar: Any = None) -> None:
         """The logging step: the one place the loop reads device values (a sync)."""
         if not self._pending:
@@ -797,7 +815,8 @@ class Trainer:
         elif bar is not None:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
             print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                  f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{tps:,.0f} tokens/s  ETA {self._eta(last['step'])}",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     def _diverged(self, step: int, lr: float, loss: float, norm: float) -> None:
         # A checkpoint may still be on its way to disk: let it land before naming it.
@@ -1006,6 +1025,9 @@ class Trainer:
             "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
             "device": {**self.dev.to_dict(), "torch": torch.__version__},
             "choices": {k: c.to_dict() for k, c in self.choices.items()},
+            "measured_choices": self.geometry.measured.to_dict()
+            if self.geometry.measured
+            else None,
             "resumed_from": self.resumed_from,
             "final_model": str(self.out / "final") if status == "completed" else None,
             "config": self.cfg.to_dict(),
