@@ -84,7 +84,8 @@ def main() -> None:
     body += (
         f"\n\nThe second start begins training {gain:.1f} s sooner: it reuses the first start's "
         "measured choice instead of timing the layouts again (`--remeasure` forces a new "
-        f"measurement). Max length {args.max_seq_len}, {args.docs} corpus chapters, "
+        "measurement), and the CPU peak for MFU, which the first start measured once (a few "
+        f"seconds). Max length {args.max_seq_len}, {args.docs} corpus chapters, "
         f"{args.steps} steps, default settings otherwise.\n"
     )
     path = write_result("startup", "Start-up: first start vs a rerun of the same config", body)
