@@ -672,6 +672,7 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
         tokens_per_step=setup.tokens_per_step,
         seed=setup.seed,
         epoch=0,
+        trained=lengths - 1,  # every token but a document's first is a target, as in pitstop
     )
     gpu = setup.mode == "gpu"
     dev = torch.device("cuda" if gpu else "cpu")

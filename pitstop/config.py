@@ -169,6 +169,11 @@ class RunConfig:
         cmds=RUNNERS,
     )
     overwrite: bool = _f(False, "replace an existing run in --output", cmds=RUNNERS)
+    remeasure: bool = _f(
+        False,
+        "measure the measured choices (batching: auto) again instead of reusing the cached ones",
+        cmds=RUNNERS,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -436,6 +441,11 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append("give --resume or --overwrite, not both")
     if cfg.resume_with_changes and not cfg.resume:
         p.append("--resume-with-changes goes with --resume")
+    if cfg.resume and cfg.remeasure:
+        p.append(
+            "give --resume or --remeasure, not both: a resumed run keeps the choices it started "
+            "with (so it continues the same math); start a new run to measure again"
+        )
     if cfg.nproc < 1:
         p.append("--nproc must be at least 1")
     bad_reporters = [r for r in cfg.report_to if r not in ("tensorboard", "wandb", "none")]

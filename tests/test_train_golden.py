@@ -17,12 +17,16 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# (batching, losses of steps 1..6); tokens_per_step 256 over micro-batches of 2 rows of 64
+# (batching, losses of steps 1..6); tokens_per_step 256 over micro-batches of 2 rows of 64.
+# Re-recorded once for issue 16's plan-then-layout (each step's documents are fixed before
+# pack/bucket lay them out, so the two layouts now train on the same tokens per step and
+# their losses agree to float rounding); the merged tree and the h-e branch alone gave the
+# same values.
 GOLDEN: dict[str, list[float]] = {
-    "pack": [8.341532707214355, 8.284299850463867, 8.245250701904297, 8.226863861083984,
-             8.202546119689941, 8.127424240112305],
-    "bucket": [8.345867156982422, 8.273749351501465, 8.22635269165039, 8.149131774902344,
-               8.141239166259766, 8.091766357421875],
+    "pack": [8.345423698425293, 8.287069320678711, 8.222110748291016, 8.161458015441895,
+             8.129364967346191, 8.064508438110352],
+    "bucket": [8.345423698425293, 8.287069320678711, 8.222110748291016, 8.161458969116211,
+               8.129364967346191, 8.064508438110352],
 }  # fmt: skip
 
 

@@ -1,18 +1,27 @@
 """`batching: auto`: pick pack, bucket or pad by timing them on this device and model.
 
-Which strategy trains fastest depends on things no rule of thumb captures: packing
+Which layout trains fastest depends on things no rule of thumb captures: packing
 wastes no positions but makes transformers build a block-diagonal mask (on CPU SDPA
 and eager attention that mask costs the full row length squared, and blocks the
 fast causal kernel); bucketing keeps the causal fast path but pads each micro-batch
 to its longest row; padding everything to max length is only competitive when the
 data is already that long. So we measure.
 
-Every strategy trains the same target tokens per epoch (each sequence exactly once),
-so the fastest strategy is the one with the smallest estimated epoch compute time.
-For each strategy we sort this rank's micro-batches of epoch 0 by size, split them
-into `samples` equal-count strata, time the median micro-batch of each stratum (after
-`warmup` untimed runs of the largest one), and estimate the epoch as
-Σ stratum size × its measured time. Trained tokens/s = epoch targets / that estimate.
+Every layout is an arrangement of the same step plan (pitstop.batching.plan): the
+same documents in every step, so the same training math, and the fastest layout is
+the one with the smallest estimated epoch compute time. For each layout we sort this
+rank's micro-batches of epoch 0 by size, split them into `samples` equal-count
+strata, and time the median micro-batch of each stratum (after `warmup` untimed runs
+of the largest one). Timing is fragile on a busy machine, so:
+
+- layouts take turns within each round (interleaved), so load that comes and goes
+  hits them alike; each sample keeps its fastest timing over the rounds;
+- rounds repeat (at least `min_rounds`, at most `max_rounds`) until the ranking is
+  the same two rounds in a row or no layout is ahead by more than the noise;
+- the noise is the spread of each layout's per-round estimates (median absolute
+  deviation over the median, the worst layout's), and it is reported;
+- a layout that computes more positions than the leanest one must be faster by more
+  than the noise (and at least `MIN_ADVANTAGE`); otherwise the leanest layout wins.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,6 +43,13 @@ from pitstop.errors import ConfigError
 
 __all__ = ["AutoChoice", "StrategyTiming", "choose_batching"]
 
+_T = TypeVar("_T")
+
+
+# A handful of rounds can underestimate the noise; a margin this small flipped the
+# choice between runs of the same command on a busy 2-core machine (issue 16).
+MIN_ADVANTAGE = 0.05
+
 
 @dataclass(frozen=True)
 class StrategyTiming:
@@ -43,6 +59,8 @@ class StrategyTiming:
     packing_efficiency: float  # real tokens / positions computed, this rank, epoch 0
     timed_micro_batches: int
     timed_seconds: float
+    positions: int = 0  # positions this rank computes in epoch 0
+    noise: float = 0.0  # relative spread of the per-round epoch estimates
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,8 @@ class AutoChoice:
     reason: str  # one line for the run banner, with the measured numbers
     timings: dict[str, StrategyTiming] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # strategy -> why it was not timed
+    noise: float = 0.0  # the measurement's relative noise (worst layout's)
+    rounds: int = 0
 
 
 def choose_batching(
@@ -63,29 +83,31 @@ def choose_batching(
     candidates: tuple[Strategy, ...] = STRATEGIES,
     samples: int = 4,
     warmup: int = 1,
-    repeats: int = 2,
+    min_rounds: int = 3,
+    max_rounds: int = 8,
     clock: Callable[[], float] = time.perf_counter,
     indices: np.ndarray | None = None,
     lockstep: bool = False,
     broadcast: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> AutoChoice:
-    """Time each candidate strategy with `run_micro_batch` and return the fastest.
+    """Time each candidate layout with `run_micro_batch` and return the decision rule's pick.
 
     `run_micro_batch(batch)` must run one forward+backward of a micro-batch dict (as
     the loader yields it, still on CPU) and return only when the work is done (on
     CUDA: synchronize, e.g. `loss.item()`); it should not step the optimizer.
-    Gradients it accumulates are the caller's to zero. `clock` is injectable for tests.
+    Gradients it accumulates are the caller's to zero. `clock` is injectable for tests;
+    `progress(line)` hears about each round.
 
     With several ranks, each rank times its own shard and timings differ: every rank
-    must use the same strategy (it defines the steps), so when a torch.distributed
-    process group is up (and `broadcast`), every rank returns rank 0's choice. All
-    ranks time at once, so each measures under the same load as training. `indices`
-    and `lockstep` are the loader's (held-out split, FSDP micro-batch padding).
+    must use the same layout, so when a torch.distributed process group is up (and
+    `broadcast`), every rank returns rank 0's choice. All ranks time at once, so each
+    measures under the same load as training. `indices` and `lockstep` are the
+    loader's (held-out split, FSDP micro-batch padding).
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)
     pad_id = store.pad_id
-    timings: dict[str, StrategyTiming] = {}
     skipped: dict[str, str] = {}
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]] = {}
     for strategy in candidates:
@@ -102,6 +124,7 @@ def choose_batching(
             seed=cfg.seed,
             epoch=0,
             indices=indices,
+            trained=targets,
         )
         specs = [
             spec
@@ -114,6 +137,11 @@ def choose_batching(
         specs.sort(key=lambda s: s.n_positions)
         strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
         prepared[strategy] = (specs, strata)
+    if not prepared:
+        raise ConfigError(
+            [f"{k}: {v}" for k, v in skipped.items()],
+            header="batching=auto found no strategy it could run:",
+        )
 
     def run(spec: Any) -> float:
         batch = collate(store.tokens, store.mask, store.offsets, spec, pad_id)
@@ -124,56 +152,102 @@ def choose_batching(
     for specs, _ in prepared.values():
         for _ in range(warmup):
             run(specs[-1])  # the largest shape: allocator, kernels and autotuning warm up
-    # Strategies take turns, and each sample keeps its fastest of `repeats` timings: a
-    # burst of background load then hits every strategy alike and is filtered out, instead
-    # of deciding the choice (seen on a busy 2-core machine with one timing per sample).
-    best_t: dict[str, list[float]] = {k: [float("inf")] * len(v[1]) for k, v in prepared.items()}
-    for _ in range(max(1, repeats)):
-        for strategy, (specs, strata) in prepared.items():
-            for j, idx in enumerate(strata):
-                t = run(specs[int(idx[len(idx) // 2])])
-                best_t[strategy][j] = min(best_t[strategy][j], t)
-    for strategy, (specs, strata) in prepared.items():
-        # Each sample's time per computed position, times the positions of its stratum: exact
-        # when cost is linear in positions, and strata of similar shapes carry the rest.
-        est = 0.0
-        for t, idx in zip(best_t[strategy], strata):
-            sample = specs[int(idx[len(idx) // 2])]
-            est += t / max(1, sample.n_positions) * sum(specs[int(i)].n_positions for i in idx)
-        timed = sum(best_t[strategy])
+    names = list(prepared)
+    positions = {k: sum(s.n_positions for s in prepared[k][0]) for k in names}
+    weights = {k: _stratum_weights(*prepared[k]) for k in names}
+    times: dict[str, list[list[float]]] = {k: [] for k in names}  # [round][stratum]
+    ranking: list[str] = []
+    rounds = 0
+    for rounds in range(1, max(1, max_rounds) + 1):
+        if progress is not None:
+            progress(f"measuring batching layouts: round {rounds} (at least {min_rounds}, "
+                     f"at most {max_rounds}) of {', '.join(names)}")  # fmt: skip
+        shift = (rounds - 1) % len(names)  # a different layout goes first each round
+        for strategy in names[shift:] + names[:shift]:
+            specs, strata = prepared[strategy]
+            times[strategy].append([run(specs[int(idx[len(idx) // 2])]) for idx in strata])
+        est = {k: _estimate(times[k], weights[k]) for k in names}
+        noise = max(_noise(times[k], weights[k]) for k in names)
+        winner = _decide(est, positions, noise)
+        previous, ranking = ranking, sorted(names, key=lambda k: est[k])
+        if rounds >= min_rounds and (ranking == previous or winner == _leanest(positions)):
+            break
+    est = {k: _estimate(times[k], weights[k]) for k in names}
+    noise = max(_noise(times[k], weights[k]) for k in names)
+    best = _decide(est, positions, noise)
+    timings: dict[str, StrategyTiming] = {}
+    for strategy, (specs, _) in prepared.items():
         seen = sum(_seen_tokens(store.offsets, s) for s in specs)
-        positions = sum(s.n_positions for s in specs)
         rank_targets = int(sum(int(targets[np.concatenate(s.rows)].sum()) for s in specs if s.rows))
+        e = est[strategy]
         timings[strategy] = StrategyTiming(
             strategy=strategy,
-            tokens_per_second=rank_targets / est if est > 0 else float("inf"),
-            epoch_seconds=est,
-            packing_efficiency=seen / positions,
-            timed_micro_batches=len(strata),
-            timed_seconds=timed,
+            tokens_per_second=rank_targets / e if e > 0 else float("inf"),
+            epoch_seconds=e,
+            packing_efficiency=seen / positions[strategy],
+            timed_micro_batches=len(times[strategy][0]),
+            timed_seconds=float(sum(map(sum, times[strategy]))),
+            positions=positions[strategy],
+            noise=_noise(times[strategy], weights[strategy]),
         )
-    if not timings:
-        raise ConfigError(
-            [f"{k}: {v}" for k, v in skipped.items()],
-            header="batching=auto found no strategy it could run:",
-        )
-    best = min(timings.values(), key=lambda t: t.epoch_seconds)
     parts = [
         f"{t.strategy} {t.tokens_per_second:,.0f} trained tok/s ({t.packing_efficiency:.1%} of positions real)"
         for t in sorted(timings.values(), key=lambda t: t.epoch_seconds)
     ]
+    leanest = _leanest(positions)
+    why = (
+        "fastest by more than the noise" if best != leanest
+        else "fewest positions" + ("" if ranking[0] == best else
+                                   f"; {ranking[0]} was not ahead by more than the noise")
+    )  # fmt: skip
     n = max(t.timed_micro_batches for t in timings.values())
     reason = (
-        f"measured on this device ({n} micro-batches each, best of {max(1, repeats)}, "
-        f"after {warmup} warm-up): "
+        f"{why}; measured on this device ({n} micro-batches each, {rounds} interleaved rounds, "
+        f"noise ±{noise:.1%}, after {warmup} warm-up): "
         + ", ".join(parts)
         + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
     )
-    choice = AutoChoice(best.strategy, reason, timings, skipped)
-    return _rank0_choice(choice, world_size) if broadcast else choice
+    choice = AutoChoice(best, reason, timings, skipped, noise, rounds)  # type: ignore[arg-type]
+    return rank0_choice(choice, world_size) if broadcast else choice
 
 
-def _rank0_choice(choice: AutoChoice, world_size: int) -> AutoChoice:
+def _stratum_weights(specs: list[Any], strata: list[np.ndarray]) -> np.ndarray:
+    """Per stratum: its positions / its timed sample's positions (time scales with positions)."""
+    out = []
+    for idx in strata:
+        sample = specs[int(idx[len(idx) // 2])]
+        out.append(sum(specs[int(i)].n_positions for i in idx) / max(1, sample.n_positions))
+    return np.asarray(out, dtype=np.float64)
+
+
+def _estimate(times: list[list[float]], weights: np.ndarray) -> float:
+    """Epoch seconds: each sample's fastest timing over the rounds (a burst of load is
+    filtered out), scaled to its stratum's positions."""
+    return float(np.min(np.asarray(times), axis=0) @ weights)
+
+
+def _noise(times: list[list[float]], weights: np.ndarray) -> float:
+    """Relative spread of the per-round epoch estimates: median absolute deviation / median."""
+    per_round = np.asarray(times) @ weights
+    if len(per_round) < 2:
+        return float("inf")  # one round says nothing about the noise
+    med = float(np.median(per_round))
+    return float(np.median(np.abs(per_round - med)) / med) if med > 0 else 0.0
+
+
+def _leanest(positions: dict[str, int]) -> str:
+    return min(positions, key=lambda k: (positions[k], k))
+
+
+def _decide(est: dict[str, float], positions: dict[str, int], noise: float) -> str:
+    """The leanest layout, unless another is faster by more than the noise (and MIN_ADVANTAGE)."""
+    base = _leanest(positions)
+    margin = max(noise, MIN_ADVANTAGE)
+    ahead = [k for k in est if est[k] < est[base] * (1 - margin)]
+    return min(ahead, key=lambda k: est[k]) if ahead else base
+
+
+def rank0_choice(choice: _T, world_size: int) -> _T:
     """Every rank adopts rank 0's measured choice (ranks' own timings differ by noise)."""
     import torch.distributed as dist
 

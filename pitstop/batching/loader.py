@@ -9,9 +9,10 @@ Position and resume: the loader counts what it has *handed to the caller*, not w
 workers have prefetched. `state_dict()` after the last micro-batch of step k says
 "next: step k+1"; after a partial step it says "that step again from its first
 micro-batch". Because every epoch's plan is a pure function of (seed, epoch, lengths,
-strategy, max_seq_len, tokens_per_step), the state is just two ints, and a resumed run
-continues with exactly the next batch, even with a different micro-batch size or
-world size (those never change step composition).
+trained tokens, strategy, max_seq_len, tokens_per_step), the state is just two ints,
+and a resumed run continues with exactly the next batch, even with a different
+micro-batch size or world size (those never change step composition; the strategy
+only arranges a step's documents, but it is kept so a resume repeats the same sums).
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ class MicroBatchLoader:
                 seed=self.seed,
                 epoch=epoch,
                 indices=self.indices,
+                trained=self.targets,
             )
             for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
                 del self._plans[old]

@@ -1,24 +1,26 @@
-"""The epoch plan: which sequences form which rows, which rows form which optimizer step.
+"""The epoch plan: which sequences form which optimizer step, then how each step is laid out.
 
 Hand-written because no library plans at the level of the optimizer step: samplers
 in torch, HF and TRL batch by micro-batch, so changing the micro-batch size changes
 which documents share a step (and the tuner would be comparing different training
-math). Here a plan depends only on (sequence lengths, seed, epoch, strategy,
-max_seq_len, tokens_per_step); micro-batches and ranks are cut from each step
-afterwards (`step_micro_batches`).
+math). Here planning has two stages:
 
-Strategies:
+1. **The step plan** (`plan_steps`) depends only on (trained tokens per sequence,
+   seed, epoch, tokens_per_step): sequences shuffled by (seed, epoch), cut greedily
+   into steps of at most ``tokens_per_step`` trained (loss-target) tokens. It does
+   not depend on the layout, the micro-batch size, the loader workers or the ranks.
+2. **The layout** (the strategy) only arranges each step's sequences into rows:
 
-- ``pack``: best-fit-decreasing of the whole epoch into rows of max_seq_len, rows
-  shuffled, ``tokens_per_step // max_seq_len`` rows per step (the last step of the
-  epoch may be smaller). Rows are padded to max_seq_len: static shapes for
-  torch.compile and CUDA graphs, at the cost of the ~1% BFD leaves empty.
-- ``bucket``: sequences shuffled, windows of ~64 steps sorted by length, cut greedily
-  into steps of ≈ tokens_per_step real tokens, step order shuffled; one sequence per
-  row, rows padded to the longest row of their micro-batch.
-- ``pad``: sequences shuffled, the same greedy step cut, every row padded to max_seq_len.
+   - ``pack``: best-fit-decreasing of the step's sequences into rows of max_seq_len,
+     rows padded to max_seq_len (static shapes for torch.compile and CUDA graphs).
+   - ``bucket``: one sequence per row, the step's rows sorted by length, so each
+     micro-batch pads only to its own longest row.
+   - ``pad``: one sequence per row in planned order, every row padded to max_seq_len.
 
-Every sequence appears exactly once per epoch in every strategy.
+So every layout trains the same documents in the same step and the same trained
+tokens per step: the losses differ only by floating-point summation order, and
+`auto`/`tune` compare like with like. Micro-batches and ranks are cut from each
+step afterwards (`step_micro_batches`). Every sequence appears exactly once per epoch.
 """
 
 from __future__ import annotations
@@ -37,13 +39,12 @@ __all__ = [
     "build_plan",
     "measure_efficiency",
     "plan_efficiency",
+    "plan_steps",
     "step_micro_batches",
 ]
 
-# Bucket windows span this many steps: large enough that sorting inside a window
-# gives near-uniform lengths per step, small enough that steps still mix the corpus.
-BUCKET_WINDOW_STEPS = 64
-_STRATEGY_CODE = {"pack": 1, "bucket": 2, "pad": 3}
+# Seeds the step plan's shuffle and pack's tie-breaks; the same for every layout.
+_STEP_PLAN_CODE = 7
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,10 @@ class Plan:
         return np.diff(csum[self.step_seq_bounds()])
 
 
-def _rng(seed: int, epoch: int, strategy: Strategy) -> np.random.Generator:
-    # Seeded by (seed, epoch, strategy): epoch e of a run is reproducible on its own,
-    # which is what makes resuming mid-run exact without saving any RNG state.
-    return np.random.default_rng([seed, epoch, _STRATEGY_CODE[strategy]])
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    # Seeded by (seed, epoch) only: epoch e of a run is reproducible on its own (resuming
+    # mid-run is exact without saving any RNG state), and no layout changes the steps.
+    return np.random.default_rng([seed, epoch, _STEP_PLAN_CODE])
 
 
 def _gather(
@@ -106,22 +107,74 @@ def _gather(
     return flat[idx], new_bounds
 
 
-def _greedy_cut(lens: np.ndarray, budget: int) -> np.ndarray:
-    """Step boundaries over `lens` (in order): each step takes sequences while its total ≤ budget.
+def _greedy_cut(weights: np.ndarray, budget: int) -> np.ndarray:
+    """Step boundaries over `weights` (in order): each step takes sequences while its total ≤ budget.
 
-    A sequence longer than the budget alone forms a step (settings keep max_seq_len ≤
+    A sequence above the budget alone forms a step (settings keep max_seq_len ≤
     tokens_per_step, so that does not happen in practice).
     """
-    csum = np.cumsum(lens)
+    csum = np.cumsum(weights)
     ends = [0]
     base = 0
-    n = len(lens)
+    n = len(weights)
     while ends[-1] < n:
         end = int(np.searchsorted(csum, base + budget, side="right"))
         end = max(end, ends[-1] + 1)
         ends.append(end)
         base = int(csum[end - 1])
     return np.asarray(ends, dtype=np.int64)
+
+
+def plan_steps(
+    trained: np.ndarray, *, tokens_per_step: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The step plan: ``(order, bounds)``, step s = positions ``order[bounds[s]:bounds[s+1]]``.
+
+    `trained` holds each sequence's trained (loss-target) tokens; a step takes shuffled
+    sequences while its trained tokens stay ≤ `tokens_per_step`. Positions index `trained`.
+    """
+    trained = np.asarray(trained, dtype=np.int64)
+    n = len(trained)
+    order = _rng(seed, epoch).permutation(n).astype(np.int64)
+    bounds = _greedy_cut(trained[order], tokens_per_step) if n else np.zeros(1, np.int64)
+    return order, bounds
+
+
+def _layout(
+    order: np.ndarray,
+    step_bounds: np.ndarray,
+    lengths: np.ndarray,
+    strategy: Strategy,
+    msl: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's positions arranged into rows: ``(seqs, row_bounds, step_bounds)``."""
+    n_steps = len(step_bounds) - 1
+    if strategy == "pack":
+        parts: list[np.ndarray] = []
+        row_sizes: list[np.ndarray] = []
+        rows_per_step = np.zeros(n_steps, np.int64)
+        for s in range(n_steps):
+            items = order[step_bounds[s] : step_bounds[s + 1]]
+            flat, bounds = bfd_arrays(lengths[items], msl)
+            # BFD opens rows longest-documents first; shuffled, ranks dealt rows
+            # round-robin get a fair mix of documents.
+            flat, bounds = _gather(flat, bounds, rng.permutation(len(bounds) - 1))
+            parts.append(items[flat])
+            row_sizes.append(np.diff(bounds))
+            rows_per_step[s] = len(bounds) - 1
+        seqs = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        sizes = np.concatenate(row_sizes) if row_sizes else np.zeros(0, np.int64)
+        row_bounds = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        return seqs, row_bounds, np.r_[0, np.cumsum(rows_per_step)].astype(np.int64)
+    if strategy == "bucket":
+        # Longest first within each step (ties keep the planned order), so micro-batches
+        # cut from a step hold rows of similar length and pad little.
+        step_of = np.repeat(np.arange(n_steps), np.diff(step_bounds))
+        order = order[np.lexsort((np.arange(len(order)), -lengths[order], step_of))]
+    elif strategy != "pad":
+        raise ValueError(f"unknown batching strategy {strategy!r}")
+    return order, np.arange(len(order) + 1, dtype=np.int64), step_bounds
 
 
 def build_plan(
@@ -133,65 +186,35 @@ def build_plan(
     seed: int,
     epoch: int,
     indices: np.ndarray | None = None,
+    trained: np.ndarray | None = None,
 ) -> Plan:
     """The deterministic plan of one epoch (same arguments, same plan, on every rank).
 
-    `indices` (int64, sorted) restricts the plan to those sequence ids of the store (the
-    rest, e.g. a held-out evaluation share, never appears); `seqs` in the plan are
-    still store ids, each index exactly once per epoch.
+    `trained` (int64, one per store sequence) is each sequence's trained-token count,
+    the unit of `tokens_per_step` (the loader passes `sequence_targets`); None counts
+    every token. `indices` (int64, sorted) restricts the plan to those sequence ids of
+    the store (the rest, e.g. a held-out evaluation share, never appears); `seqs` in
+    the plan are still store ids, each index exactly once per epoch. Only the rows
+    depend on `strategy`: which sequences form each step does not.
     """
     all_lengths = np.asarray(lengths, dtype=np.int64)
-    lengths = all_lengths if indices is None else all_lengths[np.asarray(indices, np.int64)]
+    all_trained = all_lengths if trained is None else np.asarray(trained, dtype=np.int64)
+    if indices is not None:
+        idx = np.asarray(indices, np.int64)
+        all_lengths, all_trained = all_lengths[idx], all_trained[idx]
+    lengths = all_lengths
     n = len(lengths)
     if n and lengths.max() > max_seq_len:
         raise ValueError(
             f"a sequence has {int(lengths.max())} tokens, above max_seq_len {max_seq_len}"
         )  # the store was prepared for a longer max length: a caller bug, the loader checks first
-    rng = _rng(seed, epoch, strategy)
-    if strategy == "pack":
-        # Shuffle first so BFD's ties (equal lengths) fall differently each epoch.
-        items, bounds = bfd_arrays(lengths, max_seq_len, order=rng.permutation(n))
-        seqs, row_bounds = _gather(items, bounds, rng.permutation(len(bounds) - 1))
-        rows_per_step = tokens_per_step // max_seq_len
-        n_rows = len(row_bounds) - 1
-        step_bounds = np.r_[np.arange(0, n_rows, rows_per_step), n_rows].astype(np.int64)
-        if n_rows == 0:
-            step_bounds = np.zeros(1, np.int64)
-    elif strategy == "bucket":
-        perm = rng.permutation(n)
-        window = BUCKET_WINDOW_STEPS * tokens_per_step
-        csum = np.cumsum(lengths[perm])
-        cuts = np.searchsorted(
-            csum, np.arange(window, int(csum[-1]) if n else 0, window), side="right"
-        )
-        chunks = np.split(perm, cuts)
-        parts: list[np.ndarray] = []
-        step_sizes: list[np.ndarray] = []
-        carry = np.zeros(0, np.int64)
-        for i, chunk in enumerate(chunks):
-            items = np.concatenate([carry, chunk])
-            items = items[np.argsort(-lengths[items], kind="stable")]
-            ends = _greedy_cut(lengths[items], tokens_per_step)
-            if i < len(chunks) - 1 and len(ends) > 2:
-                # The window's last step is usually short: its sequences join the next window.
-                carry, ends = items[ends[-2] :], ends[:-1]
-                items = items[: ends[-1]]
-            else:
-                carry = np.zeros(0, np.int64)
-            parts.append(items)
-            step_sizes.append(np.diff(ends))
-        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        sizes = np.concatenate(step_sizes) if step_sizes else np.zeros(0, np.int64)
-        step_seq_bounds = np.r_[0, np.cumsum(sizes)].astype(np.int64)
-        seqs, step_bounds = _gather(flat, step_seq_bounds, rng.permutation(len(sizes)))
-        row_bounds = np.arange(n + 1, dtype=np.int64)
-    elif strategy == "pad":
-        seqs = rng.permutation(n).astype(np.int64)
-        step_bounds = _greedy_cut(lengths[seqs], tokens_per_step) if n else np.zeros(1, np.int64)
-        row_bounds = np.arange(n + 1, dtype=np.int64)
-    else:
-        raise ValueError(f"unknown batching strategy {strategy!r}")
-    seqs = np.asarray(seqs, dtype=np.int64)
+    order, step_seq_bounds = plan_steps(
+        all_trained, tokens_per_step=tokens_per_step, seed=seed, epoch=epoch
+    )
+    rng = np.random.default_rng([seed, epoch, _STEP_PLAN_CODE + 1])  # pack's row order only
+    seqs, row_bounds, step_bounds = _layout(
+        order, step_seq_bounds, lengths, strategy, max_seq_len, rng
+    )
     csum = np.concatenate([[0], np.cumsum(lengths[seqs])])
     if indices is not None:
         seqs = np.asarray(indices, np.int64)[seqs]  # positions in the subset -> store ids
@@ -201,9 +224,9 @@ def build_plan(
         seed=seed,
         max_seq_len=max_seq_len,
         tokens_per_step=tokens_per_step,
-        seqs=seqs,
+        seqs=np.asarray(seqs, dtype=np.int64),
         row_bounds=row_bounds,
-        step_bounds=np.asarray(step_bounds, dtype=np.int64),
+        step_bounds=step_bounds,
         row_tokens=np.diff(csum[row_bounds]),
     )
 
@@ -321,11 +344,17 @@ def plan_efficiency(plan: Plan, settings: BatchSettings, *, lockstep: bool = Fal
 
 
 def measure_efficiency(
-    lengths: np.ndarray, settings: BatchSettings, *, seed: int = 0, epoch: int = 0
+    lengths: np.ndarray,
+    settings: BatchSettings,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    trained: np.ndarray | None = None,
 ) -> Efficiency:
     """Packing efficiency and padding waste of a strategy for these sequence lengths."""
     plan = build_plan(
         lengths,
+        trained=trained,
         strategy=settings.strategy,
         max_seq_len=settings.max_seq_len,
         tokens_per_step=settings.tokens_per_step,

@@ -10,6 +10,7 @@ directory, keyed by CPU model, thread count and torch version.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
                 return float(rec["flops"]), f"measured fp32 matmul peak (cached in {path})"
         except (ValueError, KeyError, OSError):
             pass
+    # Seconds of silence otherwise, before a first run's first step.
+    print("pitstop: measuring this CPU's fp32 matmul peak for MFU (once; then cached) ...",
+          file=sys.stderr, flush=True)  # fmt: skip
     flops = measure_cpu_peak()
     if path is not None:
         write_cache_entry(path, json.dumps({"key": key, "flops": flops}))

@@ -185,8 +185,14 @@ def build_run(
     note = check_positions(cfg.model, cfg.max_seq_len)
     if note and env.rank == 0:
         print(f"pitstop: warning: {note}", file=sys.stderr)
+    t_load = time.perf_counter()
+    if env.rank == 0:  # the first silent second before the banner is the model load
+        print(f"pitstop: loading the model from {cfg.model} ...", file=sys.stderr, flush=True)
     tokenizer = model_io.load_tokenizer(cfg)
     model, attention, lora = model_io.load_model(cfg, device, precision, attention)
+    if env.rank == 0:
+        print(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     choices["attention"] = attention
     choices["gradient_checkpointing"] = Choice(
         cfg.gradient_checkpointing,
@@ -217,6 +223,7 @@ def build_run(
             cfg, store=store, rank=env.rank, world_size=env.world_size,
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
+            device_name=device.name, out=out, cache_dir=cfg.cache_dir,
         )  # fmt: skip
         if held is not None:
             eval_set = EvalSet(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import run_files
+from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
 from pitstop.probe import Choice
 
@@ -31,6 +32,7 @@ class Geometry:
     micro: str  # how a step is split into micro-batches, in words
     choices: dict[str, Choice] = field(default_factory=dict)
     efficiency: dict[str, float] = field(default_factory=dict)
+    measured: Any = None  # pitstop.batching.choices.MeasuredChoices of `auto`, else None
 
 
 def open_training_store(cfg: RunConfig) -> Any:
@@ -64,30 +66,38 @@ def build_loader(
     resume_strategy: str | None = None,
     indices: Any = None,
     lockstep: bool = False,
+    device_name: str = "unknown",
+    out: Path | None = None,
+    cache_dir: str | None = None,
 ) -> tuple[Any, Geometry]:
-    """The run's MicroBatchLoader; `batching: auto` is decided by timing (or kept on resume).
+    """The run's MicroBatchLoader; `batching: auto` is measured once and reused.
 
+    `auto` resolves from the run directory on `--resume` (never re-measured; an older
+    run without a record keeps its checkpoint's strategy, `resume_strategy`), else from
+    the measured-choices cache, else by timing (pitstop.batching.choices).
     `indices`: the store's sequence ids to train on (None: all; `--eval-data auto` holds
     some out). `lockstep`: equal micro-batch counts on every rank (FSDP).
     """
-    from pitstop.batching.auto import choose_batching
     from pitstop.batching.loader import MicroBatchLoader
 
     strategy = None
     batching_reason = None
+    measured = None
     if cfg.batching == "auto":
-        if resume_strategy is not None:
+        from pitstop.batching.choices import read_run_choices
+
+        kept = read_run_choices(out) if cfg.resume and out is not None else None
+        if kept is None and resume_strategy is not None:
             strategy = resume_strategy
             batching_reason = "kept from the checkpoint: a resumed run keeps its data order"
         else:
-            if run_micro_batch is None:
-                raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
-            auto = choose_batching(
-                store, cfg, run_micro_batch, rank=rank, world_size=world_size,
-                indices=indices, lockstep=lockstep,
+            measured = _measured_batching(
+                cfg, store=store, rank=rank, world_size=world_size,
+                run_micro_batch=run_micro_batch, indices=indices, lockstep=lockstep,
+                device_name=device_name, out=out, cache_dir=cache_dir,
             )  # fmt: skip
-            strategy = auto.strategy
-            batching_reason = auto.reason
+            strategy = measured.values["batching"]
+            batching_reason = measured.describe("batching")
     loader = MicroBatchLoader(
         store, cfg, rank=rank, world_size=world_size, strategy=strategy,
         indices=indices, lockstep=lockstep,
@@ -109,7 +119,60 @@ def build_loader(
         "padding_waste": float(eff.padding_waste),
     }
     geo = Geometry(s.strategy, s.max_seq_len, s.tokens_per_step, micro, choices, efficiency)
+    geo.measured = measured
     return loader, geo
+
+
+def _measured_batching(
+    cfg: RunConfig,
+    *,
+    store: Any,
+    rank: int,
+    world_size: int,
+    run_micro_batch: Callable[[dict[str, Any]], object] | None,
+    indices: Any,
+    lockstep: bool,
+    device_name: str,
+    out: Path | None,
+    cache_dir: str | None,
+) -> Any:
+    """`auto`'s layout: the run's record on resume, else the cache, else measured (rank 0's wins)."""
+    import sys
+    from dataclasses import asdict
+
+    from pitstop.batching.auto import choose_batching, rank0_choice
+    from pitstop.batching.choices import choice_key, resolve_measured
+
+    key, fields = choice_key(
+        cfg, device_name=device_name, device_count=world_size,
+        store_manifest=Path(store.path) / "manifest.json",
+        indices_count=None if indices is None else len(indices),
+    )  # fmt: skip
+
+    def say(line: str) -> None:
+        if rank == 0:
+            print(f"pitstop: {line}", file=sys.stderr, flush=True)
+
+    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        if run_micro_batch is None:
+            raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
+        auto = choose_batching(
+            store, cfg, run_micro_batch, rank=rank, world_size=world_size, indices=indices,
+            lockstep=lockstep, broadcast=False, progress=say,
+        )  # fmt: skip
+        found = {
+            "timings": {k: asdict(t) for k, t in auto.timings.items()},
+            "skipped": auto.skipped, "noise": auto.noise, "rounds": auto.rounds,
+        }  # fmt: skip
+        return {"batching": auto.strategy}, {"batching": auto.reason}, found
+
+    # Only rank 0 writes the cache; every rank then adopts rank 0's resolution (a rank
+    # may find the cache entry another has not, or time differently).
+    mc = resolve_measured(
+        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
+        run_dir=out, resume=cfg.resume, remeasure=cfg.remeasure, store_result=rank == 0,
+    )  # fmt: skip
+    return rank0_choice(mc, world_size)
 
 
 @dataclass

@@ -108,6 +108,15 @@ def open_progress(total: int, initial: int) -> Any:
     )  # fmt: skip
 
 
+def eta(step: int, total_steps: int, train_seconds: float) -> str:
+    """Time left at the run's mean step time so far (a terminal's bar shows its own)."""
+    if step <= 0 or train_seconds <= 0:
+        return "?"
+    left = round((total_steps - step) * train_seconds / step)
+    h, rem = divmod(left, 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
 def _scalars(line: dict[str, Any]) -> dict[str, float]:
     """A metrics line's TensorBoard/wandb scalars; skipped (None) and non-finite values left out."""
     scalars = {
@@ -134,6 +143,7 @@ class RunLog:
         if "wandb" in cfg.report_to:
             self.choices["wandb"] = Choice(not isinstance(self.wb, NullRun), wb_note)
         self.bar: Any = None
+        self.train_seconds = 0.0  # the run's training seconds so far (the loop updates it): the ETA
 
     def start_progress(self, initial_step: int) -> None:
         """The progress bar (or, off a terminal, a line per logging step) from `initial_step`."""
@@ -179,7 +189,8 @@ class RunLog:
         else:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
             print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                  f"{tps:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self) -> None:
         self.tb.close()

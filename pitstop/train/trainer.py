@@ -44,6 +44,7 @@ import torch
 from pitstop import run_files
 from pitstop import runlock as run_lock
 from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.batching.choices import write_run_choices
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.errors import PitstopError
@@ -184,6 +185,8 @@ class Trainer:
                 print(f"pitstop: the configuration differs from the run's; the previous one is "
                       f"kept in {kept}", file=sys.stderr)  # fmt: skip
             write_text_atomic(out / run_files.CONFIG, saved)
+            if self.geometry.measured is not None:  # before step 1: --resume reads it back
+                write_run_choices(out, self.geometry.measured)
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
 
     def _identity(self) -> dict[str, Any]:
@@ -505,6 +508,7 @@ class Trainer:
             if self.train_seconds_now > 0
             else 0.0
         )
+        self.run_log.train_seconds = self.train_seconds_now
         self.run_log.write(lines, tokens_per_second=tps, progress=progress)
 
     def _pending_values(self) -> list[list[float]]:
@@ -788,6 +792,9 @@ class Trainer:
             "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
             "device": {**self.dev.to_dict(), "torch": torch.__version__},
             "choices": {k: c.to_dict() for k, c in self.choices.items()},
+            "measured_choices": self.geometry.measured.to_dict()
+            if self.geometry.measured
+            else None,
             "resumed_from": self.resumed_from,
             "final_model": str(self.out / run_files.FINAL) if status == "completed" else None,
             "config": self.cfg.to_dict(),

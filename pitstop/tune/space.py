@@ -4,14 +4,15 @@ Every knob here changes only how fast a step runs, never what a step learns:
 the tokens per optimizer step are resolved once from the user's config and written
 explicitly into every trial's config, and the micro-batch is given as
 `tokens_per_micro_batch` (padded positions per forward/backward). pitstop's step
-plans depend on (lengths, seed, epoch, strategy, max_seq_len, tokens_per_step) only
+plan depends on (trained tokens per sequence, seed, epoch, tokens_per_step) only
 (see pitstop/batching/plan.py), so a different micro-batch size just cuts the same
 steps into different pieces, and gradient accumulation follows from it
 (micro-batches per step ≈ tokens_per_step / tokens_per_micro_batch).
 
-The batching strategy (pack or bucket) is a knob too: both keep tokens per step and
-never let one document attend to another; they differ in how much padding is
-computed. Gradient checkpointing is tried only when nothing fits without it.
+The batching layout (pack or bucket) is a knob too: a layout only arranges the same
+step plan's documents into rows, so every trial trains the same documents in each
+step, and no layout lets one document attend to another; they differ in how much
+padding is computed. Gradient checkpointing is tried only when nothing fits without it.
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ drawn from a seeded RNG, and prints the seed and every kill so a failure can be 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,8 +37,25 @@ from _rel import (
 MODES = ("step", "write", "rename", "startup")
 
 
+def default_cmd(
+    model: Path, store: Path, out: Path, *extra: str, steps: int = BASE_STEPS
+) -> list[str]:
+    """train_cmd under the default settings: batching auto, default tokens per step and micro-batch."""
+    cmd = train_cmd(model, store, out, *extra, steps=steps)
+    for flag in ("--tokens-per-step", "--micro-batch-size", "--batching"):
+        i = cmd.index(flag)
+        del cmd[i : i + 2]
+    return cmd
+
+
 def _kill_once(
-    model: Path, store: Path, out: Path, steps: int, mode: str, rng: random.Random
+    model: Path,
+    store: Path,
+    out: Path,
+    steps: int,
+    mode: str,
+    rng: random.Random,
+    cmd_fn: Callable[..., list[str]] = train_cmd,
 ) -> dict:
     """Start a resuming run, SIGKILL it at the moment `mode` names, check what is on disk."""
     ckpts = out / "checkpoints"
@@ -76,7 +95,7 @@ def _kill_once(
         def cond() -> bool:
             return True
 
-    proc = start(train_cmd(model, store, out, "--resume", steps=steps), **env_extra)
+    proc = start(cmd_fn(model, store, out, "--resume", steps=steps), **env_extra)
     try:
         wait_until(cond, proc, f"{mode} {target}")
         if mode == "startup":
@@ -103,18 +122,26 @@ def _kill_once(
     return event
 
 
-def crash_campaign(model: Path, store: Path, out: Path, ref: Path, *, steps: int, modes: list[str],
-                   rng: random.Random) -> list[dict]:  # fmt: skip
+def crash_campaign(model: Path, store: Path, out: Path, ref: Path | None, *, steps: int,
+                   modes: list[str], rng: random.Random,
+                   cmd_fn: Callable[..., list[str]] = train_cmd) -> list[dict]:  # fmt: skip
+    """Kill at each of `modes`, resume to the end, compare with `ref` (None: run it afterwards,
+    beside `out`, so it shares the cache and the measured choices as a rerun would)."""
     events = []
     for mode in modes:
-        ev = _kill_once(model, store, out, steps, mode, rng)
+        ev = _kill_once(model, store, out, steps, mode, rng, cmd_fn)
         events.append(ev)
         print(ev)
         if ev["finished_before_kill"]:
             break
-    done = run(train_cmd(model, store, out, "--resume", steps=steps))
+    done = run(cmd_fn(model, store, out, "--resume", steps=steps))
     assert done.returncode == 0, done.stderr[-3000:]
     no_traceback(done.stderr)
+    if ref is None:
+        ref = out.parent / "ref"
+        r = run(cmd_fn(model, store, ref, steps=steps))
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "reused, measured" in r.stderr or cmd_fn is train_cmd, r.stderr[-3000:]
     assert_same_as(out, ref, steps)
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
     return events
@@ -131,6 +158,27 @@ def test_sigkill_during_step_write_and_after_rename_then_resume(
     )  # fmt: skip
     assert [e["mode"] for e in events] == ["write", "step", "rename"]
     assert not any(e["finished_before_kill"] for e in events)
+
+
+@pytest.mark.slow
+def test_sigkill_under_default_settings_then_resume(tiny_model_dir, rel_store, tmp_path):
+    """Default settings (batching auto): kills at start-up (the measurement included), in a
+    step, mid-write and after a rename; the run ends bit-identical to an uninterrupted one.
+
+    The first life measures the layout (no cache yet) and records it in the run directory
+    before its first step; every resume takes it from there. The uninterrupted run is a
+    second start of the same config: it reuses the cached measurement.
+    """
+    rng = random.Random(4321)
+    events = crash_campaign(
+        tiny_model_dir, rel_store, tmp_path / "out", None, steps=BASE_STEPS,
+        modes=["startup", "step", "write", "startup", "rename"], rng=rng, cmd_fn=default_cmd,
+    )  # fmt: skip
+    assert sum(not e["finished_before_kill"] for e in events) >= 4
+    rec = json.loads((tmp_path / "out" / "choices.json").read_text(encoding="utf-8"))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["choices"]["batching"]["value"] == rec["values"]["batching"]
+    assert summary["measured_choices"]["source"] == "run"
 
 
 SOAK_KILLS = int(os.environ.get("PITSTOP_SOAK_KILLS", "20"))
