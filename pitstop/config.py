@@ -23,7 +23,7 @@ import yaml
 
 from pitstop.errors import ConfigError
 
-Format = Literal["auto", "jsonl", "json", "parquet", "csv", "text"]
+Format = Literal["auto", "jsonl", "json", "parquet", "arrow", "csv", "text"]
 Batching = Literal["auto", "pack", "bucket", "pad"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 OnOffAuto = Literal["auto", "on", "off"]
@@ -83,6 +83,7 @@ class RunConfig:
     )
     train_on_prompt: bool = _f(False, "also compute the loss on prompt tokens")
     trust_remote_code: bool = _f(False, "allow code from the model directory to run")
+    split: str = _f("train", "split to read from a datasets DatasetDict directory (save_to_disk)")
 
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(

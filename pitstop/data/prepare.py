@@ -37,7 +37,15 @@ from pitstop.data.cache import (
     store_key,
     tokenizer_fingerprint,
 )
-from pitstop.data.readers import CHUNK_BYTES, Chunk, check_file, detect, iter_chunks
+from pitstop.data.readers import (
+    CHUNK_BYTES,
+    Chunk,
+    check_file,
+    detect,
+    hf_dataset_files,
+    is_hf_dataset,
+    iter_chunks,
+)
 from pitstop.data.records import Fields
 from pitstop.data.stats import compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
@@ -87,11 +95,19 @@ def prepare_data(
             f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
         )
 
-    paths = [Path(d) for d in inputs]
+    paths: list[Path] = []
     formats = []
-    for p in paths:
-        check_file(p)
-        formats.append(detect(p, cfg.format))
+    for d in map(Path, inputs):
+        if is_hf_dataset(d):
+            files, split = hf_dataset_files(d, cfg.split)
+            if split is not None and progress:
+                print(f"reading split {split!r} of the DatasetDict {d}")
+            paths += files
+            formats += [("arrow", None)] * len(files)
+            continue
+        check_file(d)
+        paths.append(d)
+        formats.append(detect(d, cfg.format))
     root = cache_root(cfg.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     fields = Fields.from_config(cfg)
