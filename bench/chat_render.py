@@ -47,11 +47,11 @@ def main() -> int:
             value = rec.values[0]
             messages = [{"role": m[0], "content": m[1]} for m in value]
 
-            def linear() -> None:
+            def linear(messages: list = messages, value: tuple = value) -> None:
                 text = w._apply(messages, False)
                 assert w._chat_spans_linear(messages, value, None, text) is not None
 
-            def prefix() -> None:
+            def prefix(messages: list = messages, value: tuple = value) -> None:
                 w._chat_spans_by_prefix(messages, value, None)
 
             times = {}

@@ -16,10 +16,11 @@ import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pitstop import __version__
 from pitstop.config import FIELDS, RunConfig, build_config, field_type, load_yaml, unwrap_optional
-from pitstop.errors import PitstopError
+from pitstop.errors import ConfigError, PitstopError
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -115,6 +116,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(output=args.output, max_steps=args.max_steps)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    if not args.merge:
+        raise ConfigError(
+            "pitstop export writes a merged model: pass --merge (a full fine-tune's final/ "
+            "already is a plain Hugging Face model directory)"
+        )
+    from pitstop.train.export import merge_adapter
+
+    dest = merge_adapter(Path(args.run), Path(args.output) if args.output else None, args.dtype)
+    print(f"merged model: {dest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pitstop",
@@ -139,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(p, "train")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "export", allow_abbrev=False, help="a LoRA run's adapter merged into a plain HF model"
+    )
+    p.add_argument("run", help="run directory (its final/ adapter) or an adapter directory")
+    p.add_argument("--merge", action="store_true", help="merge the LoRA adapter into its base")
+    p.add_argument("--output", help="where to write (default: RUN/merged)")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        default="auto",
+        help="dtype of the merged weights (default auto: the base model's)",
+    )
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("demo", help="the embedded default: bundled corpus, tiny model, end to end")
     p.add_argument("--output", default="demo-out", help="where the demo writes (default: demo-out)")

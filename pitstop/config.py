@@ -157,6 +157,16 @@ class RunConfig:
         False, "continue from the newest complete checkpoint in --output", cmds=RUNNERS
     )
     overwrite: bool = _f(False, "replace an existing run in --output", cmds=RUNNERS)
+    save_dtype: Literal["auto", "bf16", "fp16", "fp32"] = _f(
+        "auto",
+        "dtype of the final full fine-tuned model (auto: the base model's; checkpoints stay fp32)",
+        cmds=RUNNERS,
+    )
+    merge_lora: bool = _f(
+        False,
+        "also write merged/: the LoRA adapter merged into the base, a plain HF model",
+        cmds=RUNNERS,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -304,6 +314,14 @@ def build_config(
                 label = f"--{key.replace('_', '-')}" if origin == "flag" else f"{origin}: {key}"
                 problems.append(f"{label} {e}")
     cfg = RunConfig(**values)
+    from pitstop.hub import resolve_model
+
+    for key in ("model", "tokenizer"):  # a Hub id becomes its snapshot in the local cache
+        if getattr(cfg, key):
+            try:
+                setattr(cfg, key, resolve_model(getattr(cfg, key), f"--{key}"))
+            except ValueError as e:
+                problems.append(str(e))
     problems += validate(cfg, command=command)
     if problems:
         raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
@@ -393,6 +411,8 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
         p.append(f"--report-to {','.join(bad_reporters)}: choose from tensorboard, wandb, none")
     if cfg.lora_r is None and (cfg.lora_alpha is not None or cfg.lora_target_modules):
         p.append("LoRA options were given without --lora-r; add --lora-r R")
+    if cfg.merge_lora and cfg.lora_r is None:
+        p.append("--merge-lora merges a LoRA adapter into its base; add --lora-r R")
     if cfg.load_in_4bit and cfg.lora_r is None:
         p.append("--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R")
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:

@@ -900,8 +900,12 @@ class Trainer:
             return
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
-        model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+        model_io.save_final(self.model, self.tokenizer, tmp, state, self.cfg)
         model_io.publish_dir(tmp, self.out / "final")
+        if self.cfg.merge_lora and model_io.is_peft(self.model):
+            from pitstop.train.export import merge_adapter
+
+            merge_adapter(self.out / "final", self.out / "merged")
         self.writer.wait()
         self.final_save_seconds = time.perf_counter() - t0
 
