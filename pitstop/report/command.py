@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gpu", metavar="NAME", help="GPU to estimate for (e.g. H100, 'A100 80GB', 'RTX 4090')"
     )
+    p.add_argument(
+        "--gpu-tflops",
+        metavar="T",
+        help="your GPU's dense peak TFLOP/s at the run's precision (replaces the table's)",
+    )
+    p.add_argument("--gpu-memory-gib", metavar="M", help="your GPU's memory in GiB")
     p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
     p.add_argument(
         "--gpus",
@@ -161,7 +167,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         format_estimate,
         load_profile,
     )
-    from pitstop.report.gpus import find_gpu, get_gpu
+    from pitstop.report.gpus import custom_gpu, find_gpu, get_gpu
     from pitstop.report.memory import shape_from_model_dir, shape_from_params
 
     problems: list[str] = []
@@ -190,7 +196,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         problems.append("give --data or --tokens, not both")
     if not args.data and tokens is None:
         problems.append("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
-    if not args.gpu and not args.from_profile:
+    gpu_tflops = _num(args, "gpu_tflops", problems, lo=1e-3)
+    gpu_mem = _num(args, "gpu_memory_gib", problems, lo=0.1)
+    custom = gpu_tflops is not None or gpu_mem is not None
+    if not args.gpu and not args.from_profile and not custom:
         problems.append("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
     if args.precision is not None and args.precision not in PRECISIONS:
         problems.append(
@@ -205,9 +214,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R"
         )
     gpu = None
-    if args.gpu:
+    if args.gpu or custom:
         try:
-            gpu = get_gpu(args.gpu)
+            gpu = custom_gpu(args.gpu, gpu_tflops, gpu_mem, price) if custom else get_gpu(args.gpu)
         except ConfigError as e:
             problems += e.problems
     if problems:
