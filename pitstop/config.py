@@ -137,10 +137,19 @@ class RunConfig:
     lora_target_modules: list[str] = _f(
         [], "modules to adapt (default: all linear layers)", cmds=RUNNERS
     )
-    load_in_4bit: bool = _f(False, "4-bit base weights (CUDA + bitsandbytes only)", cmds=RUNNERS)
+    load_in_4bit: bool = _f(
+        False, "4-bit base weights (QLoRA; needs bitsandbytes, >= 0.45 on the CPU)", cmds=RUNNERS
+    )
     device: Device = _f("auto", "where to train", cmds=RUNNERS)
     strategy: Literal["ddp", "fsdp"] = _f("ddp", "data parallelism across processes", cmds=RUNNERS)
     nproc: int = _f(1, "launch this many processes with torchrun", cmds=RUNNERS)
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = _f(
+        "adamw",
+        "adamw (torch, fp32 moments), or bitsandbytes' 8-bit AdamW (paged: moments can spill "
+        "to host memory); 8-bit moments save 6 bytes per trainable parameter",
+        cmds=RUNNERS,
+    )
+    adam_betas: str = _f("0.9,0.95", "AdamW beta1,beta2", cmds=RUNNERS)
 
     # --- checkpoints, evaluation, logging -----------------------------------
     save_steps: int | None = _f(None, "checkpoint every N optimizer steps", cmds=RUNNERS)
@@ -328,6 +337,20 @@ def build_config(
     return cfg
 
 
+def parse_betas(text: str) -> tuple[float, float]:
+    """ "0.9,0.95" -> (0.9, 0.95); ValueError naming the problem."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        b1, b2 = (float(p) for p in parts)
+    except ValueError:
+        raise ValueError(
+            f"must be two numbers 'beta1,beta2' such as 0.9,0.95, got {text!r}"
+        ) from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ValueError(f"must both be in [0, 1), got {text!r}")
+    return b1, b2
+
+
 def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
     """Cross-field checks. Returns every problem; checks needing a device live in the probe."""
     p: list[str] = []
@@ -411,6 +434,10 @@ def validate(cfg: RunConfig, *, command: str = TRAIN) -> list[str]:
         p.append(f"--report-to {','.join(bad_reporters)}: choose from tensorboard, wandb, none")
     if cfg.lora_r is None and (cfg.lora_alpha is not None or cfg.lora_target_modules):
         p.append("LoRA options were given without --lora-r; add --lora-r R")
+    try:
+        parse_betas(cfg.adam_betas)
+    except ValueError as e:
+        p.append(f"--adam-betas {e}")
     if cfg.merge_lora and cfg.lora_r is None:
         p.append("--merge-lora merges a LoRA adapter into its base; add --lora-r R")
     if cfg.load_in_4bit and cfg.lora_r is None:

@@ -299,6 +299,10 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
 # --- memory and recomputation --------------------------------------------------------------
 
 
+# fp32 weights + fp32 gradients + AdamW moments (fp32: 8 B; bitsandbytes 8-bit: ~2.03 B).
+FULL_FT_BYTES_PER_PARAM = {False: 16.0, True: 8 + 2 * (1 + 4 / 256)}
+
+
 def micro_batch_tokens(ctx: Context) -> int | None:
     s = ctx.setup
     if s.tokens_per_micro_batch:
@@ -343,9 +347,13 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         estimate = float(peak) - with_ck + without
         how = "measured peak with checkpointing + estimated extra activations"
     else:
-        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param;
+        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param
+        # (8-bit AdamW: two 8-bit moments and their block scales, ~10 B/param);
         # a LoRA run keeps the frozen base weights (2 B/param in 16-bit) and tiny adapters.
-        state = m.n_params * (2 if s.lora and act_bytes == 2 else 4 if s.lora else 16)
+        eight_bit = "8bit" in (s.optimizer or "")  # HF optim adamw_bnb_8bit, paged_adamw_8bit
+        state = m.n_params * (
+            2 if s.lora and act_bytes == 2 else 4 if s.lora else FULL_FT_BYTES_PER_PARAM[eight_bit]
+        )
         estimate = state + without
         how = "estimated: weights, gradients and AdamW state + activations"
     budget = MEMORY_HEADROOM * dev.total_memory_bytes

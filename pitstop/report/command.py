@@ -58,6 +58,12 @@ def register(subparsers: Any) -> None:
         help="your GPU's dense peak TFLOP/s at the run's precision (replaces the table's)",
     )
     p.add_argument("--gpu-memory-gib", metavar="M", help="your GPU's memory in GiB")
+    p.add_argument(
+        "--optimizer",
+        choices=("adamw", "adamw_8bit", "paged_adamw_8bit"),
+        default="adamw",
+        help="optimizer whose states to count (8-bit AdamW: ~2 B per parameter instead of 8)",
+    )
     p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
     p.add_argument(
         "--gpus",
@@ -254,6 +260,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         scaling=scaling if scaling is not None else DEFAULT_SCALING,
         price=price,
         headroom=headroom if headroom is not None else 0.1,
+        optimizer=args.optimizer,
     )
     print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
     return 0

@@ -442,6 +442,7 @@ def estimate(
     scaling: float = DEFAULT_SCALING,
     price: float | None = None,
     headroom: float = DEFAULT_HEADROOM,
+    optimizer: str = "adamw",
 ) -> Estimate:
     """Memory, time, cost and the multi-GPU options table of a planned run."""
     seq_len = seq_len or tokens.max_seq_len or 1024
@@ -459,6 +460,7 @@ def estimate(
         lora_r=lora_r,
         load_in_4bit=load_in_4bit,
         fused_optimizer=fused,
+        optimizer=optimizer,
     )
     usable = mbs = None
     if gpu is not None:
@@ -477,6 +479,7 @@ def estimate(
             lora_r=lora_r,
             load_in_4bit=load_in_4bit,
             fused_optimizer=fused,
+            optimizer=optimizer,
         )
     pc = shape.params()
     if lora_r is not None:
@@ -613,7 +616,7 @@ def format_estimate(est: Estimate) -> str:
     if m is not None and est.options and est.options[0]["fits"] is False:
         lines.append(
             "  - one GPU is not enough: --gradient-checkpointing, a smaller --micro-batch-size, "
-            "--lora-r or --load-in-4bit lower the peak (see the parts above)"
+            "--optimizer adamw_8bit, --lora-r or --load-in-4bit lower the peak (see the parts above)"
         )
     return "\n".join(lines)
 

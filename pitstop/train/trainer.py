@@ -57,7 +57,7 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io
+from pitstop.train import model_io, optim
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup, lr_at
@@ -237,7 +237,7 @@ class Trainer:
         self.choices["tf32"] = tf32
         probe.apply_backend_flags(device, tf32)
         attention = probe.choose_attention(cfg.attention, device, self.precision)
-        self.choices["optimizer"] = probe.choose_optimizer(device)
+        self.choices["optimizer"] = optim.choose(cfg, device)
 
         # --- model (the directory is checked before the tokenizer reads its config)
         model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
@@ -320,7 +320,11 @@ class Trainer:
 
         # --- optimizer, precision machinery
         self.optimizer = build_optimizer(
-            self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=self.choices["optimizer"]
+            self.model,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            choice=self.choices["optimizer"],
+            betas=optim.parse_betas(cfg.adam_betas),
         )
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
