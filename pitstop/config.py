@@ -327,10 +327,7 @@ def build_config(
 
     for key in ("model", "tokenizer"):  # a Hub id becomes its snapshot in the local cache
         if getattr(cfg, key):
-            try:
-                setattr(cfg, key, resolve_model(getattr(cfg, key), f"--{key}"))
-            except ValueError as e:
-                problems.append(str(e))
+            setattr(cfg, key, resolve_model(getattr(cfg, key)))
     problems += validate(cfg, command=command)
     if problems:
         raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")

@@ -37,28 +37,26 @@ def hub_id_of(path: str | Path) -> str | None:
     return None
 
 
-def resolve_model(name: str, flag: str = "--model") -> str:
-    """A local directory for `name`: the path itself, or the cached snapshot of a Hub id.
-
-    Raises ValueError with the message for the user when `name` is neither an existing
-    path nor a Hub id in the local cache.
-    """
+def resolve_model(name: str) -> str:
+    """A local directory for `name`: the cached snapshot of a Hub id, else `name` unchanged
+    (whoever opens it then says what is missing, with `missing_hint`)."""
     if Path(name).expanduser().exists() or not looks_like_hub_id(name):
         return name
-    cache = hub_cache_dir()
     try:
         from huggingface_hub import snapshot_download
 
-        path = snapshot_download(name, cache_dir=str(cache), local_files_only=True)
-    except ImportError:
-        raise ValueError(
-            f"{flag} {name}: no such directory, and huggingface_hub (to look in the local "
-            "Hub cache) is not installed: pip install huggingface_hub"
-        ) from None
-    except Exception:  # LocalEntryNotFoundError and kin: not in the cache
-        raise ValueError(
-            f"{flag} {name}: no such directory, and not in the local Hugging Face cache "
-            f"({cache}; set HF_HOME or HF_HUB_CACHE if yours is elsewhere). Download it "
-            f"once with: hf download {name}"
-        ) from None
+        path = snapshot_download(name, cache_dir=str(hub_cache_dir()), local_files_only=True)
+    except Exception:  # ImportError, LocalEntryNotFoundError and kin: not resolvable here
+        return name
     return str(Path(path).resolve())
+
+
+def missing_hint(name: str) -> str:
+    """What to add to "no such model directory" when `name` could be a Hub id."""
+    if Path(name).expanduser().exists() or not looks_like_hub_id(name):
+        return ""
+    return (
+        f"; if {name} is a Hub id, it is not in the local Hugging Face cache ({hub_cache_dir()}; "
+        f"set HF_HOME or HF_HUB_CACHE if yours is elsewhere): download it once with: "
+        f"hf download {name}"
+    )

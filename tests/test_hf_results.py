@@ -46,10 +46,15 @@ def test_a_cached_hub_id_resolves_offline(tmp_path, tiny_model_dir, monkeypatch)
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # HF_HOME/hub is the same cache
     cfg = build_config({"model": "org/tiny", "data": ["x.jsonl"]}, command="prepare")
     assert Path(cfg.model) == snap.resolve()
-    with pytest.raises(
-        ConfigError, match=r"--model org/missing: no such directory.*hf download org/missing"
-    ):
-        build_config({"model": "org/missing", "data": ["x.jsonl"]}, command="prepare")
+    missing = build_config({"model": "org/missing", "data": ["x.jsonl"]}, command="prepare")
+    assert missing.model == "org/missing"  # left as given: opening it says what is missing
+    from pitstop.data.prepare import prepare_data
+    from pitstop.train.model_io import check_model_dir
+
+    with pytest.raises(ConfigError, match=r"not in the local Hugging Face cache.*hf download"):
+        prepare_data(missing, progress=False)
+    with pytest.raises(ConfigError, match=r"no config.json.*hf download org/missing"):
+        check_model_dir(Path("org/missing"), False)
 
 
 def _safetensors_dtypes(d: Path) -> set[torch.dtype]:

@@ -91,8 +91,11 @@ def prepare_data(
     if not tok_dir:
         raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
     if not Path(tok_dir).is_dir():
+        from pitstop.hub import missing_hint
+
         raise ConfigError(
             f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
+            + missing_hint(str(tok_dir))
         )
 
     paths: list[Path] = []

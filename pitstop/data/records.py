@@ -160,7 +160,7 @@ def _content(value: Any, i: int) -> str:
                 )
         return "".join(out)
     raise BadRecord(
-        f"message {i} content must be a string or a list of text parts, got {_type_name(value)}"
+        f"message {i} content must be a string, got {_type_name(value)} (or a list of text parts)"
     )
 
 

@@ -47,7 +47,7 @@ def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "
         ) from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pitstop.hub import resolve_model
+    from pitstop.hub import missing_hint, resolve_model
 
     src = adapter_dir(Path(run_or_adapter))
     if dest is None:
@@ -58,14 +58,12 @@ def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "
         raise ConfigError(
             f"{src}/adapter_config.json names no base model (base_model_name_or_path)"
         )
-    try:
-        base_dir = Path(resolve_model(base_name, "the adapter's base model"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    base_dir = Path(resolve_model(base_name))
     if not (base_dir / "config.json").is_file():
         raise ConfigError(
             f"the adapter's base model {base_name} is not a model directory here; move the base "
             f"back or set base_model_name_or_path in {src}/adapter_config.json"
+            + missing_hint(base_name)
         )
     out_dtype = base_dtype(base_dir) if dtype == "auto" else _DTYPES[dtype]
     base = AutoModelForCausalLM.from_pretrained(

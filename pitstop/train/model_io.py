@@ -103,9 +103,12 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
     safely: no config.json, weights that are not safetensors, or an architecture that
     needs its own code without --trust-remote-code. Returns `model_dir`."""
     if not (model_dir / "config.json").is_file():
+        from pitstop.hub import missing_hint
+
         raise ConfigError(
             f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
             "give a local directory with config.json, weights and tokenizer files"
+            + missing_hint(str(model_dir))
         )
     if not glob.glob(str(model_dir / "*.safetensors")):
         raise ConfigError(_no_safetensors_problem(model_dir))
