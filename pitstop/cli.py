@@ -17,6 +17,7 @@ from pitstop.commands import (
     demo,
     doctor,
     estimate,
+    export,
     prepare,
     profile,
     report,
@@ -28,7 +29,7 @@ from pitstop.fs_errors import command_file_errors
 from pitstop.version import __version__
 
 # In `pitstop --help` order.
-COMMANDS = (prepare, train, demo, doctor, estimate, compare, report, profile, tune)
+COMMANDS = (prepare, train, export, demo, doctor, estimate, compare, report, profile, tune)
 # Commands that take the RunConfig flags: an unknown flag there is reported with the
 # configuration's other problems (with "did you mean"), not by argparse alone.
 CONFIG_COMMANDS = ("prepare", "train", "profile", "tune")

@@ -23,9 +23,10 @@ import yaml
 
 from pitstop.config_ranges import range_problems
 from pitstop.errors import ConfigError, short_repr
+from pitstop.hub import resolve_model
 from pitstop.yaml_load import read_yaml
 
-Format = Literal["auto", "jsonl", "json", "parquet", "csv", "text"]
+Format = Literal["auto", "jsonl", "json", "parquet", "arrow", "csv", "text"]
 Batching = Literal["auto", "pack", "bucket", "pad"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 OnOffAuto = Literal["auto", "on", "off"]
@@ -90,6 +91,7 @@ class RunConfig:
         "hash every data file again instead of trusting its size and modification time "
         "(an edit that keeps both is otherwise served from the cache)",
     )
+    split: str = _f("train", "split to read from a datasets DatasetDict directory (save_to_disk)")
 
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(
@@ -143,10 +145,19 @@ class RunConfig:
     lora_target_modules: list[str] = _f(
         [], "modules to adapt (default: all linear layers)", cmds=RUNNERS
     )
-    load_in_4bit: bool = _f(False, "4-bit base weights (CUDA + bitsandbytes only)", cmds=RUNNERS)
+    load_in_4bit: bool = _f(
+        False, "4-bit base weights (QLoRA; needs bitsandbytes, >= 0.45 on the CPU)", cmds=RUNNERS
+    )
     device: Device = _f("auto", "where to train", cmds=RUNNERS)
     strategy: Literal["ddp", "fsdp"] = _f("ddp", "data parallelism across processes", cmds=RUNNERS)
     nproc: int = _f(1, "launch this many processes with torchrun", cmds=RUNNERS)
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = _f(
+        "adamw",
+        "adamw (torch, fp32 moments), or bitsandbytes' 8-bit AdamW (paged: moments can spill "
+        "to host memory); 8-bit moments save 6 bytes per trainable parameter",
+        cmds=RUNNERS,
+    )
+    adam_betas: str = _f("0.9,0.95", "AdamW beta1,beta2", cmds=RUNNERS)
 
     # --- checkpoints, evaluation, logging -----------------------------------
     save_steps: int | None = _f(None, "checkpoint every N optimizer steps", cmds=RUNNERS)
@@ -172,6 +183,16 @@ class RunConfig:
     remeasure: bool = _f(
         False,
         "measure the measured choices (batching: auto) again instead of reusing the cached ones",
+        cmds=RUNNERS,
+    )
+    save_dtype: Literal["auto", "bf16", "fp16", "fp32"] = _f(
+        "auto",
+        "dtype of the final full fine-tuned model (auto: the base model's; checkpoints stay fp32)",
+        cmds=RUNNERS,
+    )
+    merge_lora: bool = _f(
+        False,
+        "also write merged/: the LoRA adapter merged into the base, a plain HF model",
         cmds=RUNNERS,
     )
 
@@ -323,6 +344,9 @@ def collect_config(
                 label = f"--{key.replace('_', '-')}" if origin == "flag" else f"{origin}: {key}"
                 problems.append(f"{label} {e}")
     cfg = RunConfig(**values)
+    for key in ("model", "tokenizer"):  # a Hub id becomes its snapshot in the local Hub cache
+        if getattr(cfg, key):
+            setattr(cfg, key, resolve_model(getattr(cfg, key)))
     problems += required_problems(cfg, command) + validate(cfg)
     return cfg, problems
 
@@ -344,6 +368,20 @@ def build_config(
     if problems:
         raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
     return cfg
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """ "0.9,0.95" -> (0.9, 0.95); ValueError naming the problem."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        b1, b2 = (float(p) for p in parts)
+    except ValueError:
+        raise ValueError(
+            f"must be two numbers 'beta1,beta2' such as 0.9,0.95, got {text!r}"
+        ) from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ValueError(f"must both be in [0, 1), got {text!r}")
+    return b1, b2
 
 
 # What each command cannot run without; a command not listed (doctor) needs none of them.
@@ -453,6 +491,12 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"--report-to {','.join(bad_reporters)}: choose from tensorboard, wandb, none")
     if cfg.lora_r is None and (cfg.lora_alpha is not None or cfg.lora_target_modules):
         p.append("LoRA options were given without --lora-r; add --lora-r R")
+    try:
+        parse_betas(cfg.adam_betas)
+    except ValueError as e:
+        p.append(f"--adam-betas {e}")
+    if cfg.merge_lora and cfg.lora_r is None:
+        p.append("--merge-lora merges a LoRA adapter into its base; add --lora-r R")
     if cfg.load_in_4bit and cfg.lora_r is None:
         p.append("--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R")
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -198,10 +199,23 @@ def attention_problem(requested: str, dev: DeviceInfo, precision: str) -> str | 
 
 
 def four_bit_problem(dev: DeviceInfo) -> str | None:
-    if dev.type != "cuda":
-        return (
-            "--load-in-4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); this run is on the CPU"
-        )
+    """Why 4-bit weights cannot be used on `dev`, or None: bitsandbytes has 4-bit kernels
+    for CUDA, and for the CPU since 0.45."""
+    try:
+        import bitsandbytes
+    except ImportError:
+        return "--load-in-4bit needs bitsandbytes: pip install 'bitsandbytes>=0.45'"
+    except Exception as e:  # a broken native library raises RuntimeError and kin at import
+        return f"--load-in-4bit: bitsandbytes does not load here ({type(e).__name__}: {e})"
+    if dev.type == "cpu":
+        version = tuple(int(x) for x in re.findall(r"\d+", bitsandbytes.__version__)[:2])
+        if version < (0, 45):
+            return (
+                f"--load-in-4bit on the CPU needs bitsandbytes >= 0.45 (its CPU backend), found "
+                f"{bitsandbytes.__version__}: pip install -U 'bitsandbytes>=0.45'"
+            )
+    elif dev.type != "cuda":
+        return f"--load-in-4bit: bitsandbytes has no 4-bit kernels for {dev.type}"
     return None
 
 

@@ -11,6 +11,7 @@ METRICS = "metrics.jsonl"  # one line per optimizer step
 CONFIG = "config.yaml"  # the run's configuration, for --resume
 CHECKPOINTS = "checkpoints"  # checkpoints/step-N/, best.json
 FINAL = "final"  # the HF-loadable model (or PEFT adapter)
+MERGED = "merged"  # --merge-lora: the adapter merged into its base, a plain HF model
 TENSORBOARD = "tensorboard"  # TensorBoard events
 PROFILE = "profile.json"  # `pitstop profile --output`'s default name
 REPORT = "report.html"  # `pitstop report`'s default name
@@ -20,6 +21,6 @@ CHOICES = "choices.json"  # the measured choices the run trains with (--resume r
 
 # What `pitstop train` writes, and so what --overwrite removes (never the user's other files).
 RUN_FILES = (SUMMARY, METRICS, CONFIG, CHOICES)
-RUN_DIRS = (CHECKPOINTS, FINAL, TENSORBOARD)
+RUN_DIRS = (CHECKPOINTS, FINAL, MERGED, TENSORBOARD)
 # Any of these present means the directory already holds a run.
 RUN_MARKERS = (SUMMARY, CHECKPOINTS, FINAL)

@@ -11,6 +11,7 @@ from test_report_compare import make_run, run_cli
 from pitstop.errors import ConfigError, DataError
 from pitstop.report.estimate import (
     DEFAULT_MFU,
+    STEP_FLOOR_SECONDS,
     DataTokens,
     data_tokens,
     estimate,
@@ -37,7 +38,16 @@ def test_gpu_names() -> None:
 
 
 def test_time_from_flops_and_a_gpu() -> None:
-    est = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("H100"), mfu=0.5, price=2.0)
+    # A micro-batch large enough that the per-step overhead floor stays below the FLOPs time.
+    est = estimate(
+        SHAPE,
+        tokens=TOKENS,
+        seq_len=128,
+        micro_batch_size=100_000,
+        gpu=get_gpu("H100"),
+        mfu=0.5,
+        price=2.0,
+    )
     fpt = 6 * 187_200 + 12 * 2 * 64 * 128
     assert est.flops_per_token == fpt
     pps = 0.5 * 989.4e12 / fpt
@@ -46,6 +56,9 @@ def test_time_from_flops_and_a_gpu() -> None:
     assert "MFU 50% (--mfu)" in est.time_basis
     default = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("H100"))
     assert default.throughput.mfu == DEFAULT_MFU and "ASSUMPTION" in default.time_basis
+    # Micro-batches of one row: 7,813 micro-steps, bound by the stated per-step floor.
+    assert default.train_seconds == pytest.approx(1_000_000 / 128 * STEP_FLOOR_SECONDS)
+    assert any("time floor" in a for a in default.assumptions)
     assert "EXAMPLE price" in default.price_basis
 
 

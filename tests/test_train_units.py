@@ -360,7 +360,8 @@ def test_machine_problems_match_the_trainer_messages(tmp_path):
     assert "no bf16" in bf16
     probs = preflight(cfg(attention="flash_attention_2", lora_r=4, load_in_4bit=True), CPU)
     assert any("flash-attn needs a CUDA GPU" in p for p in probs)
-    assert any("--load-in-4bit needs a CUDA GPU" in p for p in probs)
+    # bitsandbytes >= 0.45 (a dev dependency) runs 4-bit weights on the CPU
+    assert not any("--load-in-4bit" in p for p in probs)
     assert preflight(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == [
         "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
         "use the default --strategy ddp)"

@@ -344,6 +344,10 @@ def truncation(ctx: Context) -> Finding | None:
 # --- memory and recomputation --------------------------------------------------------------
 
 
+# fp32 weights + fp32 gradients + AdamW moments (fp32: 8 B; bitsandbytes 8-bit: ~2.03 B).
+FULL_FT_BYTES_PER_PARAM = {False: 16.0, True: 8 + 2 * (1 + 4 / 256)}
+
+
 def micro_batch_tokens(ctx: Context) -> int | None:
     s = ctx.setup
     if s.tokens_per_micro_batch:
@@ -406,10 +410,15 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         estimate = float(peak) - with_ck + without
         how = "measured peak with checkpointing + estimated extra activations"
     else:
-        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param;
-        # a LoRA run keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and
-        # tiny adapters.
-        per_param = (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4) if s.lora else 16
+        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param
+        # (8-bit AdamW: two 8-bit moments and their block scales, ~10 B/param); a LoRA run
+        # keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and tiny adapters.
+        eight_bit = "8bit" in (s.optimizer or "")  # HF optim adamw_bnb_8bit, paged_adamw_8bit
+        per_param = (
+            (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4)
+            if s.lora
+            else FULL_FT_BYTES_PER_PARAM[eight_bit]
+        )
         estimate = m.n_params * per_param + without
         how = "estimated: " + (
             f"frozen {'4-bit' if s.load_in_4bit else 'base'} weights + activations (LoRA)"

@@ -45,6 +45,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu", metavar="NAME", help="GPU to estimate for (e.g. H100, 'A100 80GB', 'RTX 4090')"
     )
+    p.add_argument(
+        "--gpu-tflops",
+        metavar="T",
+        help="your GPU's dense peak TFLOP/s at the run's precision (replaces the table's)",
+    )
+    p.add_argument("--gpu-memory-gib", metavar="M", help="your GPU's memory in GiB")
+    p.add_argument(
+        "--optimizer",
+        choices=("adamw", "adamw_8bit", "paged_adamw_8bit"),
+        default="adamw",
+        help="optimizer whose states to count (8-bit AdamW: ~2 B per parameter instead of 8)",
+    )
     p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
     p.add_argument(
         "--gpus",
@@ -106,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     mbs = number_flag(args, "micro_batch_size", problems, kind=int, lo=1)
     headroom = number_flag(args, "headroom", problems, lo=0, hi=0.9)
     scaling = number_flag(args, "scaling_efficiency", problems, lo=0.01, hi=1)
+    gpu_tflops = number_flag(args, "gpu_tflops", problems, lo=1e-3)
+    gpu_memory_gib = number_flag(args, "gpu_memory_gib", problems, lo=0.1)
     counts: list[int] = []
     for c in str(args.gpus).split(","):
         c = c.strip()
@@ -126,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         lora_r=lora_r,
         load_in_4bit=args.load_in_4bit,
+        gpu_tflops=gpu_tflops,
+        gpu_memory_gib=gpu_memory_gib,
     )
     if problems:
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
@@ -150,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
         gradient_checkpointing=args.gradient_checkpointing,
         headroom=headroom if headroom is not None else 0.1,
         cache_dir=args.cache_dir,
+        gpu_tflops=gpu_tflops,
+        gpu_memory_gib=gpu_memory_gib,
+        optimizer=args.optimizer,
     )
     print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
     return 0

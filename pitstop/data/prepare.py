@@ -37,7 +37,15 @@ from pitstop.data.cache import (
     store_key,
     tokenizer_fingerprint,
 )
-from pitstop.data.readers import CHUNK_BYTES, Chunk, check_file, detect, iter_chunks
+from pitstop.data.readers import (
+    CHUNK_BYTES,
+    Chunk,
+    check_file,
+    detect,
+    hf_dataset_files,
+    is_hf_dataset,
+    iter_chunks,
+)
 from pitstop.data.records import Fields
 from pitstop.data.stats import compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
@@ -83,15 +91,26 @@ def prepare_data(
     if not tok_dir:
         raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
     if not Path(tok_dir).is_dir():
+        from pitstop.hub import missing_hint
+
         raise ConfigError(
             f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
+            + missing_hint(str(tok_dir))
         )
 
-    paths = [Path(d) for d in inputs]
+    paths: list[Path] = []
     formats = []
-    for p in paths:
-        check_file(p)
-        formats.append(detect(p, cfg.format))
+    for d in map(Path, inputs):
+        if is_hf_dataset(d):
+            files, split = hf_dataset_files(d, cfg.split)
+            if split is not None and progress:
+                print(f"reading split {split!r} of the DatasetDict {d}")
+            paths += files
+            formats += [("arrow", None)] * len(files)
+            continue
+        check_file(d)
+        paths.append(d)
+        formats.append(detect(d, cfg.format))
     root = cache_root(cfg.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     fields = Fields.from_config(cfg)

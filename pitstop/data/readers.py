@@ -12,6 +12,12 @@ Formats, detected from the extension unless `--format` says otherwise:
   (the standard library cannot stream it), so use JSON Lines for big data.
 - Parquet (`.parquet`, `.pq`): read in row batches of only the record columns.
 - CSV (`.csv`): a header row names the fields; streamed row by row.
+- Arrow (`.arrow`): the files `datasets` writes (IPC stream, or the IPC file format),
+  read in record batches of only the record columns.
+- A `datasets` directory (`Dataset.save_to_disk` / `DatasetDict.save_to_disk`): its
+  `.arrow` files in the order its `state.json` lists them; of a `DatasetDict`, the
+  split `--split` names (default `train`; the only split when there is one).
+  Read with pyarrow, so the `datasets` package itself is not needed.
 - Plain text (`.txt`, `.text`, `.md`): **one document per file** — splitting prose
   at blank lines would cut documents into paragraphs and teach the model to end
   text after every paragraph. A file over `TEXT_SPLIT_BYTES` (a corpus dump rather
@@ -49,6 +55,7 @@ EXTENSIONS = {
     ".json": "json",
     ".parquet": "parquet",
     ".pq": "parquet",
+    ".arrow": "arrow",
     ".csv": "csv",
     ".txt": "text",
     ".text": "text",
@@ -89,11 +96,62 @@ def detect(path: Path, fmt: str = "auto") -> tuple[str, str | None]:
             f"{path}: cannot tell the format from the extension {ext or '(none)'!r}; "
             f"use one of {known} (optionally + .gz/.zst) or pass --format jsonl|json|parquet|csv|text"
         )
-    if EXTENSIONS[ext] == "parquet" and compression:
+    if EXTENSIONS[ext] in ("parquet", "arrow") and compression:
         raise DataError(
-            f"{path}: Parquet files are compressed internally; remove the {suffixes[-1]} layer"
+            f"{path}: {EXTENSIONS[ext].capitalize()} files are read as they are; "
+            f"decompress the {suffixes[-1]} layer first"
         )
     return EXTENSIONS[ext], compression
+
+
+def is_hf_dataset(path: Path) -> bool:
+    """A directory written by `datasets`' save_to_disk (a Dataset or a DatasetDict)."""
+    return path.is_dir() and (
+        (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+    )
+
+
+def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str | None]:
+    """The .arrow files of a save_to_disk directory, and the split read (None: not a dict).
+
+    A DatasetDict without `split` among its splits is read from its only split, or
+    refused with the list of splits when there are several: guessing would train on
+    a test set.
+    """
+    chosen = None
+    if (path / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DataError(
+                f"{path}/dataset_dict.json is not readable; save the dataset again with save_to_disk"
+            ) from None
+        if split in splits:
+            chosen = split
+        elif len(splits) == 1:
+            chosen = splits[0]
+        else:
+            raise DataError(
+                f"{path} is a DatasetDict without a {split!r} split; its splits are "
+                f"{', '.join(map(str, splits))}: pass --split NAME"
+            )
+        path = path / chosen
+    try:
+        state = json.loads((path / "state.json").read_text())
+        files = [path / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{path}/state.json is missing or not readable, so the order of the .arrow files is "
+            "unknown; save the dataset again with save_to_disk"
+        ) from None
+    if not files:
+        raise DataError(f"{path}: the dataset has no data files; give a dataset with records")
+    for f in files:
+        if not f.is_file():
+            raise DataError(
+                f"{f}: listed in {path}/state.json but missing; copy the whole directory"
+            )
+    return files, chosen
 
 
 def check_file(path: Path) -> None:
@@ -233,7 +291,14 @@ def iter_chunks(
 ) -> Iterator[Chunk]:
     """Chunks of raw records of one file, in file order."""
     check_file(path)
-    reader = {"jsonl": _jsonl, "json": _json, "parquet": _parquet, "csv": _csv, "text": _text}[fmt]
+    reader = {
+        "jsonl": _jsonl,
+        "json": _json,
+        "parquet": _parquet,
+        "arrow": _arrow,
+        "csv": _csv,
+        "text": _text,
+    }[fmt]
     n = 0
     for chunk in reader(path, compression, fields, chunk_bytes):
         n += len(chunk.items)
@@ -356,6 +421,50 @@ def _parquet(
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: row {row}: the Parquet data is damaged ({e})") from None
+
+
+def _arrow(
+    path: Path, compression: str | None, fields: Fields, chunk_bytes: int
+) -> Iterator[Chunk]:
+    import pyarrow as pa
+
+    # datasets writes the IPC stream format; other tools write the IPC file format.
+    try:
+        source = pa.memory_map(str(path), "r")
+        try:
+            batches: Any = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            batches = pa.ipc.open_file(source)
+            batches = (batches.get_batch(i) for i in range(batches.num_record_batches))
+            schema = None
+        else:
+            schema = batches.schema
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"{path}: not a readable Arrow file ({e}); check the file or pass the right --format"
+        ) from None
+    row = 1
+    try:
+        for batch in batches:
+            if schema is None:
+                schema = batch.schema
+            names = schema.names
+            columns = [c for c in dict.fromkeys(fields.all()) if c in names]
+            if not columns:
+                raise DataError(
+                    f"{path}: none of the record columns are present: found columns {names}; "
+                    f"expected {fields.expected()}"
+                )
+            batch = batch.select(columns)
+            # Slices of about chunk_bytes, so one huge record batch still spreads over workers.
+            per_row = max(1, batch.nbytes // max(1, batch.num_rows))
+            step = max(16, chunk_bytes // per_row)
+            for start in range(0, batch.num_rows, step):
+                piece = batch.slice(start, step)
+                yield Chunk("arrow", str(path), [(row, piece)])
+                row += piece.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: row {row}: the Arrow data is damaged ({e})") from None
 
 
 def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:

@@ -5,7 +5,10 @@ A record is one of four shapes (DESIGN.md), with configurable field names:
     text                {"text": ...}
     prompt_completion   {"prompt": ..., "completion": ...}
     instruction         {"instruction": ..., "input": ... (optional), "output": ...}
-    chat                {"messages": [{"role": ..., "content": ...}, ...]}
+    chat                {"messages": [{"role": ..., "content": ...}, ...]}, also
+                        ShareGPT {"conversations": [{"from": "human", "value": ...}, ...]},
+                        TRL's conversational {"prompt": [messages], "completion": [messages]},
+                        content as a list of text parts, tool calls and "tools"
 
 The first *complete* shape wins, in the order chat, instruction, prompt_completion,
 text, so a record may carry unrelated extra fields (ignored). A record that has
@@ -40,7 +43,9 @@ class Record(NamedTuple):
     """A validated record. `values` depends on `kind`:
 
     text: (text,); prompt_completion: (prompt, completion);
-    instruction: (instruction, input or "", output); chat: ((role, content), ...)
+    instruction: (instruction, input or "", output);
+    chat: (((role, content, target, extra JSON), ...), tools JSON) where target False marks
+    a message that is never a loss target (a TRL prompt) and extra holds tool_calls etc.
     """
 
     kind: str
@@ -58,6 +63,7 @@ class Fields:
     input: str = "input"
     output: str = "output"
     messages: str = "messages"
+    conversations: str = "conversations"
 
     @classmethod
     def from_config(cls, cfg: Any) -> Fields:
@@ -80,6 +86,8 @@ class Fields:
             self.input,
             self.output,
             self.messages,
+            self.conversations,
+            "tools",
         ]
 
     def expected(self) -> str:
@@ -87,7 +95,7 @@ class Fields:
             f"{self.text!r} (--text-field), {self.prompt!r}+{self.completion!r} "
             f"(--prompt-field/--completion-field), {self.instruction!r}+{self.output!r} "
             f"with optional {self.input!r} (--instruction-field/--output-field/--input-field), "
-            f"or {self.messages!r} (--messages-field)"
+            f"or {self.messages!r} (--messages-field; ShareGPT's {self.conversations!r} too)"
         )
 
 
@@ -115,7 +123,49 @@ def _string(rec: dict, name: str, *, allow_empty: bool = False) -> str:
     return v
 
 
-def _messages(rec: dict, name: str) -> tuple[tuple[str, str], ...]:
+# ShareGPT speakers, by the role they play in a chat template.
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+}
+# Message keys a chat template may read besides role and content (tool calls and results).
+EXTRA_KEYS = ("tool_calls", "name", "tool_call_id")
+
+
+def _content(value: Any, i: int) -> str:
+    """A message's text: a string, or a list of content parts whose text parts are joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        out = []
+        for part in value:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise BadRecord(f"message {i} has a text part without a string 'text'")
+                out.append(text)
+            else:
+                kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+                raise BadRecord(
+                    f"message {i} has a {kind!r} content part; pitstop trains text-only models, "
+                    "so remove non-text parts from the data"
+                )
+        return "".join(out)
+    raise BadRecord(
+        f"message {i} content must be a string, got {_type_name(value)} (or a list of text parts)"
+    )
+
+
+def _messages(rec: dict, name: str, *, target: bool = True) -> tuple[tuple, ...]:
+    """(role, content, target, extra JSON) per message; `target` False: never a loss target."""
     msgs = rec[name]
     if isinstance(msgs, str) and msgs.lstrip().startswith("["):
         # CSV cells hold strings: accept a JSON-encoded message list there.
@@ -131,24 +181,57 @@ def _messages(rec: dict, name: str) -> tuple[tuple[str, str], ...]:
         raise BadRecord(f"field {name!r} is an empty list; a conversation needs messages")
     out = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        if isinstance(m, dict) and "from" in m and "value" in m and "role" not in m:
+            speaker = m["from"]
+            role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
+            if role is None:
+                raise BadRecord(
+                    f"message {i} has unknown ShareGPT speaker {speaker!r}; expected one of "
+                    f"{', '.join(SHAREGPT_ROLES)}"
+                )
+            content: Any = m["value"]
+        elif isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m):
+            role, content = m["role"], m.get("content")
+        else:
             found = sorted(map(str, m)) if isinstance(m, dict) else _type_name(m)
             raise BadRecord(
-                f"message {i} of {name!r} must be an object with 'role' and 'content', got {found}"
+                f"message {i} of {name!r} must be an object with 'role' and 'content' (or "
+                f"ShareGPT's 'from' and 'value'), got {found}"
             )
-        role, content = m["role"], m["content"]
         if role not in ROLES:
             raise BadRecord(
                 f"message {i} has unknown role {role!r}; expected one of {', '.join(ROLES)}"
             )
-        if not isinstance(content, str):
-            raise BadRecord(f"message {i} content must be a string, got {_type_name(content)}")
+        # An assistant turn that only calls tools has no content.
+        content = "" if content is None and m.get("tool_calls") else _content(content, i)
         if "\x00" in content:
             raise BadRecord(
                 f"message {i} content contains a NUL character (\\u0000); clean the data"
             )
-        out.append((role, content))
+        extra = {k: m[k] for k in EXTRA_KEYS if m.get(k) is not None}
+        try:
+            extra_json = json.dumps(extra, sort_keys=True) if extra else ""
+        except (TypeError, ValueError):
+            raise BadRecord(f"message {i} has tool fields that are not plain JSON values") from None
+        out.append((role, content, target, extra_json))
     return tuple(out)
+
+
+def _tools(rec: dict) -> str:
+    """The record's tool definitions (TRL's "tools" column) as JSON, "" when absent."""
+    tools = rec.get("tools")
+    if tools is None:
+        return ""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except (ValueError, RecursionError):
+            raise BadRecord("field 'tools' is a string that is not valid JSON") from None
+    if not isinstance(tools, list):
+        raise BadRecord(
+            f"field 'tools' must be a list of tool definitions, got {_type_name(tools)}"
+        )
+    return json.dumps(tools, sort_keys=True) if tools else ""
 
 
 def parse_record(obj: Any, fields: Fields) -> Record:
@@ -159,7 +242,9 @@ def parse_record(obj: Any, fields: Fields) -> Record:
         )
     f = fields
     if f.messages in obj:
-        return Record("chat", _messages(obj, f.messages))
+        return Record("chat", (_messages(obj, f.messages), _tools(obj)))
+    if f.conversations in obj:
+        return Record("chat", (_messages(obj, f.conversations), _tools(obj)))
     if f.instruction in obj and f.output in obj:
         inp = obj.get(f.input)
         if inp is not None and not isinstance(inp, str):
@@ -170,6 +255,10 @@ def parse_record(obj: Any, fields: Fields) -> Record:
             "instruction", (_string(obj, f.instruction), inp or "", _string(obj, f.output))
         )
     if f.prompt in obj and f.completion in obj:
+        if isinstance(obj[f.prompt], list) and isinstance(obj[f.completion], list):
+            # TRL's conversational prompt/completion: only the completion is trained on.
+            msgs = _messages(obj, f.prompt, target=False) + _messages(obj, f.completion)
+            return Record("chat", (msgs, _tools(obj)))
         return Record(
             "prompt_completion",
             (_string(obj, f.prompt, allow_empty=True), _string(obj, f.completion)),

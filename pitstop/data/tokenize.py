@@ -26,6 +26,7 @@ Masking rules (store semantics: mask[i] = 1 iff token i is a loss target):
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
 from dataclasses import dataclass
@@ -173,50 +174,136 @@ class Worker:
             return text, None if full else [(len(prompt), len(text))]
         return self._render_chat(v, full)
 
-    def _apply(self, msgs: list[dict[str, str]], gen: bool) -> str:
+    def _apply(self, msgs: list[dict[str, Any]], gen: bool, tools: list | None = None) -> str:
         if not self.tok.chat_template:
             raise BadRecord(
                 f"chat records need a chat template, and the tokenizer in {self.s.tokenizer} has "
                 "none; add one (chat_template in tokenizer_config.json) or use prompt/completion records"
             )
         try:
-            out = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            out = self.tok.apply_chat_template(
+                msgs, tools=tools, tokenize=False, add_generation_prompt=gen
+            )
         except Exception as e:  # jinja raises TemplateError or whatever the template raises
             raise BadRecord(f"the chat template rejected the conversation: {e}") from None
         if not isinstance(out, str):
             raise BadRecord("the chat template did not render a string")
         return out
 
-    def _render_chat(self, msgs: tuple, full: bool) -> tuple[str, list[tuple[int, int]] | None]:
-        messages = [{"role": r, "content": c} for r, c in msgs]
+    def _render_chat(self, value: tuple, full: bool) -> tuple[str, list[tuple[int, int]] | None]:
+        msgs, tools_json = value
+        tools = json.loads(tools_json) if tools_json else None
+        messages = []
+        for role, content, _target, extra in msgs:
+            m: dict[str, Any] = {"role": role, "content": content}
+            if extra:
+                m.update(json.loads(extra))
+            messages.append(m)
+        spans: list[tuple[int, int]] | None
+        text = self._apply(messages, False, tools)
         if full:
-            text, spans = self._apply(messages, False), None
+            spans = None
         else:
-            prev, spans = "", []
-            for i, (role, content) in enumerate(msgs):
-                cur = self._apply(messages[: i + 1], False)
-                if not cur.startswith(prev):
-                    raise BadRecord(
-                        f"the chat template does not render message {i} as a continuation of the "
-                        "messages before it, so prompt tokens cannot be masked by position; "
-                        "use --train-on-prompt or prompt/completion records"
-                    )
-                if role == "assistant":
-                    start = len(prev)
-                    try:
-                        head = self._apply(messages[:i], True) if i else prev
-                    except BadRecord:
-                        head = prev
-                    if head.startswith(prev) and cur.startswith(head):
-                        start = len(head)  # skip the assistant header the template adds
-                    body = content.strip()
-                    k = cur.find(body, start) if body else -1
-                    if k >= 0:
-                        start = k
-                    # Up to the end of the turn, without the template's trailing newline(s).
-                    spans.append((start, max(start, len(cur.rstrip()))))
-                prev = cur
-            text = prev
+            spans = self._chat_spans_linear(messages, msgs, tools, text)
+            if spans is None:
+                text, spans = self._chat_spans_by_prefix(messages, msgs, tools)
+        return self._trim_chat(text, spans)
+
+    def _chat_spans_linear(
+        self, messages: list[dict[str, Any]], msgs: tuple, tools: list | None, text: str
+    ) -> list[tuple[int, int]] | None:
+        """Target spans from three renders whatever the number of turns; None: cannot tell.
+
+        Each message's content is replaced by a unique marker and the conversation rendered
+        once: the markers give every content's position in `text` (the rebuilt text must
+        equal `text`, else the template looks at the content). What a template writes after
+        an assistant message (its end of turn) is taken from a render that ends at the first
+        trained assistant message, and must follow every trained assistant message.
+        Rendering every prefix instead (the fallback) costs time quadratic in the turns.
+        """
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        if any("\ue000" in m["content"] or "\ue001" in m["content"] for m in messages):
+            return None
+        marked = [dict(m, content=k) for m, k in zip(messages, marks)]
+        mtext = self._apply(marked, False, tools)
+        # Templates that trim contents (Llama 3's) show them stripped.
+        for contents in (
+            [m["content"] for m in messages],
+            [m["content"].strip() for m in messages],
+        ):
+            starts = self._place(mtext, marks, contents, text)
+            if starts is not None:
+                break
+        else:
+            return None
+        trained = [i for i, m in enumerate(msgs) if m[0] == "assistant" and m[2]]
+        if not trained:
+            return []
+        first = trained[0]
+        head = self._apply(marked[: first + 1], False, tools)
+        if marks[first] not in head:
+            return None
+        closing = head[head.rindex(marks[first]) + len(marks[first]) :].rstrip()
+        spans = []
+        for i in trained:
+            content = contents[i]
+            end = starts[i] + len(content)
+            if not text.startswith(closing, end):
+                return None
+            body = content.strip()
+            start = starts[i] + (len(content) - len(content.lstrip()) if body else 0)
+            stop = len(text[: end + len(closing)].rstrip())
+            spans.append((start, max(start, stop)))
+        return spans
+
+    @staticmethod
+    def _place(mtext: str, marks: list[str], contents: list[str], text: str) -> list[int] | None:
+        """Where each content starts in `text`, if putting them in for the markers gives it."""
+        starts, rebuilt, at, shift = [], [], 0, 0
+        for k, content in zip(marks, contents):
+            pos = mtext.find(k, at)
+            if pos < 0:
+                return None
+            rebuilt += [mtext[at:pos], content]
+            starts.append(pos + shift)
+            shift += len(content) - len(k)
+            at = pos + len(k)
+        rebuilt.append(mtext[at:])
+        return starts if "".join(rebuilt) == text else None
+
+    def _chat_spans_by_prefix(
+        self, messages: list[dict[str, Any]], msgs: tuple, tools: list | None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Target spans by rendering every prefix of the conversation (quadratic in turns)."""
+        prev, spans = "", []
+        for i, (role, content, target, _extra) in enumerate(msgs):
+            cur = self._apply(messages[: i + 1], False, tools)
+            if not cur.startswith(prev):
+                raise BadRecord(
+                    f"the chat template does not render message {i} as a continuation of the "
+                    "messages before it, so prompt tokens cannot be masked by position; "
+                    "use --train-on-prompt or prompt/completion records"
+                )
+            if role == "assistant" and target:
+                start = len(prev)
+                try:
+                    head = self._apply(messages[:i], True, tools) if i else prev
+                except BadRecord:
+                    head = prev
+                if head.startswith(prev) and cur.startswith(head):
+                    start = len(head)  # skip the assistant header the template adds
+                body = content.strip()
+                k = cur.find(body, start) if body else -1
+                if k >= 0:
+                    start = k
+                # Up to the end of the turn, without the template's trailing newline(s).
+                spans.append((start, max(start, len(cur.rstrip()))))
+            prev = cur
+        return prev, spans
+
+    def _trim_chat(
+        self, text: str, spans: list[tuple[int, int]] | None
+    ) -> tuple[str, list[tuple[int, int]] | None]:
         stripped = text.rstrip()
         if self.eos_text and stripped.endswith(self.eos_text) and len(stripped) < len(text):
             text = stripped  # "...</s>\n": end the document at the EOS token

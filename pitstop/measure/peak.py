@@ -10,6 +10,7 @@ directory, keyed by CPU model, thread count and torch version.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,24 +23,36 @@ from pitstop.probe import cpu_name
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
 # Matching is by substring of torch.cuda.get_device_name(), most specific first.
 GPU_PEAKS: list[tuple[str, dict[str, float], str]] = [
+    ("B200", {"bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
+     "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 per GPU, dense = half the sparse figure)"),
     ("H200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
      "https://www.nvidia.com/en-us/data-center/h200/"),
     ("H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378.0e12, "fp32": 51.2e12},
      "https://www.nvidia.com/en-us/data-center/h100/ (PCIe, dense = half the sparse figure)"),
     ("H100", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
      "https://www.nvidia.com/en-us/data-center/h100/ (SXM, dense = half the sparse figure)"),
+    ("H20", {"bf16": 148e12, "fp16": 148e12, "tf32": 74e12, "fp32": 44e12},
+     "NVIDIA H20 product brief (dense)"),
     ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
      "https://www.nvidia.com/en-us/data-center/a100/"),
     ("L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183.2e12, "fp32": 91.6e12},
      "https://www.nvidia.com/en-us/data-center/l40s/"),
+    ("L40", {"bf16": 181.05e12, "fp16": 181.05e12, "tf32": 90.5e12, "fp32": 90.5e12},
+     "https://www.nvidia.com/en-us/data-center/l40/ (dense = half the sparse figure)"),
     ("L4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
      "https://www.nvidia.com/en-us/data-center/l4/"),
     ("A10", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
      "https://www.nvidia.com/en-us/data-center/products/a10-gpu/"),
+    ("RTX 5090", {"bf16": 209.5e12, "fp16": 209.5e12, "tf32": 104.8e12, "fp32": 104.8e12},
+     "NVIDIA RTX Blackwell GPU architecture whitepaper, table 1 (fp32 accumulate, dense)"),
     ("RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
      "NVIDIA Ada Lovelace architecture whitepaper, table 2 (fp32 accumulate)"),
     ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12},
      "NVIDIA Ampere GA102 whitepaper, table 9 (fp32 accumulate)"),
+    ("RTX A6000", {"bf16": 154.8e12, "fp16": 154.8e12, "tf32": 77.4e12, "fp32": 38.7e12},
+     "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/ datasheet (dense = half the sparse figure)"),
+    ("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12},
+     "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense)"),
     ("V100", {"fp16": 125e12, "fp32": 15.7e12},
      "https://www.nvidia.com/en-us/data-center/v100/ (SXM2)"),
     ("T4", {"fp16": 65e12, "fp32": 8.1e12},
@@ -49,11 +62,18 @@ GPU_PEAKS: list[tuple[str, dict[str, float], str]] = [
 
 def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
     """Dense peak FLOP/s of a GPU by name for `precision` (bf16, fp16, tf32, fp32)."""
-    for fragment, peaks, source in GPU_PEAKS:
-        if fragment.lower() in name.lower():
-            if precision in peaks:
-                return peaks[precision], f"{fragment} {precision} dense peak, {source}"
-            return None, f"{fragment} has no {precision} tensor-core peak in the table"
+    # The longest row name found in `name` as a whole word, so "NVIDIA L40" is not the
+    # L4 and "H100 PCIe" is not the H100 SXM.
+    hits = [
+        row
+        for row in GPU_PEAKS
+        if re.search(r"(?<![a-z0-9])" + re.escape(row[0].lower()) + r"(?![0-9])", name.lower())
+    ]
+    if hits:
+        fragment, peaks, source = max(hits, key=lambda row: len(row[0]))
+        if precision in peaks:
+            return peaks[precision], f"{fragment} {precision} dense peak, {source}"
+        return None, f"{fragment} has no {precision} tensor-core peak in the table"
     return None, f"{name!r} is not in pitstop's GPU peak table; MFU is not reported"
 
 

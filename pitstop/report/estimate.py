@@ -56,6 +56,11 @@ from pitstop.train.summary import read_metrics
 # An assumption, labelled as such wherever it is used; measure with --from-profile.
 DEFAULT_MFU = 0.35
 DEFAULT_SCALING = 0.9  # fraction of linear speed-up kept per doubling of GPUs
+# A floor under the FLOPs time: every micro-step launches its kernels, and every
+# optimizer step walks all parameters, whatever the FLOPs. An ASSUMPTION (not measured
+# on these cards), stated in the output when it decides the time: a small model on a
+# large GPU is bound by it, not by its FLOPs.
+STEP_FLOOR_SECONDS = 0.005
 CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces: outside torch's allocator
 DEFAULT_HEADROOM = 0.10  # allocator fragmentation and transient buffers
 
@@ -465,6 +470,7 @@ def estimate(
     scaling: float = DEFAULT_SCALING,
     price: float | None = None,
     headroom: float = DEFAULT_HEADROOM,
+    optimizer: str = "adamw",
 ) -> Estimate:
     """Memory, time, cost and the multi-GPU options table of a planned run."""
     seq_len = seq_len or tokens.max_seq_len or 1024
@@ -482,6 +488,7 @@ def estimate(
         lora_r=lora_r,
         load_in_4bit=load_in_4bit,
         fused_optimizer=fused,
+        optimizer=optimizer,
     )
     usable = mbs = None
     if gpu is not None:
@@ -500,6 +507,7 @@ def estimate(
             lora_r=lora_r,
             load_in_4bit=load_in_4bit,
             fused_optimizer=fused,
+            optimizer=optimizer,
         )
     pc = shape.params()
     if lora_r is not None:
@@ -534,10 +542,20 @@ def estimate(
         work = positions * epochs / tp.positions_per_second
         if tokens.packing_efficiency is None:
             notes.append("positions = tokens: assumes packed rows with no padding")
+        micro_steps = positions * epochs / (micro_batch_size * seq_len)
+        floor = micro_steps * STEP_FLOOR_SECONDS
+        if floor > work:
+            notes.append(
+                f"time floor: {micro_steps:,.0f} micro-steps × {STEP_FLOOR_SECONDS * 1000:g} ms "
+                f"per-step overhead (kernel launches, optimizer; an ASSUMED floor, not measured) "
+                f"= {floor:.1f} s exceeds the FLOPs time {work:.2g} s: this model is too small "
+                "to keep the GPU busy; a larger --micro-batch-size helps"
+            )
+            work = floor
     seconds = tp.startup_seconds + work
     if price is not None:
         price_basis = f"{price} per GPU-hour (yours)"
-    elif gpu is not None:
+    elif gpu is not None and gpu.example_price_per_hour is not None:
         price = gpu.example_price_per_hour
         price_basis = f"EXAMPLE price {price} USD per {gpu.name}-hour: {PRICES_SOURCE}"
     else:
@@ -605,7 +623,13 @@ def _gib(b: float | None) -> str:
     return "-" if b is None else f"{b / GiB:.2f} GiB"
 
 
+def _usd(c: float) -> str:
+    return f"{c:.2f}" if c >= 0.01 or c == 0 else f"{c:.1g}"
+
+
 def _dur(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
     if s < 120:
         return f"{s:.0f} s"
     if s < 7200:
@@ -645,7 +669,7 @@ def format_estimate(est: Estimate) -> str:
     lines.append("")
     c = est.to_dict()["cost"]
     if c["total"] is not None:
-        lines.append(f"Cost: {c['total']:.2f} USD on one GPU ({c['price_basis']})")
+        lines.append(f"Cost: {_usd(c['total'])} USD on one GPU ({c['price_basis']})")
     else:
         lines.append(f"Cost: - ({c['price_basis']})")
     lines.append("")
@@ -655,7 +679,7 @@ def format_estimate(est: Estimate) -> str:
     )
     for r in est.options:
         fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "no")
-        cost = "-" if r["cost"] is None else f"{r['cost']:.2f}"
+        cost = "-" if r["cost"] is None else _usd(r["cost"])
         lines.append(
             f"  {r['gpus']:>4}  {r['strategy']:<8} {_gib(r['memory_per_gpu_bytes']):>11} "
             f"{fits:>5} {_dur(r['train_seconds']):>9} {cost:>9}  {r['verdict']}"
@@ -665,7 +689,7 @@ def format_estimate(est: Estimate) -> str:
     if m is not None and est.options and est.options[0]["fits"] is False:
         lines.append(
             "  - one GPU is not enough: --gradient-checkpointing, a smaller --micro-batch-size, "
-            "--lora-r or --load-in-4bit lower the peak (see the parts above)"
+            "--optimizer adamw_8bit, --lora-r or --load-in-4bit lower the peak (see the parts above)"
         )
     return "\n".join(lines)
 

@@ -39,11 +39,17 @@ class Gpu:
     name: str
     peak_key: str  # the row of pitstop.measure.peak.GPU_PEAKS (matched by substring)
     memory_bytes: int
-    example_price_per_hour: float
+    example_price_per_hour: float | None
     bf16: bool = True  # bf16 tensor cores (Ampere and newer)
+    peak_override: float | None = None  # the user's own dense peak FLOP/s (--gpu-tflops)
 
     def peak_flops(self, precision: str) -> tuple[float | None, str]:
-        """Dense peak FLOP/s for `precision` from the shared peak table."""
+        """Dense peak FLOP/s for `precision`: the user's, else from the shared peak table."""
+        if self.peak_override is not None:
+            return (
+                self.peak_override,
+                f"{self.peak_override / 1e12:g} TFLOP/s (yours, --gpu-tflops)",
+            )
         return gpu_peak(self.peak_key, precision)
 
 
@@ -52,15 +58,21 @@ def _g(gib: float) -> int:
 
 
 GPUS: list[Gpu] = [
+    Gpu("B200", "B200", _g(179.0), 5.99),  # 180 GB HBM3e (HGX B200 datasheet)
     Gpu("H200", "H200", _g(139.8), 3.50),
+    Gpu("H20", "H20", _g(95.0), 1.50),  # 96 GB HBM3
+    Gpu("MI300X", "MI300X", _g(191.5), 2.49),  # 192 GB HBM3 (AMD datasheet)
     Gpu("H100", "H100", _g(79.1), 2.99),  # SXM
     Gpu("H100 PCIe", "H100 PCIe", _g(79.1), 2.49),
     Gpu("A100 80GB", "A100", _g(79.1), 1.79),
     Gpu("A100 40GB", "A100", _g(39.4), 1.29),
     Gpu("L40S", "L40S", _g(44.4), 0.99),
+    Gpu("L40", "L40", _g(44.4), 0.89),  # 48 GB GDDR6 with ECC
     Gpu("L4", "L4", _g(22.0), 0.80),
     Gpu("A10", "A10", _g(22.0), 0.75),
+    Gpu("RTX 5090", "RTX 5090", _g(31.4), 0.89),  # 32 GB GDDR7
     Gpu("RTX 4090", "RTX 4090", _g(23.6), 0.69),
+    Gpu("RTX A6000", "RTX A6000", _g(47.5), 0.49),  # 48 GB GDDR6
     Gpu("RTX 3090", "RTX 3090", _g(23.6), 0.43),
     Gpu("V100 32GB", "V100", _g(31.7), 0.55, bf16=False),
     Gpu("V100 16GB", "V100", _g(15.8), 0.45, bf16=False),
@@ -84,6 +96,12 @@ _ALIASES = {
     "rtx3090": "RTX 3090",
     "v100": "V100 32GB",
     "a10g": "A10",
+    "a6000": "RTX A6000",
+    "rtx a6000": "RTX A6000",
+    "5090": "RTX 5090",
+    "rtx5090": "RTX 5090",
+    "mi300": "MI300X",
+    "instinct mi300x": "MI300X",
 }
 
 
@@ -110,6 +128,28 @@ def find_gpu(name: str) -> Gpu | None:
     return max(hits, key=lambda g: len(g.name)) if hits else None
 
 
+def custom_gpu(
+    name: str | None, tflops: float | None, memory_gib: float | None, price: float | None
+) -> Gpu:
+    """A card described by the user: --gpu-tflops (dense peak at the run's precision),
+    --gpu-memory-gib, --price-per-gpu-hour; on top of a known --gpu, they replace its values."""
+    base = get_gpu(name) if name else None
+    if base is None and (tflops is None or memory_gib is None):
+        raise ConfigError(
+            "a GPU that is not in the table needs both --gpu-tflops and --gpu-memory-gib"
+        )
+    return Gpu(
+        name=base.name if base else (name or "your GPU"),
+        peak_key=base.peak_key if base else "",
+        memory_bytes=_g(memory_gib) if memory_gib is not None else base.memory_bytes,  # type: ignore[union-attr]
+        example_price_per_hour=price
+        if price is not None
+        else (base.example_price_per_hour if base else None),
+        bf16=base.bf16 if base else True,
+        peak_override=tflops * 1e12 if tflops is not None else None,
+    )
+
+
 def get_gpu(name: str) -> Gpu:
     """Like `find_gpu`, but an unknown name is a ConfigError listing the known ones."""
     gpu = find_gpu(name)
@@ -120,5 +160,6 @@ def get_gpu(name: str) -> Gpu:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(
         f"--gpu {name!r} is not a GPU pitstop knows{hint}; known: {', '.join(known)}. "
-        "For another card, measure a short run and pass --from-profile instead"
+        "For another card, pass --gpu-tflops and --gpu-memory-gib (its datasheet's dense "
+        "peak and memory), or measure a short run and pass --from-profile"
     )

@@ -11,7 +11,9 @@ Parameters are counted from config.json (no weights are read). Bytes per part:
   constant per 256 absmax blocks = 0.5159 B/param; embeddings, lm_head and norms are
   fp32 (peft's `prepare_model_for_kbit_training` upcasts them).
 * gradients: fp32, 4 B per trainable parameter.
-* optimizer_states: AdamW's two fp32 moments, 8 B per trainable parameter.
+* optimizer_states: AdamW's two fp32 moments, 8 B per trainable parameter; with
+  bitsandbytes' 8-bit AdamW (--optimizer adamw_8bit / paged_adamw_8bit) two 8-bit
+  moments plus one fp32 scale per block of 256 values, about 2.03 B per parameter.
 * autocast_weight_copies: with bf16/fp16 autocast and fp32 weights, each matmul
   weight is cast once per forward and the copy is kept for backward: 2 B per
   matmul parameter (none for fp32 or for LoRA's already-low-precision base).
@@ -73,6 +75,8 @@ FP32 = 4
 # NF4 with double quantisation: 4 bits + an 8-bit absmax per 64 weights + an fp32
 # constant per 256 absmax values (QLoRA, Dettmers et al. 2023, §2).
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bitsandbytes 8-bit AdamW: two 1-byte moments, each with an fp32 absmax per block of 256.
+OPTIM_8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -318,6 +322,7 @@ def estimate_memory(
     load_in_4bit: bool = False,
     grad_accum: int = 1,
     fused_optimizer: bool = True,
+    optimizer: str = "adamw",
 ) -> MemoryEstimate:
     """Training memory per part for one data-parallel rank (formulas in the module docstring)."""
     if precision not in COMPUTE_BYTES:
@@ -358,8 +363,16 @@ def estimate_memory(
         if copies:
             notes.append(f"autocast keeps a {precision} copy of each matmul weight for backward")
     grads = trainable * FP32
-    states = 2 * trainable * FP32
-    notes.append("AdamW: two fp32 moments per trainable parameter; fp32 gradients")
+    if optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        states = trainable * OPTIM_8BIT_BYTES_PER_PARAM
+        notes.append(
+            f"8-bit AdamW (bitsandbytes): two 8-bit moments + an fp32 scale per 256 values, "
+            f"{OPTIM_8BIT_BYTES_PER_PARAM:.2f} B per trainable parameter; fp32 gradients"
+        )
+        fused_optimizer = True  # updates each tensor in place: no foreach temporaries
+    else:
+        states = 2 * trainable * FP32
+        notes.append("AdamW: two fp32 moments per trainable parameter; fp32 gradients")
     opt_tmp = 0 if fused_optimizer else trainable * FP32
     if not fused_optimizer:
         notes.append("foreach AdamW: one fp32 temporary of the second moments during the step")

@@ -19,7 +19,7 @@ from pitstop.report.estimate import (
     estimate,
     load_measured,
 )
-from pitstop.report.gpus import Gpu, find_gpu, get_gpu
+from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
 from pitstop.report.memory import shape_from_model_dir, shape_from_params
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -38,6 +38,8 @@ def estimate_problems(
     attention: str,
     lora_r: int | None,
     load_in_4bit: bool,
+    gpu_tflops: float | None = None,
+    gpu_memory_gib: float | None = None,
 ) -> list[str]:
     """Every problem with an estimate request, each naming the flag that fixes it."""
     problems: list[str] = []
@@ -47,7 +49,8 @@ def estimate_problems(
         problems.append("give --data or --tokens, not both")
     if not data and tokens is None:
         problems.append("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
-    if not gpu and not from_profile:
+    custom = gpu_tflops is not None or gpu_memory_gib is not None
+    if not gpu and not from_profile and not custom:
         problems.append("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
     if precision is not None and precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -57,12 +60,21 @@ def estimate_problems(
         problems.append(
             "--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R"
         )
-    if gpu:
+    if gpu or custom:
         try:
-            get_gpu(gpu)
+            _device(gpu, gpu_tflops, gpu_memory_gib, None)
         except ConfigError as e:
             problems += e.problems
     return problems
+
+
+def _device(
+    gpu: str | None, tflops: float | None, memory_gib: float | None, price: float | None
+) -> Gpu | None:
+    """The table's --gpu, or the user's own card (--gpu-tflops / --gpu-memory-gib)."""
+    if tflops is not None or memory_gib is not None:
+        return custom_gpu(gpu, tflops, memory_gib, price)
+    return get_gpu(gpu) if gpu else None
 
 
 def estimate_planned_run(
@@ -87,6 +99,9 @@ def estimate_planned_run(
     gradient_checkpointing: bool = False,
     headroom: float = DEFAULT_HEADROOM,
     cache_dir: str | None = None,
+    gpu_tflops: float | None = None,
+    gpu_memory_gib: float | None = None,
+    optimizer: str = "adamw",
 ) -> Estimate:
     """Memory, time and cost of a planned run (ConfigError listing every problem first).
 
@@ -103,10 +118,12 @@ def estimate_planned_run(
         attention=attention,
         lora_r=lora_r,
         load_in_4bit=load_in_4bit,
+        gpu_tflops=gpu_tflops,
+        gpu_memory_gib=gpu_memory_gib,
     )
     if problems:
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
-    device: Gpu | None = get_gpu(gpu) if gpu else None
+    device = _device(gpu, gpu_tflops, gpu_memory_gib, price)
     profile = load_measured(from_profile) if from_profile else None
     if precision is None:
         dev = device or (find_gpu(str((profile or {}).get("device", ""))) if profile else None)
@@ -137,4 +154,5 @@ def estimate_planned_run(
         scaling=scaling,
         price=price,
         headroom=headroom,
+        optimizer=optimizer,
     )

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from pitstop import probe, run_files
 from pitstop.cache_layout import cache_root
-from pitstop.config import RunConfig
+from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
@@ -36,7 +36,7 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io
+from pitstop.train import model_io, optim
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -178,7 +178,7 @@ def build_run(
     choices["tf32"] = tf32
     probe.apply_backend_flags(device, tf32)
     attention = probe.choose_attention(cfg.attention, device, precision)
-    choices["optimizer"] = probe.choose_optimizer(device)
+    choices["optimizer"] = optim.choose(cfg, device)
 
     # --- model (the directory is checked before the tokenizer reads its config)
     model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
@@ -263,8 +263,9 @@ def build_run(
 
     # --- optimizer, precision machinery
     optimizer = build_optimizer(
-        model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"]
-    )
+        model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"],
+        betas=parse_betas(cfg.adam_betas),
+    )  # fmt: skip
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
     # the kernel itself, without a host-device sync.

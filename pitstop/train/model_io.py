@@ -57,6 +57,9 @@ def load_model(
         attention = Choice(
             "eager", f"the model does not support {attention.value} ({e}); eager attention"
         )
+    # Saved adapters name their base by an absolute path (or its Hub id), so they load
+    # from anywhere, not only from the directory the run was started in.
+    model.name_or_path = model.config._name_or_path = base_model_name(model_dir)
     if not cfg.load_in_4bit:
         model.to(dev.torch_device)
     model.config.use_cache = False
@@ -94,9 +97,12 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
     safely: no config.json, weights that are not safetensors, or an architecture that
     needs its own code without --trust-remote-code. Returns `model_dir`."""
     if not (model_dir / "config.json").is_file():
+        from pitstop.hub import missing_hint
+
         raise ConfigError(
             f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
             "give a local directory with config.json, weights and tokenizer files"
+            + missing_hint(str(model_dir))
         )
     if not glob.glob(str(model_dir / "*.safetensors")):
         raise ConfigError(_no_safetensors_problem(model_dir))
@@ -232,6 +238,59 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if is_peft(model):
         return {n: p for n, p in model.named_parameters() if p.requires_grad}
     return model.state_dict()
+
+
+def base_model_name(model_dir: Path) -> str:
+    """How a saved adapter names its base: the Hub id of a cache snapshot, else an absolute path."""
+    from pitstop.hub import hub_id_of
+
+    return hub_id_of(model_dir) or str(Path(model_dir).resolve())
+
+
+def base_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype the base model's config.json declares (float32 when it declares none)."""
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return torch.float32
+    name = (raw.get("dtype") or raw.get("torch_dtype")) if isinstance(raw, dict) else None
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def save_dtype(cfg: Any) -> torch.dtype:
+    """The final model's dtype: --save-dtype, or auto: the base's."""
+    if cfg.save_dtype != "auto":
+        return _DTYPES[cfg.save_dtype]
+    return base_dtype(Path(cfg.model))
+
+
+def save_final(
+    model: Any, tokenizer: Any, dest: Path, state: dict[str, torch.Tensor] | None, cfg: Any
+) -> None:
+    """final/: a full fine-tune in --save-dtype (default the base's, so a bf16 base is not
+    saved at twice its size from the fp32 master weights); a LoRA adapter as trained."""
+    if is_peft(model):
+        save_model_dir(model, tokenizer, dest, state)
+        return
+    dtype = save_dtype(cfg)
+    if state is None:
+        state = model.state_dict()
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    save_model_dir(model, tokenizer, dest, state)
+    set_config_dtype(dest, dtype)
+
+
+def set_config_dtype(model_dir: Path, dtype: torch.dtype) -> None:
+    """Make config.json declare the dtype the weights were written in (save_pretrained
+    writes the in-memory parameters' dtype, fp32 for master weights)."""
+    path = model_dir / "config.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    name = str(dtype).removeprefix("torch.")
+    raw["dtype"] = name
+    if "torch_dtype" in raw:
+        raw["torch_dtype"] = name
+    path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def save_model_dir(

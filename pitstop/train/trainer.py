@@ -679,7 +679,7 @@ class Trainer:
         tmp = self.out / f".final.partial-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
-            model_io.save_model_dir(self.model, self.tokenizer, tmp, state)
+            model_io.save_final(self.model, self.tokenizer, tmp, state, self.cfg)
             # The last checkpoint must have landed (and its weights been finite) first:
             # final/ is never published by a run that could not save its end.
             self.writer.wait()
@@ -687,6 +687,10 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         model_io.publish_dir(tmp, self.out / run_files.FINAL)
+        if self.cfg.merge_lora and model_io.is_peft(self.model):
+            from pitstop.train.export import merge_adapter  # loads a second copy of the base
+
+            merge_adapter(self.out / run_files.FINAL, self.out / run_files.MERGED)
         self.final_save_seconds = time.perf_counter() - t0
 
     def _finish_quietly(self, status: str) -> None:

@@ -1,0 +1,62 @@
+"""Model ids such as `org/name` resolved to a snapshot in the local Hugging Face cache.
+
+pitstop never downloads at run time (DESIGN.md): a --model that is not a directory
+but looks like a Hub id is looked up, offline, where huggingface_hub keeps its cache
+($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). When it is not
+there, the error gives the one command that downloads it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def hub_cache_dir() -> Path:
+    """The cache huggingface_hub uses, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def looks_like_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and ".." not in name
+
+
+def hub_id_of(path: str | Path) -> str | None:
+    """The Hub id of a snapshot directory of the cache (`.../models--org--name/snapshots/REV`)."""
+    parts = Path(path).resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--") :].replace("--", "/")
+    return None
+
+
+def resolve_model(name: str) -> str:
+    """A local directory for `name`: the cached snapshot of a Hub id, else `name` unchanged
+    (whoever opens it then says what is missing, with `missing_hint`)."""
+    if Path(name).expanduser().exists() or not looks_like_hub_id(name):
+        return name
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(name, cache_dir=str(hub_cache_dir()), local_files_only=True)
+    except Exception:  # ImportError, LocalEntryNotFoundError and kin: not resolvable here
+        return name
+    return str(Path(path).resolve())
+
+
+def missing_hint(name: str) -> str:
+    """What to add to "no such model directory" when `name` could be a Hub id."""
+    if Path(name).expanduser().exists() or not looks_like_hub_id(name):
+        return ""
+    return (
+        f"; if {name} is a Hub id, it is not in the local Hugging Face cache ({hub_cache_dir()}; "
+        f"set HF_HOME or HF_HUB_CACHE if yours is elsewhere): download it once with: "
+        f"hf download {name}"
+    )

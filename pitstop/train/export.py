@@ -1,0 +1,80 @@
+"""Merged export: a LoRA adapter folded into its base, written as a plain HF model directory.
+
+`pitstop export RUN --merge` and `pitstop train ... --merge-lora` both come here. The
+base is the one the adapter names (an absolute path or a Hub id in the local cache),
+loaded in fp32 so the merge W + scale * B @ A is computed without rounding, then
+saved in the base's dtype (or `dtype`) as safetensors with the run's tokenizer. The
+result loads with AutoModelForCausalLM.from_pretrained and needs no peft.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import torch
+
+from pitstop.errors import ConfigError, MissingDependencyError
+from pitstop.train.model_io import _DTYPES, base_dtype, publish_dir, set_config_dtype
+
+
+def adapter_dir(run_or_adapter: Path) -> Path:
+    """The adapter directory of a run directory (its final/) or the adapter directory itself."""
+    for d in (run_or_adapter, run_or_adapter / "final"):
+        if (d / "adapter_config.json").is_file():
+            return d
+    if (run_or_adapter / "final" / "config.json").is_file() or (
+        run_or_adapter / "config.json"
+    ).is_file():
+        raise ConfigError(
+            f"{run_or_adapter} holds a full fine-tuned model, not a LoRA adapter: its final/ "
+            "already is a plain Hugging Face model directory, there is nothing to merge"
+        )
+    raise ConfigError(
+        f"{run_or_adapter} is neither a pitstop run directory with a LoRA adapter in final/ "
+        "nor an adapter directory (no adapter_config.json); give the --output of a LoRA run"
+    )
+
+
+def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "auto") -> Path:
+    """Merge the adapter of `run_or_adapter` into its base and write `dest` (default RUN/merged)."""
+    try:
+        import peft
+    except ImportError:
+        raise MissingDependencyError(
+            "merging a LoRA adapter needs the peft package: pip install 'pitstop[lora]'"
+        ) from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pitstop.hub import missing_hint, resolve_model
+
+    src = adapter_dir(Path(run_or_adapter))
+    if dest is None:
+        dest = src.parent / "merged" if src.name == "final" else src.with_name(src.name + "-merged")
+    acfg = json.loads((src / "adapter_config.json").read_text(encoding="utf-8"))
+    base_name = acfg.get("base_model_name_or_path")
+    if not base_name:
+        raise ConfigError(
+            f"{src}/adapter_config.json names no base model (base_model_name_or_path)"
+        )
+    base_dir = Path(resolve_model(base_name))
+    if not (base_dir / "config.json").is_file():
+        raise ConfigError(
+            f"the adapter's base model {base_name} is not a model directory here; move the base "
+            f"back or set base_model_name_or_path in {src}/adapter_config.json"
+            + missing_hint(base_name)
+        )
+    out_dtype = base_dtype(base_dir) if dtype == "auto" else _DTYPES[dtype]
+    base = AutoModelForCausalLM.from_pretrained(
+        base_dir, dtype=torch.float32, local_files_only=True, use_safetensors=True
+    )
+    merged = peft.PeftModel.from_pretrained(base, src).merge_and_unload()
+    merged.to(out_dtype)
+    tmp = dest.parent / f".{dest.name}.partial-{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    set_config_dtype(tmp, out_dtype)
+    AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(tmp)
+    publish_dir(tmp, dest)
+    return dest
