@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from pitstop.advise.command import register
+from pitstop.commands.doctor import register
 
 from pitstop.advise.doctor import doctor
 from pitstop.advise.target import make_target

@@ -12,7 +12,7 @@ from pitstop.report.estimate import (
     DataTokens,
     estimate,
     format_estimate,
-    load_profile,
+    load_measured,
     recompute_per_token,
 )
 from pitstop.report.gpus import get_gpu
@@ -37,7 +37,7 @@ def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
 
 
 def test_a_profile_without_checkpointing_is_scaled_up(tmp_path: Path) -> None:
-    prof = load_profile(make_run(tmp_path / "run", config={"gradient_checkpointing": False}))
+    prof = load_measured(make_run(tmp_path / "run", config={"gradient_checkpointing": False}))
     off = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof)
     on = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof,
                   gradient_checkpointing=True)  # fmt: skip
@@ -57,6 +57,6 @@ def _fm():
 def test_mfu_above_one_is_not_shown(tmp_path: Path) -> None:
     p = tmp_path / "profile.json"
     p.write_text(json.dumps({"tokens_per_second": 2000.0, "mfu": 2.11, "device": {"type": "cpu"}}))
-    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_profile(p))
+    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(p))
     assert est.throughput.mfu is None and est.to_dict()["time"]["mfu"] is None
     assert "measured low" in est.time_basis
