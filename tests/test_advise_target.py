@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
-from pitstop.commands.doctor import register
 
 from pitstop.advise.doctor import doctor
 from pitstop.advise.target import make_target
+from pitstop.commands.doctor import register
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo
 

@@ -68,8 +68,7 @@ def test_qlora_trains_resumes_exactly_and_saves_the_adapter(
     from transformers import AutoModelForCausalLM
 
     from pitstop.train import run
-    from pitstop.train.trainer import RunInterrupted
-    from pitstop.train.trainer import Trainer
+    from pitstop.train.trainer import RunInterrupted, Trainer
 
     kw = {"lora_r": 8, "load_in_4bit": True, "lr": 5e-3, "max_steps": 6}
     ref = tmp_path / "ref"
