@@ -14,12 +14,15 @@ metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
 (fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
 skipped, trained_tokens / seen_tokens / padded_tokens (cumulative, all ranks),
 step_trained_tokens, tokens_per_second (trained tokens of the step / step_seconds),
-step_seconds, and `<phase>_s` seconds per phase of the step. A step that ran a
+step_seconds, mfu (of the step's computed positions; null when the device peak is
+unknown), and `<phase>_s` seconds per phase of the step; the last line of each
+logging step also carries peak_memory_gib (the process's peak so far). A step that ran a
 held-out evaluation (every --eval-steps, and the last step) also carries
 eval_loss (mean CE per eval target token), eval_ppl (exp of it), eval_targets,
 eval_sequences and eval_seconds on its own line; that evaluation's time is the
 `eval_s` phase of the *next* step (like logging and checkpoints, it runs between
-steps). TensorBoard and wandb get the same scalars (train/*, eval/loss, eval/ppl).
+steps). TensorBoard and wandb get the same scalars (train/*, eval/*, time/<phase>,
+memory/peak_gib: train/run_log.py).
 
 Several processes (torchrun, or --nproc): see `pitstop.train.distributed`. Rank 0
 alone prints, logs and writes; timings are rank 0's. The other ranks agree with it
@@ -503,6 +506,8 @@ class Trainer:
         if not self._pending:
             return
         lines = self._account(self._pending_values())
+        if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
+            lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.device.type) / 2**30
         tps = (
             self.state.trained_tokens / self.train_seconds_now
             if self.train_seconds_now > 0
@@ -552,6 +557,9 @@ class Trainer:
                 "padded_tokens": self.state.padded_tokens, "step_trained_tokens": int(n_t),
                 "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
                 "step_seconds": rec.step_seconds,
+                # of the positions computed (padding included), as the summary's MFU
+                "mfu": flops_mod.mfu(n_p / rec.step_seconds, self.flops_per_token, self.peak_flops)
+                if rec.step_seconds > 0 else None,
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
             lines.append(line)
