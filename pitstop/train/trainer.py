@@ -52,6 +52,7 @@ from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.errors import PitstopError
 from pitstop.measure import flops as flops_mod
+from pitstop.measure.machine import machine_load
 from pitstop.measure.timeline import StepRecord, Timeline
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
@@ -803,6 +804,7 @@ class Trainer:
             "padding_waste": 1 - eff if eff is not None else None,
             "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
             "device": {**self.dev.to_dict(), "torch": torch.__version__},
+            "machine": machine_load(),  # the load its figures were measured under
             "choices": {k: c.to_dict() for k, c in self.choices.items()},
             "measured_choices": self.geometry.measured.to_dict()
             if self.geometry.measured

@@ -15,13 +15,14 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pitstop import probe
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
+from pitstop.measure.machine import describe_load, machine_load
 from pitstop.tune.search import (
     OK,
     OOM,
@@ -58,6 +59,7 @@ class TuneReport:
     memory_limit_source: str
     tuned_config: RunConfig | None = None
     tuned_path: Path | None = None
+    machine: dict[str, Any] = field(default_factory=machine_load)  # at the end of the search
 
     def to_json(self) -> dict[str, Any]:
         r = self.result
@@ -93,6 +95,7 @@ class TuneReport:
                 "tokens_per_second": r.rejected.tokens_per_second,
             },
             "tokens_per_step": self.tokens_per_step,
+            "machine": self.machine,
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_limit_source": self.memory_limit_source,
             "stopped": r.stopped,
@@ -388,6 +391,9 @@ def format_report(report: TuneReport) -> str:
             f"speed-up over the starting config: {r.speedup:.2f}x ({w.tokens_per_second:,.0f} vs "
             f"{b.tokens_per_second:,.0f} tokens/s, both measured in this run)"
         )
+    load = describe_load(report.machine)
+    if load:  # a loaded machine measures slower and noisier figures than a quiet one
+        lines.append(f"measured with the machine at {load}")
     else:
         lines.append(f"the starting config did not run ({b.status}): no speed-up to report")
     stop = {
