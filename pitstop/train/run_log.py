@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop.atomic import write_text_atomic
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
@@ -62,10 +62,9 @@ def open_tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str
     try:
         from torch.utils.tensorboard import SummaryWriter  # optional: needs `tensorboard`
     except ImportError:
-        print(
+        log.warning(
             "pitstop: TensorBoard logging skipped: the tensorboard package is not installed "
             "(pip install 'pitstop[tensorboard]')",
-            file=sys.stderr,
         )
         return NullWriter(), "tensorboard not installed"
     return SummaryWriter(
@@ -85,8 +84,9 @@ def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     try:
         import wandb  # optional and slow to import: only when asked for
     except ImportError:
-        print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
-              file=sys.stderr)  # fmt: skip
+        log.warning(
+            "pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)"
+        )
         return NullRun(), "wandb not installed"
     run_id = wandb_run_id(out)
     try:
@@ -95,8 +95,10 @@ def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
             config=cfg.to_dict(), id=run_id, resume="allow",
         )  # fmt: skip
     except Exception as e:  # no login, no network in online mode...: the run goes on
-        print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
-              "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
+        log.warning(
+            f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
+            "set WANDB_MODE=offline to log without a network"
+        )
         return NullRun(), f"wandb.init failed: {type(e).__name__}"
     mode = os.environ.get("WANDB_MODE", "online")
     return run, f"mode {mode}, run {run_id}"
@@ -121,6 +123,8 @@ def open_progress(total: int, initial: int) -> Any:
 
     force = os.environ.get("PITSTOP_PROGRESS")
     disable = None if force is None else force == "0"  # None: only on a terminal
+    if not log.progress_enabled():  # --quiet / --log-level warning
+        disable = True
     return tqdm(
         total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
         dynamic_ncols=True, desc="train",
@@ -210,9 +214,10 @@ class RunLog:
                             tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
         else:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
-            print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                  f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.info(
+                f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
+                f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}"
+            )
 
     def close(self) -> None:
         self.tb.close()

@@ -36,7 +36,6 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 
 import torch
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop import runlock as run_lock
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.batching.choices import write_run_choices
@@ -186,8 +185,10 @@ class Trainer:
             }).to_yaml()  # fmt: skip
             kept = resume_mod.keep_previous_config(out, saved, self.state.step) if latest else None
             if kept is not None:
-                print(f"pitstop: the configuration differs from the run's; the previous one is "
-                      f"kept in {kept}", file=sys.stderr)  # fmt: skip
+                log.info(
+                    f"pitstop: the configuration differs from the run's; the previous one is "
+                    f"kept in {kept}"
+                )
             write_text_atomic(out / run_files.CONFIG, saved)
             if self.geometry.measured is not None:  # before step 1: --resume reads it back
                 write_run_choices(out, self.geometry.measured)
@@ -207,8 +208,10 @@ class Trainer:
             allow=self.cfg.resume_with_changes, path=path,
         )  # fmt: skip
         if changed and self.is_main:
-            print("pitstop: warning: --resume-with-changes: continuing with changed settings: "
-                  + "; ".join(changed), file=sys.stderr)  # fmt: skip
+            log.warning(
+                "pitstop: warning: --resume-with-changes: continuing with changed settings: "
+                + "; ".join(changed)
+            )
         if self.fsdp:
             # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
             dist_mod.load_full_state(
@@ -258,8 +261,10 @@ class Trainer:
         try:
             return self.forward_model(**kwargs)
         except Exception as e:  # --compile on must never crash the run
-            print(f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
-                  "continuing without compile", file=sys.stderr)  # fmt: skip
+            log.warning(
+                f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
+                "continuing without compile"
+            )
             self.forward_model, self._compiled = self.model, False
             self.choices["compile"] = Choice(False, f"compile failed ({type(e).__name__}); eager")
             return self.forward_model(**kwargs)
@@ -411,7 +416,7 @@ class Trainer:
         summary = self.summary(status)
         if self.is_main:
             write_json_atomic(self.out / run_files.SUMMARY, summary)
-            print(_result_line(summary), file=sys.stderr)
+            log.info(_result_line(summary))
         self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
@@ -422,15 +427,21 @@ class Trainer:
         try:  # a checkpoint on its way to disk: let it land before naming it
             self.writer.wait()
         except ckpt.CheckpointError as err:
-            print(f"pitstop: {err}", file=sys.stderr)
+            log.warning(f"pitstop: {err}")
         gc = bool(self.cfg.gradient_checkpointing)
         return oom.oom_error(
-            e, step=self.state.step + 1, micro=getattr(self, "_micro", None),
-            device_type=self.device.type, last_checkpoint=self.writer.last_written,
-            model_dir=str(self.cfg.model), seq_len=self.geometry.max_seq_len,
-            precision=self.precision, attention=str(self.choices["attention"].value),
-            checkpointing=gc, lora_r=self.cfg.lora_r,
-        )  # fmt: skip
+            e,
+            step=self.state.step + 1,
+            micro=getattr(self, "_micro", None),
+            device_type=self.device.type,
+            last_checkpoint=self.writer.last_written,
+            model_dir=str(self.cfg.model),
+            seq_len=self.geometry.max_seq_len,
+            precision=self.precision,
+            attention=str(self.choices["attention"].value),
+            checkpointing=gc,
+            lora_r=self.cfg.lora_r,
+        )
 
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
@@ -707,7 +718,7 @@ class Trainer:
         try:
             self.writer.wait()
         except ckpt.CheckpointError as e:
-            print(f"pitstop: {e}", file=sys.stderr)
+            log.warning(f"pitstop: {e}")
         if self.is_main:
             write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
         self.run_log.close()
@@ -728,8 +739,10 @@ class Trainer:
         self._stop_signal = signum
         if not self.is_main:
             return
-        print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.state.step + 1}, "
-              "then saving a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)  # fmt: skip
+        log.info(
+            f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.state.step + 1}, "
+            "then saving a checkpoint (Ctrl-C again to stop at once)"
+        )
 
     def _restore_signals(self, old: dict[int, Any]) -> None:
         for sig, h in old.items():

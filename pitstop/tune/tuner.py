@@ -13,13 +13,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import probe
+from pitstop import log, probe
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.measure.machine import describe_load, machine_load
@@ -311,7 +310,7 @@ def write_tuned_config(
     p.write_text("\n".join(head) + "\n" + tuned.to_yaml(), encoding="utf-8")
     check = build_config(load_yaml(p), None, source=str(p), command="train")
     if check != tuned:  # pragma: no cover - a YAML round trip that changes a value is a bug
-        print(f"pitstop tune: warning: {p} does not load back identically", file=sys.stderr)
+        log.warning(f"pitstop tune: warning: {p} does not load back identically")
     report.tuned_config, report.tuned_path = tuned, p
     return tuned
 
