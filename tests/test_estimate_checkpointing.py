@@ -23,11 +23,16 @@ TOKENS = DataTokens(10**10, 10**10, None, 128, "test")
 
 
 def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
-    kw = {"tokens": TOKENS, "seq_len": 128, "gpu": get_gpu("H100"), "mfu": 0.5, "price": 2.0}
-    off = estimate(SHAPE, **kw)
-    on = estimate(SHAPE, gradient_checkpointing=True, **kw)
-    n = SHAPE.params().non_embedding
-    extra = 2 * n + 4 * 2 * 64 * 128  # the forward pass again: 2N + 4·L·d·T
+    # A 1B-shaped model in micro-batches of 8 x 2048: its compute time is far above the
+    # estimate's per-micro-step overhead floor, so time scales with FLOPs (the tiny SHAPE in
+    # rows of 128 on an H100 sits on the floor).
+    big = ModelShape(layers=16, hidden=2048, intermediate=5504, heads=16, kv_heads=16, vocab=32000)
+    kw = {"tokens": TOKENS, "seq_len": 2048, "micro_batch_size": 8, "gpu": get_gpu("H100"),
+          "mfu": 0.5, "price": 2.0}  # fmt: skip
+    off = estimate(big, **kw)
+    on = estimate(big, gradient_checkpointing=True, **kw)
+    n = big.params().non_embedding
+    extra = 2 * n + 4 * 16 * 2048 * 2048  # the forward pass again: 2N + 4·L·d·T
     assert on.flops_per_token == pytest.approx(off.flops_per_token + extra)
     assert on.train_seconds == pytest.approx(
         off.train_seconds * on.flops_per_token / off.flops_per_token
