@@ -244,11 +244,6 @@ def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
     """Combinations of the multi-process strategy pitstop does not run (`distributed`:
     several processes). Pure config logic: the trainer checks the same before wrapping."""
     p = []
-    if distributed and cfg.strategy == "fsdp" and cfg.lora_r is not None:
-        p.append(
-            "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
-            "use the default --strategy ddp)"
-        )
     if distributed and cfg.load_in_4bit:
         p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
     return p

@@ -68,7 +68,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _same_run(ref: Path, out: Path) -> None:
+def _same_run(ref: Path, out: Path, weights: str = "model.safetensors") -> None:
     a, b = _metrics(ref), _metrics(out)
     assert [r["step"] for r in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
@@ -76,8 +76,9 @@ def _same_run(ref: Path, out: Path) -> None:
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
         for k in ("trained_tokens", "seen_tokens", "step_trained_tokens"):
             assert y[k] == x[k], k  # counted over both ranks
-    wa = load_file(ref / "final" / "model.safetensors")
-    wb = load_file(out / "final" / "model.safetensors")
+    wa = load_file(ref / "final" / weights)
+    wb = load_file(out / "final" / weights)
+    assert sorted(wa) == sorted(wb)
     # Ranks sum gradients in another order than one process: the same math to float
     # rounding. AdamW divides by sqrt(v), so an element whose gradient is ~0 can turn that
     # rounding into a visible difference (one element of 16k moved by 2.7e-5 in 6 steps at
@@ -122,6 +123,64 @@ def test_torchrun_fsdp2_on_gloo_matches_one_process(tiny_model_dir, store, refer
     _same_run(reference, out)
     AutoModelForCausalLM.from_pretrained(out / "final")  # the gathered full state loads
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+@pytest.fixture(scope="module")
+def lora_reference(tiny_model_dir, store, tmp_path_factory):
+    """The single-process LoRA run (r=4), with the checkpoint at step 2 to compare against."""
+    from _train_util import train_config
+
+    from pitstop.train import run
+
+    out = tmp_path_factory.mktemp("lora-ref") / "out"
+    run(train_config(tiny_model_dir, store, out, max_steps=STEPS, micro_batch_size=2,
+                     lora_r=4, save_steps=2))  # fmt: skip
+    return out
+
+
+def test_torchrun_fsdp2_lora_matches_one_process_and_resumes(
+    tiny_model_dir, store, lora_reference, tmp_path
+):
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "fsdp-lora"
+
+    def torchrun(*extra: str, **env: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(_free_port()), "-m", "pitstop",
+               *_args(tiny_model_dir, store, out), "--strategy", "fsdp", "--lora-r", "4",
+               *extra]  # fmt: skip
+        return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=240)
+
+    cut = torchrun(PITSTOP_TEST_STOP_AT_STEP="2")  # stops after step 2, as SIGTERM would
+    assert cut.returncode != 0 and "stopped" in cut.stderr, cut.stderr
+    step2, ref2 = out / "checkpoints" / "step-2", lora_reference / "checkpoints" / "step-2"
+    assert (step2 / "COMPLETE.json").is_file()
+    # Only what a one-process LoRA checkpoint holds: the adapter (no base weights) and the
+    # adapter's optimizer state.
+    assert sorted(p.name for p in step2.iterdir()) == sorted(p.name for p in ref2.iterdir())
+    adapter = load_file(step2 / "adapter_model.safetensors")
+    assert sorted(adapter) == sorted(load_file(ref2 / "adapter_model.safetensors"))
+    optim = torch.load(step2 / "optimizer.pt", weights_only=True)["optimizer"]
+    assert len(optim["state"]) == len(adapter)
+    assert all(".lora_" in name for name in optim["state"])
+
+    done = torchrun("--resume")
+    assert done.returncode == 0, done.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["choices"]["strategy"]["value"] == "fsdp" and "lora" in s["choices"]
+    assert s["resumed_from"].endswith("step-2")
+    _same_run(lora_reference, out, weights="adapter_model.safetensors")
+    # final/ is the PEFT adapter directory the one-process run writes, and peft loads it.
+    assert sorted(p.name for p in (out / "final").iterdir()) == sorted(
+        p.name for p in (lora_reference / "final").iterdir()
+    )
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = peft.PeftModel.from_pretrained(base, out / "final")
+    loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert len(loaded) == len(adapter)
 
 
 def test_launch_argv_is_a_list_without_a_shell(tmp_path):

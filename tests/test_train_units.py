@@ -362,9 +362,10 @@ def test_machine_problems_match_the_trainer_messages(tmp_path):
     assert any("flash-attn needs a CUDA GPU" in p for p in probs)
     # bitsandbytes >= 0.45 (a dev dependency) runs 4-bit weights on the CPU
     assert not any("--load-in-4bit" in p for p in probs)
-    assert preflight(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == [
-        "--strategy fsdp with --lora-r is not supported yet (the adapter is small: "
-        "use the default --strategy ddp)"
+    # FSDP2 + LoRA runs (tests/test_distributed.py); 4-bit weights stay single-process.
+    assert preflight(cfg(strategy="fsdp", lora_r=4, nproc=2), CPU) == []
+    assert preflight(cfg(strategy="fsdp", lora_r=4, load_in_4bit=True, nproc=2), CPU) == [
+        "--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1"
     ]
     (tmp_path / "out" / "checkpoints").mkdir(parents=True)
     assert preflight(cfg(), CPU) == []  # the output directory is the train command's check

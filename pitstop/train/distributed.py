@@ -20,7 +20,8 @@ every rank can read the checkpoint to resume from)::
 Strategies: ``ddp`` (default) replicates the model and all-reduces gradients;
 ``fsdp`` shards parameters, gradients and optimizer state with FSDP2
 (`torch.distributed.fsdp.fully_shard`), one group per transformer block plus the root.
-Both work with gloo on CPU (checked with torch 2.13) and nccl on CUDA.
+Both work with gloo on CPU (checked with torch 2.13) and nccl on CUDA, and with LoRA:
+FSDP2 shards the frozen base too, and checkpoints gather only the adapter.
 
 The loss math: the loader divides each micro-batch's summed CE by the step's target
 count over *all* ranks, so the wanted gradient is the *sum* of the ranks' gradients.
@@ -46,6 +47,7 @@ from pitstop import log, run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
+from pitstop.train.model_io import is_peft
 
 __all__ = [
     "DistEnv",
@@ -189,10 +191,13 @@ def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Cho
             fully_shard(m)  # one all-gather per block: memory holds one block's full weights
             n += 1
     fully_shard(model)
+    # FSDP2 shards each parameter on its own, so a LoRA block holds its frozen base weights
+    # and its trainable adapter in one group; only the adapter has gradients and optimizer state.
+    saved = "the adapter" if is_peft(model) else "full state"
     return model, Choice(
         "fsdp",
         f"{env.world_size} processes ({env.backend}): FSDP2, parameters/gradients/optimizer "
-        f"state sharded ({n} block groups + root); full state gathered on rank 0 to save",
+        f"state sharded ({n} block groups + root); {saved} gathered on rank 0 to save",
     )
 
 
@@ -206,10 +211,14 @@ def no_sync(wrapped: Any, strategy: str, last: bool) -> AbstractContextManager[A
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """FSDP: the full model state on rank 0's CPU (empty on others). Collective: all ranks call."""
+    """FSDP: what a checkpoint holds (`model_io.trainable_state`: a LoRA model's adapter,
+    else the whole state), unsharded on rank 0's CPU (empty on others). Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # LoRA: the frozen base is dropped before the gather, so no rank ever holds it whole.
+    opts = StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=is_peft(model)
+    )
     return get_model_state_dict(model, options=opts)
 
 

@@ -308,14 +308,7 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     if is_peft(model):
         import peft
 
-        adapter = ckpt / "adapter_model.safetensors"
-        if not adapter.is_file():
-            raise CheckpointError(
-                f"checkpoint {ckpt}: no safetensors weights in it (adapter_model.safetensors "
-                "is missing); pitstop loads weights only from safetensors. Delete this "
-                "checkpoint to resume from an older one"
-            )
-        peft.set_peft_model_state_dict(model, _load_safetensors(adapter, ckpt))
+        peft.set_peft_model_state_dict(model, _adapter_state(ckpt))
         return
     state = _safetensors_state(ckpt)
     try:
@@ -334,6 +327,45 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
             f"unexpected {result.unexpected_keys[:5]}; resume with the --model the run "
             "started from, or delete this checkpoint"
         )
+
+
+def _adapter_state(ckpt: Path) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter tensors, named as peft saves them."""
+    adapter = ckpt / "adapter_model.safetensors"
+    if not adapter.is_file():
+        raise CheckpointError(
+            f"checkpoint {ckpt}: no safetensors weights in it (adapter_model.safetensors "
+            "is missing); pitstop loads weights only from safetensors. Delete this "
+            "checkpoint to resume from an older one"
+        )
+    return _load_safetensors(adapter, ckpt)
+
+
+def _adapter_by_parameter_name(model: Any, ckpt: Path) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter under the model's own parameter names.
+
+    peft saves `...q_proj.lora_A.weight` for the parameter `...q_proj.lora_A.default.weight`;
+    an FSDP2 model loads a full state by parameter name. peft's own save-time renaming,
+    run on the trainable parameters themselves, pairs the two names (no rule copied here).
+    """
+    import peft
+
+    saved = _adapter_state(ckpt)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    name_of = {id(p): n for n, p in trainable.items()}
+    renamed = peft.get_peft_model_state_dict(
+        model, state_dict=trainable, save_embedding_layers=False
+    )
+    param_name = {k: name_of[id(v)] for k, v in renamed.items() if id(v) in name_of}
+    missing = sorted(set(param_name) - set(saved))
+    unexpected = sorted(set(saved) - set(param_name))
+    if missing or unexpected or len(param_name) != len(trainable):
+        raise CheckpointError(
+            f"checkpoint {ckpt}: its adapter does not match this LoRA model (missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}); resume with the --model, --lora-r "
+            "and --lora-target-modules the run started with, or delete this checkpoint"
+        )
+    return {param_name[k]: saved[k] for k in param_name}
 
 
 def _safetensors_state(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -367,10 +399,13 @@ def _load_safetensors(path: Path, ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def read_weights(ckpt: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A checkpoint's full model state by parameter name (CPU), tied weights filled in.
+    """A checkpoint's full model state by parameter name (CPU), tied weights filled in;
+    for a LoRA model, its adapter by parameter name (the frozen base is not in checkpoints).
 
     For loading into a sharded (FSDP2) model, which takes a full state dict by name.
     """
+    if is_peft(model):
+        return _adapter_by_parameter_name(model, ckpt)
     state = _safetensors_state(ckpt)
     # save_pretrained writes a tied tensor once; the state dict names it twice.
     by_param: dict[int, list[str]] = {}
