@@ -183,6 +183,27 @@ def test_torchrun_fsdp2_lora_matches_one_process_and_resumes(
     assert len(loaded) == len(adapter)
 
 
+def test_fsdp2_lora_resumes_a_one_process_checkpoint(
+    tiny_model_dir, store, lora_reference, tmp_path
+):
+    """`--resume` with another process count and strategy: the one-process run's step-2
+    checkpoint (optimizer state keyed by position) continued by 2 FSDP2 processes."""
+    import shutil
+
+    out = tmp_path / "from-one"
+    shutil.copytree(lora_reference, out)
+    for later in (out / "checkpoints" / "step-4", out / "final"):
+        shutil.rmtree(later)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(_free_port()), "-m", "pitstop",
+           *_args(tiny_model_dir, store, out), "--strategy", "fsdp", "--lora-r", "4",
+           "--resume"]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("step-2")
+    _same_run(lora_reference, out, weights="adapter_model.safetensors")
+
+
 def test_launch_argv_is_a_list_without_a_shell(tmp_path):
     from pitstop.train.distributed import launch_argv
 

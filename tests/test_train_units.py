@@ -221,6 +221,27 @@ def test_rng_state_round_trips():
     assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
 
 
+def test_position_keyed_optimizer_state_is_renamed_for_fsdp():
+    """A one-process checkpoint's optimizer state (keyed 0, 1, ...) keyed by parameter name,
+    the format FSDP2 loads; a checkpoint of another model is a CheckpointError."""
+    from pitstop.train.distributed import optimizer_state_by_name
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    named = optimizer_state_by_name(model, opt, saved)
+    groups = [g["params"] for g in named["param_groups"]]
+    assert groups == [["0.weight"], ["0.bias", "1.weight", "1.bias"]]  # decay, no decay
+    for i, name in enumerate(n for g in groups for n in g):
+        assert named["state"][name]["exp_avg"] is saved["state"][i]["exp_avg"]
+    assert optimizer_state_by_name(model, opt, named) is named  # already by name
+    other = torch.optim.AdamW(param_groups(torch.nn.Linear(3, 4), 0.1), lr=1e-3)
+    with pytest.raises(ckpt.CheckpointError, match=r"groups of \[1, 1\] tensors"):
+        optimizer_state_by_name(model, opt, other.state_dict())
+
+
 def test_output_dir_holding_a_run_is_refused(tiny_model_dir, store, tmp_path):
     from _train_util import train_config
 

@@ -47,6 +47,7 @@ from pitstop import log, run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
+from pitstop.train.checkpoint import CheckpointError
 from pitstop.train.model_io import is_peft
 
 __all__ = [
@@ -242,7 +243,40 @@ def load_full_state(
 
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_sd, options=opts)
+    optim_sd = optimizer_state_by_name(model, optimizer, optim_sd)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=optim_sd, options=opts)
+
+
+def optimizer_state_by_name(
+    model: torch.nn.Module, optimizer: Any, optim_sd: dict[str, Any]
+) -> dict[str, Any]:
+    """Optimizer state keyed by parameter name, as FSDP2 loads it.
+
+    A checkpoint of a one-process or DDP run keys it by position (`Optimizer.state_dict()`);
+    the positions pair with this optimizer's parameters group by group, as
+    `Optimizer.load_state_dict` pairs them, so such a checkpoint resumes with --strategy fsdp.
+    """
+    groups = optim_sd.get("param_groups", [])
+    if all(isinstance(i, str) for g in groups for i in g["params"]):
+        return optim_sd  # written by an FSDP run: already by name
+    sizes = [len(g["params"]) for g in groups]
+    own = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != own:
+        raise CheckpointError(
+            f"the checkpoint's optimizer state has parameter groups of {sizes} tensors where "
+            f"this run's optimizer has {own}; resume with the --model and --lora-r the run "
+            "started with, or delete this checkpoint"
+        )
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    name = {
+        i: name_of[id(p)]
+        for saved, mine in zip(groups, optimizer.param_groups)
+        for i, p in zip(saved["params"], mine["params"])
+    }
+    return {
+        "state": {name[i]: v for i, v in optim_sd.get("state", {}).items()},
+        "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in groups],
+    }
 
 
 # --- the --nproc relauncher -----------------------------------------------------------
