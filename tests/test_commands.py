@@ -24,13 +24,13 @@ def _args(argv: list[str]):
 
 
 def test_validate_checks_the_schema_only() -> None:
-    # fp16 on a CPU and fsdp+LoRA across processes are the machine's and strategy's
+    # fp16 on a CPU and 4-bit weights across processes are the machine's and strategy's
     # problems: the schema has none with them, preflight names them.
-    cfg = RunConfig(precision="fp16", strategy="fsdp", lora_r=4, nproc=2)
+    cfg = RunConfig(precision="fp16", lora_r=4, load_in_4bit=True, nproc=2)
     assert validate(cfg) == []
     problems = preflight(cfg, CPU)
     assert any("fp16" in p for p in problems)
-    assert any("--strategy fsdp with --lora-r" in p for p in problems)
+    assert any("--load-in-4bit is single-process only" in p for p in problems)
 
 
 def test_the_command_reports_every_problem_at_once(tmp_path: Path) -> None:
