@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
 
-    def log(msg: str) -> None:
+    def progress(msg: str) -> None:
         log.info(f"pitstop tune: {msg}")
 
     report = tune(
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         trial_warmup=args.trial_warmup,
         trial_steps=args.trial_steps,
         use_cache=not args.no_trial_cache,
-        log=log,
+        log=progress,
     )
     if report.result.best is not None:
         write_tuned_config(cfg, report, args.tuned_output, run_output=args.run_output)
