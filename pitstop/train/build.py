@@ -97,7 +97,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def to_device(mb: dict[str, Any], device: torch.device, attention: str = "sdpa") -> dict[str, Any]:
+def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[str, Any]:
     """What the forward reads, on `device`: the tensors, and the kwargs `attention` needs
     to keep packed documents apart (train/attention.py)."""
     nb = device.type == "cuda"  # pinned host batches copy asynchronously
