@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Any
 
+from pitstop import log
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
 from pitstop.errors import ConfigError
 from pitstop.tune.space import KNOBS
