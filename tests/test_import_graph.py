@@ -23,7 +23,17 @@ ROOT = Path(__file__).resolve().parents[1] / "pitstop"
 # Low to high: a module may import from its own layer and the layers below it. The
 # README's architecture section states the same list; keep the two together.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "version", "atomic", "positions", "corpus", "packing", "run_files", "cache_layout", "config"),
+    (
+        "errors",
+        "version",
+        "atomic",
+        "positions",
+        "corpus",
+        "packing",
+        "run_files",
+        "cache_layout",
+        "config",
+    ),
     ("probe",),
     ("data",),
     ("batching",),
