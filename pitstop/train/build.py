@@ -289,9 +289,7 @@ def build_run(
         keep_best=eval_set is not None,
     )
     choices["checkpoints"] = Choice(
-        _save_policy(cfg),
-        "asynchronous: the loop pauses only to copy state to host memory; a background "
-        "thread writes atomically (partial dir, marker, rename)",
+        _save_policy(cfg), _checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp)
     )
     if eval_set is not None:
         every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
@@ -329,6 +327,48 @@ def _custom_eval_set(
     assert held is not None
     return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
                    lockstep=fsdp, source=held.source)  # fmt: skip
+
+
+# Bytes of optimizer state per trainable parameter (AdamW's two moments in the
+# parameter's dtype; bitsandbytes' 8-bit moments with their block scales).
+_ADAMW_MOMENTS = 2
+_EIGHT_BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
+
+
+def checkpoint_host_bytes(
+    model: Any, params: list[torch.nn.Parameter], optimizer: Choice
+) -> tuple[int, int]:
+    """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
+    state does not exist before the first step, so it is computed from the parameters."""
+    weights = ckpt.state_bytes(model_io.trainable_state(model))
+    if optimizer.value in optim.EIGHT_BIT:
+        moments = int(sum(p.numel() for p in params) * _EIGHT_BIT_BYTES_PER_PARAM)
+    else:
+        moments = _ADAMW_MOMENTS * sum(p.numel() * p.element_size() for p in params)
+    return weights, moments
+
+
+def _checkpoint_reason(
+    model: Any, params: list[torch.nn.Parameter], optimizer: Choice, device: torch.device,
+    fsdp: bool,
+) -> str:  # fmt: skip
+    writes = "a background thread writes atomically (partial dir, marker, rename)"
+    if fsdp:
+        return f"asynchronous: the loop pauses to gather full state to host memory; {writes}"
+    weights, moments = checkpoint_host_bytes(model, params, optimizer)
+    gpu = device.type == "cuda"
+    where = (
+        "pinned host memory, filled on a side CUDA stream (the next optimizer step waits "
+        "for the copy on the device, not the host)"
+        if gpu
+        else "host memory"
+    )
+    return (
+        f"asynchronous: the loop pauses only to queue a copy into {(weights + moments) / 1e9:.2f} "
+        f"GB of {where}: weights {weights / 1e9:.2f} GB + optimizer state "
+        f"{moments / 1e9:.2f} GB, allocated at the first checkpoint and reused; {writes}; every "
+        "checkpoint, the last included, keeps the optimizer state (--resume continues exactly)"
+    )
 
 
 def _save_policy(cfg: RunConfig) -> str:

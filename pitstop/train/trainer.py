@@ -141,6 +141,7 @@ class Trainer:
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
         self.state = RunState()
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
+        self._ckpt_copy: Any = None  # the CUDA event of a checkpoint copy still in flight
         self.resumed_from: str | None = None
         self._bad_run_t = torch.zeros((), device=self.device)
         self._skipped_t = torch.zeros((), device=self.device)
@@ -284,6 +285,11 @@ class Trainer:
                    min_lr_ratio=self.cfg.min_lr_ratio)  # fmt: skip
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+        if self._ckpt_copy is not None:
+            # A checkpoint's device-to-host copy may still be reading the weights and the
+            # optimizer state: the update waits for it on the device (the host does not).
+            torch.cuda.current_stream(self.device).wait_event(self._ckpt_copy)
+            self._ckpt_copy = None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.max_grad_norm > 0:
@@ -645,22 +651,27 @@ class Trainer:
         if not self.is_main:  # DDP: rank 0's replica is the same as this one
             self.state.ckpt_pause += time.perf_counter() - t0
             return
-        self.writer.wait()  # the previous write must be done (and must have succeeded)
-        if not self.fsdp:
-            model_state = ckpt.to_host(model_io.trainable_state(self.model))
-            optim_state = ckpt.to_host(self.optimizer.state_dict())
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        ready = None
+        if self.fsdp:
+            self.writer.wait()  # the previous write must be done (and must have succeeded)
+            scaler = ckpt.to_host(scaler)
+        else:
+            # Waits for the previous write, then queues the copy into the reused host
+            # buffers (a side CUDA stream on a GPU): the loop goes on at once, and the
+            # next optimizer step waits on `ready` before changing what is being copied.
+            (model_state, optim_state, scaler), ready = self.writer.stage(
+                (model_io.trainable_state(self.model), self.optimizer.state_dict(), scaler)
+            )
+            self._ckpt_copy = ready
         snap = ckpt.Snapshot(
             step=self.state.step,
             model_state=model_state,
-            optimizer={
-                "optimizer": optim_state,
-                "scaler": ckpt.to_host(self.scaler.state_dict())
-                if self.scaler is not None
-                else None,
-            },
+            optimizer={"optimizer": optim_state, "scaler": scaler},
             trainer_state=self._trainer_state(t_train0),
             rng=ckpt.rng_state(),
             loader_state=self.loader.state_dict(),
+            ready=ready,
         )
         self.writer.submit(snap, blocking=blocking)
         self.state.ckpt_pause += time.perf_counter() - t0
@@ -790,6 +801,7 @@ class Trainer:
             "time_breakdown": dict(self.state.phase_totals),
             "checkpoint_pause_seconds": self.state.ckpt_pause,
             "checkpoint_write_seconds": self.writer.write_seconds,
+            "checkpoint_host_buffer_bytes": self.writer.staging.nbytes,
             "skipped_steps": self.state.skipped_steps,
             "packing_efficiency": eff,
             "padding_waste": 1 - eff if eff is not None else None,
