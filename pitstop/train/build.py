@@ -13,6 +13,7 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -224,6 +225,8 @@ def build_run(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
+            sizer=_cuda_sizer(model, tdev, autocast_dtype, choices["optimizer"])
+            if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
         if held is not None:
             eval_set = EvalSet(
@@ -341,11 +344,52 @@ def checkpoint_host_bytes(
     """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
     state does not exist before the first step, so it is computed from the parameters."""
     weights = ckpt.state_bytes(model_io.trainable_state(model))
+    return weights, optimizer_state_bytes(params, optimizer)
+
+
+def optimizer_state_bytes(params: list[torch.nn.Parameter], optimizer: Choice) -> int:
+    """Bytes of optimizer state for `params`, before the first step allocates it."""
     if optimizer.value in optim.EIGHT_BIT:
-        moments = int(sum(p.numel() for p in params) * _EIGHT_BIT_BYTES_PER_PARAM)
-    else:
-        moments = _ADAMW_MOMENTS * sum(p.numel() * p.element_size() for p in params)
-    return weights, moments
+        return int(sum(p.numel() for p in params) * _EIGHT_BIT_BYTES_PER_PARAM)
+    return _ADAMW_MOMENTS * sum(p.numel() * p.element_size() for p in params)
+
+
+def _cuda_sizer(
+    model: Any, device: torch.device, autocast_dtype: torch.dtype | None, optimizer: Choice
+) -> data_mod.MicroSizer:
+    """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
+
+    def measure(mb: dict[str, Any]) -> tuple[float, float]:
+        batch = to_device(mb, device)
+        times = []
+        try:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            # Two passes without zeroing: the second runs with the first's gradients alive,
+            # as every micro-batch after the first of a step does. The first warms up.
+            for _ in range(_SIZING_PASSES):
+                t0 = time.perf_counter()
+                token_loss_sum(model, batch, device.type, autocast_dtype).backward()
+                torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+            peak = float(torch.cuda.max_memory_allocated(device))
+        except torch.cuda.OutOfMemoryError:
+            peak = times_min = math.inf
+        else:
+            times_min = min(times[1:])
+        finally:
+            model.zero_grad(set_to_none=True)
+            del batch
+            torch.cuda.empty_cache()
+        return peak, times_min
+
+    free, _ = torch.cuda.mem_get_info(device)
+    capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
+    params = [p for p in model.parameters() if p.requires_grad]
+    return data_mod.MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
+
+
+_SIZING_PASSES = 3  # one warm-up, then the fastest of two timed
 
 
 def _checkpoint_reason(
