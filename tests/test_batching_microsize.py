@@ -239,3 +239,41 @@ def test_cuda_run_sizes_its_micro_batch_and_keeps_the_losses(tiny_model_dir, sto
     ]
     assert la == pytest.approx(lb, rel=1e-4)
     assert sized["trained_tokens"] == fixed["trained_tokens"]
+
+
+# --- a CUDA out-of-memory in the run: half the micro-batch, same step -------------------
+
+
+def _losses(out: Path) -> list[float]:
+    import json
+
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_oom_backs_off_to_half_the_micro_batch_and_keeps_the_run(
+    tiny_model_dir, store, tmp_path, monkeypatch
+):
+    """Step 2's 4-row micro-batches 'run out of CUDA memory' (injected; the loop cannot tell):
+    the run redoes step 2 in 2-row micro-batches and ends like a run that never did."""
+    from pitstop.train import run
+
+    common = {"micro_batch_size": 4, "max_steps": 4, "log_steps": 1, "tokens_per_step": 8 * 64}
+    plain = run(_cfg(tiny_model_dir, store, tmp_path / "plain", **common))
+    monkeypatch.setenv("PITSTOP_TEST_OOM_ROWS", "2:2")
+    backed = run(_cfg(tiny_model_dir, store, tmp_path / "oom", **common))
+    assert backed["status"] == "completed" and backed["optimizer_steps"] == 4
+    assert backed["trained_tokens"] == plain["trained_tokens"]
+    assert _losses(tmp_path / "oom") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-5)
+    mb = backed["choices"]["micro_batch"]
+    assert mb["value"] == "2 rows" and "out-of-memory in step 2" in mb["reason"]
+
+
+def test_an_oom_at_one_row_still_stops_with_the_message(
+    tiny_model_dir, store, tmp_path, monkeypatch
+):
+    from pitstop.train import run
+    from pitstop.train.oom import TrainingOutOfMemory
+
+    monkeypatch.setenv("PITSTOP_TEST_OOM_ROWS", "1:0")
+    with pytest.raises(TrainingOutOfMemory):
+        run(_cfg(tiny_model_dir, store, tmp_path / "o", micro_batch_size=1, max_steps=2))
