@@ -35,6 +35,17 @@ and the same number of *trained tokens per optimizer step* (≈), by:
    built before the clock starts and held in memory: no data loading, no
    logging, no checkpointing. What pitstop could reach at best on this machine.
 
+GPU mode (``--gpu``) sets every peer up as a competent GPU user would (issue 17): bf16 and
+``adamw_torch_fused`` for HF and TRL; ``hf_dynamic``, ``trl`` and the ceiling each run at
+micro-batch 4, 8 and 16 (documents for HF with the accumulation rounded to keep the tokens per
+step, so no prime-number accumulation forces one document per micro-batch; packed rows for TRL
+and the ceiling) and each one's fastest is its row, every sweep point listed in the notes;
+``hf_slow`` is left out (``--systems`` can still ask for it); ``pitstop`` runs its defaults
+(it sizes its own micro-batch on CUDA), ``pitstop_mb`` adds its ``--micro-batch-size`` sweep.
+The table adds peak memory (the CUDA allocator's peak), and ``--vocab 32768`` trains a second
+model whose embedding and loss head have a real 32k vocabulary (results in
+``headline-gpu-v32768.md``).
+
 The corpus: chapters of the bundled King James Bible as plain-text records
 (``{"text"}``; loss on every token). A fixed, seeded random subset of chapters
 trains; other chapters form the held-out set. So that no system truncates or
@@ -79,6 +90,7 @@ Usage:
     python -m bench.headline            # full CPU run, writes bench/results/headline.md
     python -m bench.headline --quick    # a tiny run for the smoke test (< 1 min)
     python -m bench.headline --gpu      # bf16, a ~1B Llama, flash-attn when installed
+    python -m bench.headline --gpu --vocab 32768   # the same with a 32k vocabulary
     python -m bench.headline --gpu --dry-run   # print the plan; runs without CUDA
 """
 
