@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from pitstop import log
 from pitstop.commands import (
     compare,
     demo,
@@ -45,8 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in COMMANDS:
-        command.register(sub)
+        _add_output_flags(command.register(sub))
     return parser
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """How much every command says on stderr (pitstop/log.py); results on stdout are unaffected."""
+    g = p.add_argument_group("output options")
+    g.add_argument(
+        "--log-level",
+        choices=log.LEVELS,
+        default=None,
+        help="messages on stderr from this level up (default: info; $PITSTOP_LOG_LEVEL)",
+    )
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only warnings and errors on stderr: no banner, progress or notices",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.unknown = unknown
     func: Callable[[argparse.Namespace], int] = args.func
+    before = log.logger.level
+    if args.quiet or args.log_level:
+        log.set_level("warning" if args.quiet else args.log_level)
     try:
         with command_file_errors(
             args.command, getattr(args, "output", None), getattr(args, "cache_dir", None)
@@ -74,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout at devnull so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # what a shell reports for SIGPIPE
+    finally:
+        log.logger.setLevel(before)  # main() called again in one process starts afresh
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,6 +51,7 @@ from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
+from pitstop.measure.machine import machine_load
 from pitstop.measure.peak import device_peak
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
@@ -63,16 +64,6 @@ __all__ = ["PitstopCallback"]
 # The doctor's sample of the training rows stops after this long (a dataset that
 # tokenizes in __getitem__ can take seconds per thousand rows).
 DATA_SECONDS = 2.0
-
-
-def machine_load() -> dict[str, Any]:
-    """The machine's load next to a measurement: another busy process makes steps erratic."""
-    try:
-        load = os.getloadavg()[0]
-    except (OSError, AttributeError):  # not available on this platform
-        load = None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_average_1m": load, "cpu_cores": cores}
 
 
 class _TimedIterator:

@@ -17,10 +17,11 @@ PROFILE = "profile.json"  # `pitstop profile --output`'s default name
 REPORT = "report.html"  # `pitstop report`'s default name
 FINDINGS = "findings.json"  # the doctor's findings beside a run (the demo writes them)
 
+WANDB_ID = "wandb-run-id"  # the wandb run this run logs to (--resume continues that run)
 CHOICES = "choices.json"  # the measured choices the run trains with (--resume reads them)
 
 # What `pitstop train` writes, and so what --overwrite removes (never the user's other files).
-RUN_FILES = (SUMMARY, METRICS, CONFIG, CHOICES)
+RUN_FILES = (SUMMARY, METRICS, CONFIG, CHOICES, WANDB_ID)
 RUN_DIRS = (CHECKPOINTS, FINAL, MERGED, TENSORBOARD)
 # Any of these present means the directory already holds a run.
 RUN_MARKERS = (SUMMARY, CHECKPOINTS, FINAL)

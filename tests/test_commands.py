@@ -87,3 +87,33 @@ def test_estimate_reports_every_problem_at_once() -> None:
     with pytest.raises(ConfigError) as e:
         estimate_planned_run(precision="fp8", attention="magic", load_in_4bit=True)
     assert len(e.value.problems) == 6  # model, data, gpu, precision, attention, 4-bit
+
+
+def test_every_config_field_is_in_exactly_one_help_group():
+    from pitstop.commands.flags import HELP_GROUPS
+    from pitstop.config import FIELDS
+
+    placed = [name for names in HELP_GROUPS.values() for name in names]
+    assert sorted(placed) == sorted(FIELDS), (
+        set(FIELDS) ^ set(placed),
+        "add the new field to one group of HELP_GROUPS in pitstop/commands/flags.py",
+    )
+
+
+def test_train_help_is_grouped_in_order(capsys):
+    import pytest
+
+    from pitstop.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    titles = [
+        "data options:", "batching options:", "optimisation options:",
+        "precision and speed options:", "LoRA and QLoRA options:",
+        "checkpoints and results options:", "evaluation and logging options:",
+    ]  # fmt: skip
+    at = [out.index(t) for t in titles]
+    assert at == sorted(at)
+    # each flag sits under its group: --lr after "optimisation", before "precision"
+    assert at[2] < out.index("\n  --lr ") < at[3] and at[4] < out.index("\n  --lora-r") < at[5]

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "version",
         "atomic",
         "runlock",
+        "log",
         "hub",
         "positions",
         "corpus",

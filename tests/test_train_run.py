@@ -68,6 +68,8 @@ def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys
     lines = _metrics(out)
     assert [r["step"] for r in lines] == list(range(1, 7))
     assert lines[-1]["trained_tokens"] == s["trained_tokens"]
+    assert all(0 < r["mfu"] < 1 for r in lines) and lines[-1]["peak_memory_gib"] > 0
+    assert s["machine"]["cpu_cores"] >= 1  # the load its figures were measured under
     assert lines[-1]["loss"] == pytest.approx(s["final_loss"])
     for r in lines:  # the phases explain the step time
         phases = sum(r[f"{p}_s"] for p in s["time_breakdown"])

@@ -75,3 +75,53 @@ def test_a_disabled_log_writes_nothing(cfg, tmp_path):
     log.append_metrics([_line(1, 2.5)])
     log.close()
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_phases_mfu_and_memory_reach_tensorboard_and_wandb(cfg, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    log = RunLog(cfg, out, enabled=True, total_steps=4)
+    log.tb, log.wb = _Sink(), _Sink()
+    line = _line(1, 2.5, mfu=0.42, forward_s=0.25, optimizer_s=0.5, step_seconds=1.0)
+    line["peak_memory_gib"] = 3.5
+    log.write([line], tokens_per_second=1.0, progress=False)
+    got = {k: v for k, v, _ in log.tb.scalars}
+    assert got["train/mfu"] == 0.42 and got["train/step_seconds"] == 1.0
+    assert got["time/forward"] == 0.25 and got["time/optimizer"] == 0.5
+    assert got["memory/peak_gib"] == 3.5
+    assert log.wb.logged[0][0] == got  # wandb gets the same series
+
+
+class _FakeWandb:
+    """Records wandb.init's arguments (wandb itself is not a test dependency)."""
+
+    def __init__(self) -> None:
+        self.inits: list[dict] = []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return NullRun()
+
+
+def test_wandb_resumes_the_same_run_id(cfg, tmp_path, monkeypatch):
+    import dataclasses
+    import sys
+
+    from pitstop.train.run_log import open_wandb
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    c = dataclasses.replace(cfg, report_to=["wandb"])
+    out = tmp_path / "out"
+    out.mkdir()
+    _, note = open_wandb(c, out, True)
+    _, _ = open_wandb(dataclasses.replace(c, resume=True), out, True)  # the run resumed
+    first, again = fake.inits
+    assert first["id"] == again["id"] and first["resume"] == again["resume"] == "allow"
+    assert (out / "wandb-run-id").read_text().strip() == first["id"]
+    assert first["id"] in note and "offline" in note
+    other = tmp_path / "other"
+    other.mkdir()
+    open_wandb(c, other, True)
+    assert fake.inits[-1]["id"] != first["id"]  # another run directory, another wandb run

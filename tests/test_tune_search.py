@@ -359,3 +359,10 @@ def test_tuned_yaml_is_a_train_config_with_the_same_tokens_per_step(tmp_path):
     assert set(js) >= {"trials", "baseline", "best", "speedup"}
     assert js["best"]["settings"]["tokens_per_micro_batch"] == 512
     assert js["best"]["peak_memory_bytes"] > 0 and js["baseline"]["tokens_per_second"] > 0
+    # the machine's load is recorded next to the figures and printed with them
+    busy = TuneReport(
+        r, SPACE, 1024, 6 * GiB, "test", machine={"load_average_1m": 7.5, "cpu_cores": 2}
+    )
+    assert "measured with the machine at load 7.5 on 2 cores" in format_report(busy)
+    assert busy.to_json()["machine"]["load_average_1m"] == 7.5
+    assert set(js["machine"]) == {"load_average_1m", "cpu_cores"}

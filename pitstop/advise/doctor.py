@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pitstop import log
 from pitstop.advise import hf_args as H
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
@@ -143,9 +144,7 @@ def doctor(
     model_dir = model or (config.model if config is not None else None)
     if isinstance(data, (str, Path)):
         if progress:
-            import sys
-
-            print(f"doctor: reading the lengths of {data} ...", file=sys.stderr, flush=True)
+            log.info(f"doctor: reading the lengths of {data} ...")
         data = load_data_facts(
             data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
         )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from pitstop import log
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.errors import ConfigError
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         from pitstop.advise.doctor import write_findings
 
-        print(f"findings written to {write_findings(report, args.output)}", file=sys.stderr)
+        log.info(f"findings written to {write_findings(report, args.output)}")
     if args.json:
         print(json.dumps(report, indent=1, default=str))
         return 0

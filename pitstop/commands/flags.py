@@ -28,22 +28,59 @@ from pitstop.config import (
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo, output_dir_problem, preflight
 
+# `--help` shows the flags in these groups, in this order (the README's sections). Every
+# RunConfig field is in exactly one group (tests/test_commands.py checks it).
+HELP_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": (
+        "data", "model", "tokenizer", "output", "cache_dir", "format", "split", "text_field",
+        "prompt_field", "completion_field", "instruction_field", "input_field", "output_field",
+        "messages_field", "template", "max_seq_len", "workers", "on_bad_record", "long_docs",
+        "train_on_prompt", "trust_remote_code", "recheck_data",
+    ),
+    "batching": (
+        "batching", "tokens_per_step", "micro_batch_size", "tokens_per_micro_batch",
+        "grad_accum", "loader_workers", "prefetch_factor", "pin_memory", "remeasure",
+    ),
+    "optimisation": (
+        "epochs", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "schedule",
+        "weight_decay", "max_grad_norm", "optimizer", "adam_betas", "seed", "max_bad_steps",
+    ),
+    "precision and speed": (
+        "precision", "attention", "compile", "gradient_checkpointing", "device", "strategy",
+        "nproc",
+    ),
+    "LoRA and QLoRA": (
+        "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit",
+        "merge_lora",
+    ),
+    "checkpoints and results": (
+        "save_steps", "save_minutes", "save_total_limit", "resume", "resume_with_changes",
+        "overwrite", "save_dtype",
+    ),
+    "evaluation and logging": ("eval_data", "eval_steps", "log_steps", "report_to"),
+}  # fmt: skip
+
 
 def add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """One flag per RunConfig field that applies to `command`; only flags given are recorded."""
+    """One flag per RunConfig field that applies to `command`, in the `HELP_GROUPS` groups;
+    only flags given are recorded."""
     parser.add_argument("--config", help="YAML file of options (flags given here win)")
+    groups = {title: parser.add_argument_group(f"{title} options") for title in HELP_GROUPS}
+    group_of = {name: groups[title] for title, names in HELP_GROUPS.items() for name in names}
     for name, f in FIELDS.items():
         if command not in f.metadata["cmds"]:
             continue
+        # A field added without a group still gets its flag (the test names it).
+        target: Any = group_of.get(name, parser)
         flag = "--" + name.replace("_", "-")
         tp = field_type(name)
         help_ = f.metadata["help"].replace("%", "%%")
         if name == "data":
-            parser.add_argument(
+            target.add_argument(
                 flag, action="append", metavar="FILE", help=help_, default=argparse.SUPPRESS
             )
         elif tp is bool:
-            parser.add_argument(
+            target.add_argument(
                 flag, action=argparse.BooleanOptionalAction, help=help_, default=argparse.SUPPRESS
             )
         else:
@@ -55,7 +92,7 @@ def add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
             default = f.default if f.default is not dataclasses.MISSING else None
             shown = f"{help_} (default: {default})" if default not in (None, False) else help_
 
-            parser.add_argument(flag, metavar=metavar, help=shown, default=argparse.SUPPRESS)
+            target.add_argument(flag, metavar=metavar, help=shown, default=argparse.SUPPRESS)
 
 
 def escape_percent(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from pitstop import log
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
 from pitstop.errors import ConfigError
 
@@ -95,5 +95,5 @@ def run(args: argparse.Namespace) -> int:
         if result.trace_path is not None:
             print(f"Chrome trace written to {result.trace_path}")
     if result.trace_path is None and args.trace:
-        print(f"pitstop profile: warning: no trace was written to {args.trace}", file=sys.stderr)
+        log.warning(f"pitstop profile: warning: no trace was written to {args.trace}")
     return 0

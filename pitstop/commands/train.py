@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop.commands.flags import add_config_flags, config_from_args
 from pitstop.errors import PitstopError
 from pitstop.report.html import write_report
@@ -43,7 +42,6 @@ def _write_report(output: str | None) -> None:
     try:
         path = write_report(output, Path(str(output)) / run_files.REPORT)
     except (OSError, PitstopError) as e:
-        print(f"pitstop: report.html not written ({e}); run `pitstop report {output}`",
-              file=sys.stderr)  # fmt: skip
+        log.warning(f"pitstop: report.html not written ({e}); run `pitstop report {output}`")
         return
-    print(f"pitstop: report written to {path}", file=sys.stderr)
+    log.info(f"pitstop: report written to {path}")

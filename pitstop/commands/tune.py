@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
 
     def log(msg: str) -> None:
-        print(f"pitstop tune: {msg}", file=sys.stderr, flush=True)
+        log.info(f"pitstop tune: {msg}")
 
     report = tune(
         cfg,

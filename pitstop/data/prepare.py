@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pitstop import log
 from pitstop.cache_layout import STORES, cache_root
 from pitstop.config import RunConfig
 from pitstop.data import tokenize
@@ -265,7 +266,7 @@ def _write(
         unit=" rec",
         unit_scale=True,
         file=sys.stderr,
-        disable=not progress,
+        disable=not progress or not log.progress_enabled(),
         desc="prepare",
         dynamic_ncols=True,
     )

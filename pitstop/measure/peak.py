@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from pitstop import log
 from pitstop.atomic import write_cache_entry
 from pitstop.cache_layout import CPU_PEAK
 from pitstop.probe import cpu_name
@@ -111,8 +111,7 @@ def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
         except (ValueError, KeyError, OSError):
             pass
     # Seconds of silence otherwise, before a first run's first step.
-    print("pitstop: measuring this CPU's fp32 matmul peak for MFU (once; then cached) ...",
-          file=sys.stderr, flush=True)  # fmt: skip
+    log.info("pitstop: measuring this CPU's fp32 matmul peak for MFU (once; then cached) ...")
     flops = measure_cpu_peak()
     if path is not None:
         write_cache_entry(path, json.dumps({"key": key, "flops": flops}))

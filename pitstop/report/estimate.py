@@ -38,6 +38,7 @@ from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
 from pitstop.measure.flops import FlopsModel
+from pitstop.measure.machine import describe_load
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
 from pitstop.report.memory import (
     MemoryEstimate,
@@ -349,13 +350,9 @@ def throughput(
                 )
         if startup:
             basis += f"; start-up {startup:.0f} s added once"
-        machine = profile.get("machine") or {}
-        if machine.get("load_average_1m") is not None and machine.get("cpu_cores"):
-            # A busy machine measures a slower rate than a quiet one would: say which it was.
-            basis += (
-                f"; machine load when measured: {machine['load_average_1m']:.1f} on "
-                f"{machine['cpu_cores']} cores"
-            )
+        load = describe_load(profile.get("machine"))
+        if load:  # a busy machine measures a slower rate than a quiet one would: say which
+            basis += f"; machine {load} when measured"
         pm = float(profile["mfu"]) if profile.get("mfu") else None
         if pm is not None and pm > 1:
             # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, TextIO
 
+from pitstop import log
 from pitstop.probe import Choice
 
 
@@ -28,4 +28,8 @@ def _fmt(v: Any) -> str:
 
 
 def print_banner(text: str, stream: TextIO | None = None) -> None:
-    print(text, file=stream or sys.stderr, flush=True)
+    """To `stream`, else to pitstop's log (INFO: `--quiet` hides it)."""
+    if stream is not None:
+        print(text, file=stream, flush=True)
+    else:
+        log.info(text)

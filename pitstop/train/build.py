@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pitstop import probe, run_files
+from pitstop import log, probe, run_files
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
@@ -185,15 +184,14 @@ def build_run(
     model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
     note = check_positions(cfg.model, cfg.max_seq_len)
     if note and env.rank == 0:
-        print(f"pitstop: warning: {note}", file=sys.stderr)
+        log.warning(f"pitstop: warning: {note}")
     t_load = time.perf_counter()
     if env.rank == 0:  # the first silent second before the banner is the model load
-        print(f"pitstop: loading the model from {cfg.model} ...", file=sys.stderr, flush=True)
+        log.info(f"pitstop: loading the model from {cfg.model} ...")
     tokenizer = model_io.load_tokenizer(cfg)
     model, attention, lora = model_io.load_model(cfg, device, precision, attention)
     if env.rank == 0:
-        print(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
     choices["attention"] = attention
     choices["gradient_checkpointing"] = Choice(
         cfg.gradient_checkpointing,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
@@ -198,7 +198,6 @@ def _sized_micro_batch(
 
     A resumed run keeps what its run directory recorded (a run that started with the
     default keeps the default), else the cache, else measured (rank 0's wins)."""
-    import sys
 
     from pitstop.batching.auto import rank0_choice
     from pitstop.batching.choices import choice_key, read_run_choices, resolve_measured
@@ -221,7 +220,7 @@ def _sized_micro_batch(
 
     def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
         if rank == 0:
-            print("pitstop: sizing the micro-batch to the device ...", file=sys.stderr, flush=True)
+            log.info("pitstop: sizing the micro-batch to the device ...")
 
         def run(rows: int) -> tuple[float, float]:
             batch = packed_sample(
@@ -259,7 +258,6 @@ def _measured_batching(
     cache_dir: str | None,
 ) -> Any:
     """`auto`'s layout: the run's record on resume, else the cache, else measured (rank 0's wins)."""
-    import sys
     from dataclasses import asdict
 
     from pitstop.batching.auto import choose_batching, rank0_choice
@@ -273,15 +271,22 @@ def _measured_batching(
 
     def say(line: str) -> None:
         if rank == 0:
-            print(f"pitstop: {line}", file=sys.stderr, flush=True)
+            log.info(f"pitstop: {line}")
 
     def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
         if run_micro_batch is None:
             raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
         auto = choose_batching(
-            store, cfg, run_micro_batch, rank=rank, world_size=world_size, indices=indices,
-            lockstep=lockstep, broadcast=False, progress=say,
-        )  # fmt: skip
+            store,
+            cfg,
+            run_micro_batch,
+            rank=rank,
+            world_size=world_size,
+            indices=indices,
+            lockstep=lockstep,
+            broadcast=False,
+            progress=say,
+        )
         found = {
             "timings": {k: asdict(t) for k, t in auto.timings.items()},
             "skipped": auto.skipped, "noise": auto.noise, "rounds": auto.rounds,

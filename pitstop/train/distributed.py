@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
@@ -274,7 +274,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
         # run split the cores between the ranks instead (torch's default would oversubscribe).
         if "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))
-        print(f"pitstop: launching {cfg.nproc} processes: {' '.join(argv[1:])}", file=sys.stderr)
+        log.info(f"pitstop: launching {cfg.nproc} processes: {' '.join(argv[1:])}")
         proc = subprocess.Popen(argv, env=env)
         try:
             rc = proc.wait()

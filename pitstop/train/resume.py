@@ -16,10 +16,10 @@ Three rules, each checked before anything in OUT_DIR is changed:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from pitstop import log
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 from pitstop.train import checkpoint as ckpt
@@ -66,8 +66,10 @@ def choose_checkpoint(out: Path, *, announce: bool = True) -> Path | None:
         why = ckpt.incomplete_reason(path)
         if why is None:
             if damaged and announce:
-                print(f"pitstop: warning: resuming from the older checkpoint {path}: the newer "
-                      f"{'; '.join(damaged)} (left as it is)", file=sys.stderr)  # fmt: skip
+                log.warning(
+                    f"pitstop: warning: resuming from the older checkpoint {path}: the newer "
+                    f"{'; '.join(damaged)} (left as it is)"
+                )
             return path
         damaged.append(f"{path} is damaged: {why}")
     if damaged:
@@ -82,7 +84,7 @@ def choose_checkpoint(out: Path, *, announce: bool = True) -> Path | None:
             "from; nothing was changed. Start again with --overwrite, or choose another --output"
         )
     if announce:
-        print(f"pitstop: no checkpoint in {root} yet; starting from step 0", file=sys.stderr)
+        log.info(f"pitstop: no checkpoint in {root} yet; starting from step 0")
     return None
 
 

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import log, run_files
+from pitstop.atomic import write_text_atomic
 from pitstop.config import RunConfig
+from pitstop.measure.timeline import PHASES
 from pitstop.probe import Choice
 from pitstop.train.summary import append_lines
 
-# The scalars TensorBoard and wandb get: metrics.jsonl key -> scalar name.
-_TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_second")
+# The scalars TensorBoard and wandb get, from each metrics.jsonl line: train/<key>,
+# eval/<key without "eval_">, and time/<phase> for every `<phase>_s` of the step timeline.
+_TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_second", "step_seconds", "mfu")
 _EVAL_SCALARS = ("eval_loss", "eval_ppl")
+_MEMORY = "peak_memory_gib"  # on logging steps of a CUDA run: memory/peak_gib
 
 
 class NullWriter:
@@ -57,10 +62,9 @@ def open_tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str
     try:
         from torch.utils.tensorboard import SummaryWriter  # optional: needs `tensorboard`
     except ImportError:
-        print(
+        log.warning(
             "pitstop: TensorBoard logging skipped: the tensorboard package is not installed "
             "(pip install 'pitstop[tensorboard]')",
-            file=sys.stderr,
         )
         return NullWriter(), "tensorboard not installed"
     return SummaryWriter(
@@ -80,20 +84,37 @@ def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     try:
         import wandb  # optional and slow to import: only when asked for
     except ImportError:
-        print("pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)",
-              file=sys.stderr)  # fmt: skip
+        log.warning(
+            "pitstop: wandb logging skipped: the wandb package is not installed (pip install wandb)"
+        )
         return NullRun(), "wandb not installed"
+    run_id = wandb_run_id(out)
     try:
         run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
-            config=cfg.to_dict(), resume="allow",
+            config=cfg.to_dict(), id=run_id, resume="allow",
         )  # fmt: skip
     except Exception as e:  # no login, no network in online mode...: the run goes on
-        print(f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
-              "set WANDB_MODE=offline to log without a network", file=sys.stderr)  # fmt: skip
+        log.warning(
+            f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
+            "set WANDB_MODE=offline to log without a network"
+        )
         return NullRun(), f"wandb.init failed: {type(e).__name__}"
     mode = os.environ.get("WANDB_MODE", "online")
-    return run, f"mode {mode}"
+    return run, f"mode {mode}, run {run_id}"
+
+
+def wandb_run_id(out: Path) -> str:
+    """The wandb run id of the run in `out`: the one recorded there (a resumed run continues
+    the same wandb run), else a new one, recorded before wandb starts."""
+    path = out / run_files.WANDB_ID
+    if path.is_file():
+        kept = path.read_text(encoding="utf-8").strip()
+        if kept.isalnum() and 0 < len(kept) <= 64:
+            return kept
+    new = secrets.token_hex(4)  # wandb's own ids are 8 lowercase alphanumerics too
+    write_text_atomic(path, new + "\n")
+    return new
 
 
 def open_progress(total: int, initial: int) -> Any:
@@ -102,6 +123,8 @@ def open_progress(total: int, initial: int) -> Any:
 
     force = os.environ.get("PITSTOP_PROGRESS")
     disable = None if force is None else force == "0"  # None: only on a terminal
+    if not log.progress_enabled():  # --quiet / --log-level warning
+        disable = True
     return tqdm(
         total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
         dynamic_ncols=True, desc="train",
@@ -120,9 +143,12 @@ def eta(step: int, total_steps: int, train_seconds: float) -> str:
 def _scalars(line: dict[str, Any]) -> dict[str, float]:
     """A metrics line's TensorBoard/wandb scalars; skipped (None) and non-finite values left out."""
     scalars = {
-        **{f"train/{k}": line[k] for k in _TRAIN_SCALARS},
+        **{f"train/{k}": line[k] for k in _TRAIN_SCALARS if k in line},
         **{f"eval/{k[5:]}": line[k] for k in _EVAL_SCALARS if k in line},
+        **{f"time/{p}": line[f"{p}_s"] for p in PHASES if f"{p}_s" in line},
     }
+    if _MEMORY in line:
+        scalars["memory/peak_gib"] = line[_MEMORY]
     return {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
 
 
@@ -188,9 +214,10 @@ class RunLog:
                             tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
         else:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
-            print(f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                  f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.info(
+                f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
+                f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}"
+            )
 
     def close(self) -> None:
         self.tb.close()

@@ -14,12 +14,15 @@ metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
 (fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
 skipped, trained_tokens / seen_tokens / padded_tokens (cumulative, all ranks),
 step_trained_tokens, tokens_per_second (trained tokens of the step / step_seconds),
-step_seconds, and `<phase>_s` seconds per phase of the step. A step that ran a
+step_seconds, mfu (of the step's computed positions; null when the device peak is
+unknown), and `<phase>_s` seconds per phase of the step; the last line of each
+logging step also carries peak_memory_gib (the process's peak so far). A step that ran a
 held-out evaluation (every --eval-steps, and the last step) also carries
 eval_loss (mean CE per eval target token), eval_ppl (exp of it), eval_targets,
 eval_sequences and eval_seconds on its own line; that evaluation's time is the
 `eval_s` phase of the *next* step (like logging and checkpoints, it runs between
-steps). TensorBoard and wandb get the same scalars (train/*, eval/loss, eval/ppl).
+steps). TensorBoard and wandb get the same scalars (train/*, eval/*, time/<phase>,
+memory/peak_gib: train/run_log.py).
 
 Several processes (torchrun, or --nproc): see `pitstop.train.distributed`. Rank 0
 alone prints, logs and writes; timings are rank 0's. The other ranks agree with it
@@ -34,7 +37,6 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -42,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pitstop import run_files
+from pitstop import log, run_files
 from pitstop import runlock as run_lock
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.batching.choices import write_run_choices
@@ -50,6 +52,7 @@ from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.errors import PitstopError
 from pitstop.measure import flops as flops_mod
+from pitstop.measure.machine import machine_load
 from pitstop.measure.timeline import StepRecord, Timeline
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
@@ -189,8 +192,10 @@ class Trainer:
             }).to_yaml()  # fmt: skip
             kept = resume_mod.keep_previous_config(out, saved, self.state.step) if latest else None
             if kept is not None:
-                print(f"pitstop: the configuration differs from the run's; the previous one is "
-                      f"kept in {kept}", file=sys.stderr)  # fmt: skip
+                log.info(
+                    f"pitstop: the configuration differs from the run's; the previous one is "
+                    f"kept in {kept}"
+                )
             write_text_atomic(out / run_files.CONFIG, saved)
             if self.geometry.measured is not None:  # before step 1: --resume reads it back
                 write_run_choices(out, self.geometry.measured)
@@ -210,8 +215,10 @@ class Trainer:
             allow=self.cfg.resume_with_changes, path=path,
         )  # fmt: skip
         if changed and self.is_main:
-            print("pitstop: warning: --resume-with-changes: continuing with changed settings: "
-                  + "; ".join(changed), file=sys.stderr)  # fmt: skip
+            log.warning(
+                "pitstop: warning: --resume-with-changes: continuing with changed settings: "
+                + "; ".join(changed)
+            )
         if self.fsdp:
             # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
             dist_mod.load_full_state(
@@ -261,8 +268,10 @@ class Trainer:
         try:
             return self.forward_model(**kwargs)
         except Exception as e:  # --compile on must never crash the run
-            print(f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
-                  "continuing without compile", file=sys.stderr)  # fmt: skip
+            log.warning(
+                f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
+                "continuing without compile"
+            )
             self.forward_model, self._compiled = self.model, False
             self.choices["compile"] = Choice(False, f"compile failed ({type(e).__name__}); eager")
             return self.forward_model(**kwargs)
@@ -425,7 +434,7 @@ class Trainer:
         summary = self.summary(status)
         if self.is_main:
             write_json_atomic(self.out / run_files.SUMMARY, summary)
-            print(_result_line(summary), file=sys.stderr)
+            log.info(_result_line(summary))
         self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
@@ -436,15 +445,21 @@ class Trainer:
         try:  # a checkpoint on its way to disk: let it land before naming it
             self.writer.wait()
         except ckpt.CheckpointError as err:
-            print(f"pitstop: {err}", file=sys.stderr)
+            log.warning(f"pitstop: {err}")
         gc = bool(self.cfg.gradient_checkpointing)
         return oom.oom_error(
-            e, step=self.state.step + 1, micro=getattr(self, "_micro", None),
-            device_type=self.device.type, last_checkpoint=self.writer.last_written,
-            model_dir=str(self.cfg.model), seq_len=self.geometry.max_seq_len,
-            precision=self.precision, attention=str(self.choices["attention"].value),
-            checkpointing=gc, lora_r=self.cfg.lora_r,
-        )  # fmt: skip
+            e,
+            step=self.state.step + 1,
+            micro=getattr(self, "_micro", None),
+            device_type=self.device.type,
+            last_checkpoint=self.writer.last_written,
+            model_dir=str(self.cfg.model),
+            seq_len=self.geometry.max_seq_len,
+            precision=self.precision,
+            attention=str(self.choices["attention"].value),
+            checkpointing=gc,
+            lora_r=self.cfg.lora_r,
+        )
 
     def _halved_split(self, e: BaseException) -> tuple[Any, str] | None:
         """(the loader's settings with half the micro-batch, a description), or None when
@@ -489,9 +504,11 @@ class Trainer:
             "tokens per optimizer step unchanged",
         )  # fmt: skip
         if self.is_main:
-            print(f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
-                  f"micro-batches of {rows} (same step, same tokens); set --micro-batch-size "
-                  "or rerun with --remeasure to size it again", file=sys.stderr)  # fmt: skip
+            log.warning(
+                f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
+                f"micro-batches of {rows} (same step, same tokens); set --micro-batch-size "
+                "or rerun with --remeasure to size it again"
+            )
 
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
@@ -573,6 +590,8 @@ class Trainer:
         if not self._pending:
             return
         lines = self._account(self._pending_values())
+        if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
+            lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.device.type) / 2**30
         tps = (
             self.state.trained_tokens / self.train_seconds_now
             if self.train_seconds_now > 0
@@ -622,6 +641,9 @@ class Trainer:
                 "padded_tokens": self.state.padded_tokens, "step_trained_tokens": int(n_t),
                 "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
                 "step_seconds": rec.step_seconds,
+                # of the positions computed (padding included), as the summary's MFU
+                "mfu": flops_mod.mfu(n_p / rec.step_seconds, self.flops_per_token, self.peak_flops)
+                if rec.step_seconds > 0 else None,
                 **{f"{k}_s": v for k, v in phases.items()},
             })  # fmt: skip
             lines.append(line)
@@ -773,7 +795,7 @@ class Trainer:
         try:
             self.writer.wait()
         except ckpt.CheckpointError as e:
-            print(f"pitstop: {e}", file=sys.stderr)
+            log.warning(f"pitstop: {e}")
         if self.is_main:
             write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
         self.run_log.close()
@@ -794,8 +816,10 @@ class Trainer:
         self._stop_signal = signum
         if not self.is_main:
             return
-        print(f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.state.step + 1}, "
-              "then saving a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)  # fmt: skip
+        log.info(
+            f"\npitstop: {signal.Signals(signum).name} received: finishing step {self.state.step + 1}, "
+            "then saving a checkpoint (Ctrl-C again to stop at once)"
+        )
 
     def _restore_signals(self, old: dict[int, Any]) -> None:
         for sig, h in old.items():
@@ -871,6 +895,7 @@ class Trainer:
             "padding_waste": 1 - eff if eff is not None else None,
             "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
             "device": {**self.dev.to_dict(), "torch": torch.__version__},
+            "machine": machine_load(),  # the load its figures were measured under
             "choices": {k: c.to_dict() for k, c in self.choices.items()},
             "measured_choices": self.geometry.measured.to_dict()
             if self.geometry.measured

@@ -13,15 +13,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import probe
+from pitstop import log, probe
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
+from pitstop.measure.machine import describe_load, machine_load
 from pitstop.tune.search import (
     OK,
     OOM,
@@ -58,6 +58,7 @@ class TuneReport:
     memory_limit_source: str
     tuned_config: RunConfig | None = None
     tuned_path: Path | None = None
+    machine: dict[str, Any] = field(default_factory=machine_load)  # at the end of the search
 
     def to_json(self) -> dict[str, Any]:
         r = self.result
@@ -93,6 +94,7 @@ class TuneReport:
                 "tokens_per_second": r.rejected.tokens_per_second,
             },
             "tokens_per_step": self.tokens_per_step,
+            "machine": self.machine,
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_limit_source": self.memory_limit_source,
             "stopped": r.stopped,
@@ -308,7 +310,7 @@ def write_tuned_config(
     p.write_text("\n".join(head) + "\n" + tuned.to_yaml(), encoding="utf-8")
     check = build_config(load_yaml(p), None, source=str(p), command="train")
     if check != tuned:  # pragma: no cover - a YAML round trip that changes a value is a bug
-        print(f"pitstop tune: warning: {p} does not load back identically", file=sys.stderr)
+        log.warning(f"pitstop tune: warning: {p} does not load back identically")
     report.tuned_config, report.tuned_path = tuned, p
     return tuned
 
@@ -388,6 +390,9 @@ def format_report(report: TuneReport) -> str:
             f"speed-up over the starting config: {r.speedup:.2f}x ({w.tokens_per_second:,.0f} vs "
             f"{b.tokens_per_second:,.0f} tokens/s, both measured in this run)"
         )
+    load = describe_load(report.machine)
+    if load:  # a loaded machine measures slower and noisier figures than a quiet one
+        lines.append(f"measured with the machine at {load}")
     else:
         lines.append(f"the starting config did not run ({b.status}): no speed-up to report")
     stop = {
