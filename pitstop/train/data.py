@@ -197,8 +197,8 @@ def _sized_micro_batch(
     """(rows per micro-batch or None for the default, its MeasuredChoices, the banner reason).
 
     A resumed run keeps what its run directory recorded (a run that started with the
-    default keeps the default), else the cache, else measured (rank 0's wins)."""
-
+    default keeps the default), else the cache, else measured (rank 0's wins). On resume
+    no record is returned: the run directory's `choices.json` already holds it."""
     from pitstop.batching.auto import rank0_choice
     from pitstop.batching.choices import choice_key, read_run_choices, resolve_measured
     from pitstop.batching.loader import sequence_targets
@@ -209,7 +209,7 @@ def _sized_micro_batch(
         rows = kept.values.get(MICRO_ROWS) if kept is not None else None
         if rows is None:
             return None, None, "kept from this run: it started with the default split"
-        return int(rows), kept, kept.describe(MICRO_ROWS)
+        return int(rows), None, kept.describe(MICRO_ROWS)
     key, fields = choice_key(
         cfg, device_name=device_name, device_count=world_size,
         store_manifest=Path(store.path) / "manifest.json",
