@@ -23,11 +23,16 @@ TOKENS = DataTokens(10**10, 10**10, None, 128, "test")
 
 
 def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
-    kw = {"tokens": TOKENS, "seq_len": 128, "gpu": get_gpu("H100"), "mfu": 0.5, "price": 2.0}
-    off = estimate(SHAPE, **kw)
-    on = estimate(SHAPE, gradient_checkpointing=True, **kw)
-    n = SHAPE.params().non_embedding
-    extra = 2 * n + 4 * 2 * 64 * 128  # the forward pass again: 2N + 4·L·d·T
+    # A 1B-shaped model in micro-batches of 8 x 2048: its compute time is far above the
+    # estimate's per-micro-step overhead floor, so time scales with FLOPs (the tiny SHAPE in
+    # rows of 128 on an H100 sits on the floor).
+    big = ModelShape(layers=16, hidden=2048, intermediate=5504, heads=16, kv_heads=16, vocab=32000)
+    kw = {"tokens": TOKENS, "seq_len": 2048, "micro_batch_size": 8, "gpu": get_gpu("H100"),
+          "mfu": 0.5, "price": 2.0}  # fmt: skip
+    off = estimate(big, **kw)
+    on = estimate(big, gradient_checkpointing=True, **kw)
+    n = big.params().non_embedding
+    extra = 2 * n + 4 * 16 * 2048 * 2048  # the forward pass again: 2N + 4·L·d·T
     assert on.flops_per_token == pytest.approx(off.flops_per_token + extra)
     assert on.train_seconds == pytest.approx(
         off.train_seconds * on.flops_per_token / off.flops_per_token
@@ -60,3 +65,29 @@ def test_mfu_above_one_is_not_shown(tmp_path: Path) -> None:
     est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(p))
     assert est.throughput.mfu is None and est.to_dict()["time"]["mfu"] is None
     assert "measured low" in est.time_basis
+
+
+def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
+    from pitstop.report.memory import shape_from_params
+
+    shape = shape_from_params(8e9)
+    kw = {"tokens": TOKENS, "seq_len": 2048, "gpu": get_gpu("H100"), "mfu": 0.4}
+    est = estimate(shape, **kw)
+    assert est.memory is not None and est.usable_bytes is not None
+    assert est.memory.peak > est.usable_bytes  # a full fine-tune of 8B: 16 B/param
+    opts = {r["flags"]: r for r in est.memory_options}
+    fits = [r["fits"] for r in est.memory_options]
+    assert fits == sorted(fits, reverse=True)  # the ones that fit first
+    assert opts["--optimizer adamw_8bit"]["peak_bytes"] < est.memory.peak  # ~6 B/param less
+    assert opts["--lora-r 16 --load-in-4bit --gradient-checkpointing"]["fits"]
+    for r in est.memory_options:  # each peak is estimate_memory's for those settings
+        assert r["fits"] == (r["peak_bytes"] <= est.usable_bytes)
+    text = format_estimate(est)
+    assert (
+        "memory options, cheapest first" in text
+        and "one GPU is not enough" in text
+        and "--optimizer adamw_8bit" in text
+    )
+    assert est.to_dict()["memory_options"] == est.memory_options
+    small = estimate(SHAPE, **kw)  # fits: nothing to suggest
+    assert small.memory_options == [] and "memory options" not in format_estimate(small)

@@ -28,7 +28,9 @@ from pitstop.hf import PitstopCallback
 from pitstop.measure.timeline import PHASES
 
 STEPS = 6
-SLEEP_S = 0.05
+# Long enough that the wait dominates even when other jobs slow the tiny model's steps 10x
+# (at 0.05 s a loaded 2-core machine measured data_wait at 4.8% and called it compute-bound).
+SLEEP_S = 0.25
 
 
 class SleepyDataset:

@@ -105,6 +105,8 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
     lora: bool = False
     gradient_checkpointing: bool = False
+    # When the plan does not fit one GPU: what would, cheapest first (`memory_options`).
+    memory_options: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -145,6 +147,7 @@ class Estimate:
                 "currency": "USD" if self.price is not None else None,
             },
             "options": self.options,
+            "memory_options": self.memory_options,
             "assumptions": self.assumptions,
         }
 
@@ -573,7 +576,15 @@ def estimate(
         memory=mem,
         usable=usable,
     )
+    alternatives: list[dict[str, Any]] = []
+    if usable is not None and mem.peak > usable:
+        alternatives = memory_options(
+            shape, usable=usable, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            precision=precision, attention=attention, gradient_checkpointing=gradient_checkpointing,
+            lora_r=lora_r, load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
+        )  # fmt: skip
     return Estimate(
+        memory_options=alternatives,
         memory=mem,
         max_micro_batch=mbs,
         gpu=gpu,
@@ -591,6 +602,39 @@ def estimate(
         lora=lora_r is not None,
         gradient_checkpointing=gradient_checkpointing,
     )
+
+
+# The memory options of a plan that does not fit, cheapest first: what each changes.
+# (flags, settings changed, what it costs). The order is the cost to the run: the same
+# math first, then more compute, then a different method (an adapter instead of the model).
+_MEMORY_OPTIONS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("--optimizer adamw_8bit", {"optimizer": "adamw_8bit"},
+     "the same AdamW update with 8-bit moments (block-wise quantised)"),
+    ("--gradient-checkpointing", {"gradient_checkpointing": True},
+     "the same math; the forward pass is computed again in backward"),
+    ("--gradient-checkpointing --optimizer adamw_8bit",
+     {"gradient_checkpointing": True, "optimizer": "adamw_8bit"}, "both of the above"),
+    ("--lora-r 16", {"lora_r": 16}, "a LoRA adapter instead of the full model"),
+    ("--lora-r 16 --gradient-checkpointing", {"lora_r": 16, "gradient_checkpointing": True},
+     "a LoRA adapter, activations recomputed"),
+    ("--lora-r 16 --load-in-4bit --gradient-checkpointing",
+     {"lora_r": 16, "load_in_4bit": True, "gradient_checkpointing": True},
+     "QLoRA: a LoRA adapter on frozen 4-bit weights, activations recomputed"),
+)  # fmt: skip
+
+
+def memory_options(shape: ModelShape, *, usable: int, **plan: Any) -> list[dict[str, Any]]:
+    """Each memory option not already in `plan` (estimate_memory's arguments): its peak and
+    whether it fits `usable` bytes, the ones that fit first, cheapest first."""
+    rows = []
+    for flags, change, what in _MEMORY_OPTIONS:
+        if all(plan.get(k) == v for k, v in change.items()):
+            continue  # already the plan
+        if plan.get("lora_r") is not None and "lora_r" in change:
+            continue  # the plan's own rank stands
+        peak = estimate_memory(shape, **{**plan, **change}).peak
+        rows.append({"flags": flags, "changes": what, "peak_bytes": peak, "fits": peak <= usable})
+    return sorted(rows, key=lambda r: not r["fits"])  # stable: cheapest first within each
 
 
 def recompute_per_token(fm: FlopsModel, seq_len: int) -> float:
@@ -683,11 +727,18 @@ def format_estimate(est: Estimate) -> str:
         )
     for a in est.assumptions:
         lines.append(f"  - {a}")
-    if m is not None and est.options and est.options[0]["fits"] is False:
+    if est.memory_options:
+        gpu_name = est.gpu.name if est.gpu else "the GPU"
+        lines.append("")
         lines.append(
-            "  - one GPU is not enough: --gradient-checkpointing, a smaller --micro-batch-size, "
-            "--optimizer adamw_8bit, --lora-r or --load-in-4bit lower the peak (see the parts above)"
+            f"one GPU is not enough ({gpu_name}): shard across GPUs (the options above), or "
+            "these memory options, cheapest first:"
         )
+        for r in est.memory_options:
+            fits = "fits" if r["fits"] else "does not fit"
+            lines.append(
+                f"  {r['flags']:<52} peak {_gib(r['peak_bytes']):>11}  {fits:<12} {r['changes']}"
+            )
     return "\n".join(lines)
 
 

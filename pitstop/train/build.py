@@ -37,6 +37,7 @@ from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io, optim
+from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -96,15 +97,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def to_device(mb: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors the forward reads, on `device`."""
+def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[str, Any]:
+    """What the forward reads, on `device`: the tensors, and the kwargs `attention` needs
+    to keep packed documents apart (train/attention.py)."""
     nb = device.type == "cuda"  # pinned host batches copy asynchronously
-    return {k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")}
+    batch: dict[str, Any] = {
+        k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")
+    }
+    batch.update(attention_kwargs(mb, attention, device))
+    return batch
 
 
 def token_loss_sum(
     forward: Callable[..., Any],
-    batch: dict[str, torch.Tensor],
+    batch: dict[str, Any],
     device_type: str,
     autocast_dtype: torch.dtype | None,
 ) -> torch.Tensor:
@@ -113,11 +119,13 @@ def token_loss_sum(
     `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
     """
     # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other).
+    # (documents packed in one row never attend to each other); flash-attn reads the
+    # documents' boundaries from the varlen kwargs instead, when to_device added them.
     kwargs = {
         "input_ids": batch["input_ids"],
         "position_ids": batch["position_ids"],
         "use_cache": False,
+        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
     }
     with torch.autocast(
         device_type, dtype=autocast_dtype or torch.float32,
@@ -205,7 +213,8 @@ def build_run(
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
-        loss = token_loss_sum(model, to_device(mb, tdev), tdev.type, autocast_dtype)
+        batch = to_device(mb, tdev, attention.value)
+        loss = token_loss_sum(model, batch, tdev.type, autocast_dtype)
         loss.backward()
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work

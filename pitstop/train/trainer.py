@@ -244,10 +244,10 @@ class Trainer:
     def fetch_batch(self) -> dict[str, Any]:
         return next(self._batches)
 
-    def to_device(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return to_device(mb, self.device)
+    def to_device(self, mb: dict[str, Any]) -> dict[str, Any]:
+        return to_device(mb, self.device, self.choices["attention"].value)
 
-    def _loss(self, batch: dict[str, torch.Tensor], model: Any = None) -> torch.Tensor:
+    def _loss(self, batch: dict[str, Any], model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
 
         `model`: call this module instead of the training forward (evaluation).
@@ -255,7 +255,7 @@ class Trainer:
         forward = model if model is not None else self._forward
         return token_loss_sum(forward, batch, self.device.type, self.autocast_dtype)
 
-    def _nan_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _nan_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Test hook (PITSTOP_TEST_NAN_STEPS=3,4): poison the loss of those steps (1-based)."""
         loss = self._loss(batch)
         if self.state.step + 1 in self._nan_steps:
@@ -277,7 +277,7 @@ class Trainer:
             return self.forward_model(**kwargs)
 
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], step_targets: int, tl: Timeline, *, last: bool = True
+        self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
     ) -> torch.Tensor:
         """One micro-batch; returns its share of the step's loss (sum CE / step targets).
 
