@@ -232,7 +232,7 @@ def build_run(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
-            sizer=_cuda_sizer(model, tdev, autocast_dtype, choices["optimizer"])
+            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"])
             if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
         if held is not None:
@@ -362,12 +362,16 @@ def optimizer_state_bytes(params: list[torch.nn.Parameter], optimizer: Choice) -
 
 
 def _cuda_sizer(
-    model: Any, device: torch.device, autocast_dtype: torch.dtype | None, optimizer: Choice
+    model: Any,
+    device: torch.device,
+    attention: str,
+    autocast_dtype: torch.dtype | None,
+    optimizer: Choice,
 ) -> data_mod.MicroSizer:
     """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
 
     def measure(mb: dict[str, Any]) -> tuple[float, float]:
-        batch = to_device(mb, device)
+        batch = to_device(mb, device, attention)  # the kernel the run trains with
         times = []
         try:
             torch.cuda.synchronize(device)
