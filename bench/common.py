@@ -64,15 +64,31 @@ def machine() -> dict[str, Any]:
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
             info["cuda"] = torch.version.cuda
+            info["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+            info["gpu_driver"] = gpu_driver()
     except ImportError:
         pass
-    for lib in ("transformers", "trl", "accelerate", "datasets"):
+    for lib in ("transformers", "trl", "accelerate", "datasets", "flash_attn"):
         try:
             mod = __import__(lib)
             info[lib] = getattr(mod, "__version__", "?")
-        except ImportError:
+        except Exception:  # absent, or a native extension that does not load here
             continue
     return info
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version (nvidia-smi), or None where it cannot be asked."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def describe_machine(info: dict[str, Any] | None = None) -> str:
@@ -81,8 +97,11 @@ def describe_machine(info: dict[str, Any] | None = None) -> str:
     mem = f", {m['memory_gib']:.0f} GiB" if m.get("memory_gib") else ""
     parts = [f"{m['cpu']} ({m['cores']} cores{mem})"]
     if m.get("gpu"):
-        parts.append(f"GPU {m['gpu']} (CUDA {m.get('cuda')})")
-    libs = [f"{k} {m[k]}" for k in ("torch", "transformers", "trl", "accelerate") if k in m]
+        mem = f", {m['gpu_memory_gib']:.0f} GiB" if m.get("gpu_memory_gib") else ""
+        parts.append(f"GPU {m['gpu']} ({mem[2:] + ', ' if mem else ''}driver "
+                     f"{m.get('gpu_driver') or 'unknown'}, CUDA {m.get('cuda')})")  # fmt: skip
+    names = ("torch", "transformers", "trl", "accelerate", "datasets", "flash_attn")
+    libs = [f"{k} {m[k]}" for k in names if k in m]
     return ", ".join(parts + libs) + f", Python {m['python']}, {m['os']}"
 
 

@@ -35,6 +35,17 @@ and the same number of *trained tokens per optimizer step* (≈), by:
    built before the clock starts and held in memory: no data loading, no
    logging, no checkpointing. What pitstop could reach at best on this machine.
 
+GPU mode (``--gpu``) sets every peer up as a competent GPU user would (issue 17): bf16 and
+``adamw_torch_fused`` for HF and TRL; ``hf_dynamic``, ``trl`` and the ceiling each run at
+micro-batch 4, 8 and 16 (documents for HF with the accumulation rounded to keep the tokens per
+step, so no prime-number accumulation forces one document per micro-batch; packed rows for TRL
+and the ceiling) and each one's fastest is its row, every sweep point listed in the notes;
+``hf_slow`` is left out (``--systems`` can still ask for it); ``pitstop`` runs its defaults
+(it sizes its own micro-batch on CUDA), ``pitstop_mb`` adds its ``--micro-batch-size`` sweep.
+The table adds peak memory (the CUDA allocator's peak), and ``--vocab 32768`` trains a second
+model whose embedding and loss head have a real 32k vocabulary (results in
+``headline-gpu-v32768.md``).
+
 The corpus: chapters of the bundled King James Bible as plain-text records
 (``{"text"}``; loss on every token). A fixed, seeded random subset of chapters
 trains; other chapters form the held-out set. So that no system truncates or
@@ -79,6 +90,7 @@ Usage:
     python -m bench.headline            # full CPU run, writes bench/results/headline.md
     python -m bench.headline --quick    # a tiny run for the smoke test (< 1 min)
     python -m bench.headline --gpu      # bf16, a ~1B Llama, flash-attn when installed
+    python -m bench.headline --gpu --vocab 32768   # the same with a 32k vocabulary
     python -m bench.headline --gpu --dry-run   # print the plan; runs without CUDA
 """
 
@@ -111,12 +123,16 @@ from bench.common import (
 )
 
 PEERS = ("hf_slow", "hf_dynamic", "trl")
-SYSTEMS = (*PEERS, "pitstop", "pitstop_tuned", "ceiling")
+SYSTEMS = (*PEERS, "pitstop", "pitstop_mb", "pitstop_tuned", "ceiling")
+# GPU mode leaves out hf_slow (padding every row to max length and tokenizing in
+# __getitem__ is no setting a competent GPU user picks); --systems can still ask for it.
+GPU_SYSTEMS = ("hf_dynamic", "trl", "pitstop", "ceiling")
 LABELS = {
     "hf_slow": "HF Trainer, pad to max, tokenize in __getitem__",
     "hf_dynamic": "HF Trainer, dynamic padding + group_by_length + workers",
     "trl": "TRL SFTTrainer, packing bfd + padding_free",
     "pitstop": "pitstop train (defaults)",
+    "pitstop_mb": "pitstop train --micro-batch-size (swept)",
     "pitstop_tuned": "pitstop train (tuned config)",
     "ceiling": "ceiling: bare fwd/bwd/AdamW over packed batches in memory",
 }
@@ -143,6 +159,9 @@ class ModelSpec:
     vocab_size: int
     intermediate: int | None = None
     tokenizer_chapters: int | None = None  # train the BPE on the first N chapters (None: all)
+    # The corpus holds fewer distinct pieces than a real 32k vocabulary: the embedding and
+    # the loss head are padded to vocab_size so they cost what a real one does.
+    pad_vocab: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,9 @@ class Sizes:
     hf_micro_cap: int  # largest HF micro-batch (documents)
     hf_workers: int
     timeout_s: int
+    # Micro-batch sizes (rows or documents) every swept system runs at; each one's best is
+    # reported (GPU: what a competent user would try on a big card; CPU: none, as before).
+    sweep: tuple[int, ...] = ()
 
 
 CPU_FULL = Sizes(
@@ -193,7 +215,11 @@ GPU_FULL = Sizes(
     hf_micro_cap=8,
     hf_workers=4,
     timeout_s=3600,
+    sweep=(4, 8, 16),
 )
+# The systems whose micro-batch is swept in GPU mode (pitstop sizes its own: its defaults
+# are what is measured; --systems pitstop_mb sweeps its --micro-batch-size too).
+SWEPT = ("hf_dynamic", "trl", "ceiling", "pitstop_mb")
 
 
 @dataclass
@@ -223,6 +249,8 @@ class Setup:
     timeout_s: int
     model_desc: str = ""
     notes: list[str] = field(default_factory=list)
+    sweep: list[int] = field(default_factory=list)
+    suffix: str = ""  # "-v32768" for a --vocab run: its own workdir and results file
 
     @property
     def rows_per_step(self) -> int:
@@ -314,6 +342,7 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
         workdir / "model",
         texts=sample_texts(spec.tokenizer_chapters) if spec.tokenizer_chapters else None,
         vocab_size=spec.vocab_size,
+        pad_vocab_to=spec.vocab_size if spec.pad_vocab else None,
         layers=spec.layers,
         hidden=spec.hidden,
         heads=spec.heads,
@@ -371,9 +400,17 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
         trl_micro_rows=trl_micro,
         trl_accum=rows // trl_micro,
         timeout_s=sizes.timeout_s,
+        sweep=list(sizes.sweep),
+        suffix=_vocab_suffix(args),
         model_desc=(
             f"Llama {spec.layers} layers, width {spec.hidden}, {spec.heads} heads, "
-            f"vocab {len(tok)} (BPE trained on the corpus), random init, seed {args.seed}"
+            + (
+                f"vocab {spec.vocab_size} ({len(tok)} BPE pieces trained on the corpus, the "
+                "embedding and loss head padded to the full size)"
+                if spec.pad_vocab and spec.vocab_size > len(tok)
+                else f"vocab {len(tok)} (BPE trained on the corpus)"
+            )
+            + f", random init, seed {args.seed}"
         ),
         notes=[
             f"{len(train)} training chapters → {len(train_docs)} documents, "
@@ -384,6 +421,10 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
     )
     setup.save(workdir)
     return setup
+
+
+def _vocab_suffix(args: argparse.Namespace) -> str:
+    return f"-v{args.vocab}" if getattr(args, "vocab", None) else ""
 
 
 def read_texts(path: str) -> list[str]:
@@ -433,6 +474,8 @@ def _common_args(setup: Setup, outdir: Path, micro: int, accum: int) -> dict[str
         "bf16": gpu,
         "use_cpu": not gpu,
         "dataloader_pin_memory": gpu,
+        # What a competent GPU user sets (pitstop and the ceiling use fused AdamW too).
+        **({"optim": "adamw_torch_fused"} if gpu else {}),
         "disable_tqdm": True,
         # TRL defaults to recomputing activations; no other system here does.
         _checkpointing_arg(): False,
@@ -542,9 +585,19 @@ def _clock_callback() -> Any:
     return Clock()
 
 
-def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
-    """hf_slow / hf_dynamic / trl: build, train one epoch, save; the counts and clocks."""
+def run_hf(setup: Setup, system: str, outdir: Path, micro: int | None = None) -> dict[str, Any]:
+    """hf_slow / hf_dynamic / trl: build, train one epoch, save; the counts and clocks.
+
+    `micro` (a sweep point): the micro-batch in documents (HF) or packed rows (TRL), with
+    the accumulation that keeps the tokens per optimizer step."""
     from transformers import AutoTokenizer
+
+    trl_micro, trl_accum = setup.trl_micro_rows, setup.trl_accum
+    hf_micro, hf_accum = setup.hf_micro, setup.hf_accum
+    if micro:
+        trl_micro, trl_accum = micro, max(1, setup.rows_per_step // micro)
+        hf_micro = micro
+        hf_accum = max(1, round(setup.tokens_per_step / setup.mean_doc_len / micro))
 
     tok = AutoTokenizer.from_pretrained(setup.model_dir)
     model = _load_model(setup)
@@ -554,7 +607,7 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
-        kw = _common_args(setup, outdir, setup.trl_micro_rows, setup.trl_accum)
+        kw = _common_args(setup, outdir, trl_micro, trl_accum)
         kw.update(
             max_length=setup.max_len,
             packing=True,
@@ -579,19 +632,16 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
             processing_class=tok,
             callbacks=[clock],
         )
-        config = (
-            f"{setup.trl_micro_rows} packed row(s) × {setup.trl_accum} accum, "
-            f"padding_free, attn {setup.attn}"
-        )
+        config = f"{trl_micro} packed row(s) × {trl_accum} accum, padding_free, attn {setup.attn}"
     else:
         from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-        kw = _common_args(setup, outdir, setup.hf_micro, setup.hf_accum)
+        kw = _common_args(setup, outdir, hf_micro, hf_accum)
         if system == "hf_slow":
             dataset: Any = _PadToMaxDataset(texts, tok, setup.max_len)
             collator = None  # default_data_collator stacks the fixed-size rows
             kw["dataloader_num_workers"] = 0
-            config = f"{setup.hf_micro} docs × {setup.hf_accum} accum, rows of {setup.max_len}"
+            config = f"{hf_micro} docs × {hf_accum} accum, rows of {setup.max_len}"
         else:
             from datasets import Dataset
 
@@ -606,8 +656,7 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
             else:  # transformers ≥ 5 renamed it
                 kw["train_sampling_strategy"] = "group_by_length"
             config = (
-                f"{setup.hf_micro} docs × {setup.hf_accum} accum, dynamic padding, "
-                f"{setup.hf_workers} workers"
+                f"{hf_micro} docs × {hf_accum} accum, dynamic padding, {setup.hf_workers} workers"
             )
         args = TrainingArguments(**_known_fields(TrainingArguments, kw))
         trainer = _instrument(Trainer, tok.pad_token_id)(
@@ -618,6 +667,7 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
             callbacks=[clock],
         )
     out = trainer.train()
+    peak = _cuda_peak()
     final = outdir / "final"
     trainer.save_model(str(final))
     tok.save_pretrained(final)
@@ -636,10 +686,18 @@ def run_hf(setup: Setup, system: str, outdir: Path) -> dict[str, Any]:
         losses=clock.losses,
         model_dir=str(final),
         done_at=done_at,
+        peak_memory_bytes=peak,
     )
 
 
-def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
+def _cuda_peak() -> int | None:
+    """Peak bytes the CUDA caching allocator handed out in this process (None on CPU)."""
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+
+
+def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[str, Any]:
     """The bare loop over pitstop's packed micro-batches, built before the clock starts."""
     import numpy as np
     import torch
@@ -662,7 +720,11 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
     mask = np.ones(len(tokens), dtype=bool)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     settings = BatchSettings.from_config(
-        RunConfig(max_seq_len=setup.max_len, tokens_per_step=setup.tokens_per_step),
+        RunConfig(
+            max_seq_len=setup.max_len,
+            tokens_per_step=setup.tokens_per_step,
+            micro_batch_size=micro,
+        ),
         strategy="pack",
     )
     plan = build_plan(
@@ -733,6 +795,7 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
     if gpu:
         torch.cuda.synchronize()
     train_seconds = time.perf_counter() - t0
+    peak = _cuda_peak()
     final = outdir / "final"
     model.save_pretrained(final)
     tok.save_pretrained(final)
@@ -752,6 +815,7 @@ def run_ceiling(setup: Setup, outdir: Path) -> dict[str, Any]:
         losses=[float(x) for x in losses],
         model_dir=str(final),
         done_at=done_at,
+        peak_memory_bytes=peak,
     )
 
 
@@ -795,12 +859,12 @@ def child_main(args: argparse.Namespace) -> int:
         models = dict(kv.split("=", 1) for kv in args.models)
         res: dict[str, Any] = run_eval(setup, models)
     else:
-        outdir = workdir / args.system
+        outdir = workdir / _outname(args.system, args.micro)
         outdir.mkdir(parents=True, exist_ok=True)
         if args.system == "ceiling":
-            res = run_ceiling(setup, outdir)
+            res = run_ceiling(setup, outdir, args.micro)
         else:
-            res = run_hf(setup, args.system, outdir)
+            res = run_hf(setup, args.system, outdir, args.micro)
     Path(args.result).write_text(json.dumps(res, indent=1))
     return 0
 
@@ -864,14 +928,21 @@ def _tail(log: Path, n: int = 6) -> str:
     return " / ".join(lines[-n:])[-600:]
 
 
-def run_child_system(setup: Setup, workdir: Path, system: str) -> dict[str, Any]:
-    outdir = workdir / system
+def _outname(system: str, micro: int | None) -> str:
+    return system if micro is None else f"{system}-mb{micro}"
+
+
+def run_child_system(
+    setup: Setup, workdir: Path, system: str, micro: int | None = None
+) -> dict[str, Any]:
+    outdir = workdir / _outname(system, micro)
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
     result = outdir / "result.json"
     cmd = [sys.executable, "-m", "bench.headline", "--system", system, "--workdir", str(workdir)]
-    cmd += ["--result", str(result)]
-    print(f"[headline] {system}: running ({LABELS[system]})", flush=True)
+    cmd += ["--result", str(result)] + (["--micro", str(micro)] if micro else [])
+    at = f", micro-batch {micro}" if micro else ""
+    print(f"[headline] {system}: running ({LABELS[system]}{at})", flush=True)
     sp = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
     if sp.rc != 0 or not result.is_file():
         why = "timed out" if sp.rc == 124 else f"exit {sp.rc}"
@@ -911,9 +982,11 @@ def _pitstop_flags(setup: Setup, cache: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
-    system = "pitstop_tuned" if tuned else "pitstop"
-    outdir = workdir / system
+def run_pitstop(
+    setup: Setup, workdir: Path, tuned: bool, micro: int | None = None
+) -> dict[str, Any]:
+    system = "pitstop_tuned" if tuned else ("pitstop_mb" if micro else "pitstop")
+    outdir = workdir / _outname(system, micro)
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
     cache = outdir / "cache"  # a cold token-store cache: the whole process includes tokenizing
@@ -943,7 +1016,8 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
     run_out = outdir / "run"
     cmd = [sys.executable, "-m", "pitstop", "train", *pre, *_pitstop_flags(setup, cache)]
     cmd += ["--output", str(run_out), "--epochs", "1"]
-    print(f"[headline] {system}: {LABELS[system]}", flush=True)
+    cmd += ["--micro-batch-size", str(micro)] if micro else []
+    print(f"[headline] {system}: {LABELS[system]}" + (f" {micro}" if micro else ""), flush=True)
     sp = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
     summary_path = run_out / "summary.json"
     if sp.rc != 0 or not summary_path.is_file():
@@ -965,7 +1039,7 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
             if isinstance(rec.get("loss"), (int, float)):
                 losses.append(float(rec["loss"]))
     choices = s.get("choices") or {}
-    shown = ("batching", "loader_workers", "compile", "attention", "precision")
+    shown = ("batching", "micro_batch", "loader_workers", "compile", "attention", "precision")
     picked = ", ".join(
         f"{k} {v.get('value') if isinstance(v, dict) else v}"
         for k, v in choices.items()
@@ -987,8 +1061,54 @@ def run_pitstop(setup: Setup, workdir: Path, tuned: bool) -> dict[str, Any]:
         "wall_seconds": sp.seconds,
         "others_cores": sp.others_cores,
         "model_dir": str(run_out / "final"),
+        "peak_memory_bytes": s.get("peak_memory_bytes") if setup.mode == "gpu" else None,
         **notes,
     }
+
+
+def run_sweep(setup: Setup, workdir: Path, system: str) -> dict[str, Any]:
+    """Run `system` at every micro-batch of the sweep; its fastest (train clock) is its result.
+
+    The other points stay in `sweep` for the report; their final models are deleted (a 1.1B
+    model is 4 GB a copy) and only the best one is evaluated."""
+    points = []
+    for m in setup.sweep:
+        packed = system in ("trl", "ceiling", "pitstop_mb")
+        if packed and setup.rows_per_step % m:
+            points.append({"micro": m, "status": "n/a",
+                           "reason": f"{setup.rows_per_step} rows per step do not split into {m}"})  # fmt: skip
+            continue
+        if system == "pitstop_mb":
+            r = run_pitstop(setup, workdir, tuned=False, micro=m)
+        else:
+            r = run_child_system(setup, workdir, system, micro=m)
+        r["micro"] = m
+        points.append(r)
+        print(f"[headline] {system} micro-batch {m}: {r.get('status')} "
+              + (f"{r['trained_tokens'] / r['train_seconds']:,.0f} tok/s" if _tps(r) else
+                 str(r.get("reason", ""))[:200]), flush=True)  # fmt: skip
+    ok = [r for r in points if _tps(r)]
+    if not ok:
+        why = "; ".join(f"{r['micro']}: {r.get('reason', r.get('status'))}" for r in points)
+        return {"system": system, "status": "failed", "reason": f"every sweep point failed: {why}"}
+    best = max(ok, key=_tps)
+    for r in ok:
+        if r is not best:
+            shutil.rmtree(Path(r["model_dir"]), ignore_errors=True)
+    out = dict(best)
+    sizes = "/".join(str(m) for m in setup.sweep)
+    out["config"] = f"best of micro-batch {sizes}: {best.get('config', '')}"
+    out["sweep"] = [
+        {k: r.get(k) for k in ("micro", "status", "reason", "config", "trained_tokens",
+                               "train_seconds", "wall_seconds", "peak_memory_bytes")}
+        for r in points
+    ]  # fmt: skip
+    return out
+
+
+def _tps(r: dict[str, Any]) -> float:
+    ok = r.get("status") == "ok" and r.get("train_seconds")
+    return r["trained_tokens"] / r["train_seconds"] if ok else 0.0
 
 
 def flops_per_token(setup: Setup) -> float:
@@ -1097,6 +1217,7 @@ def summarize(
                 f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}"
                 if r.get("wall_seconds")
                 else "n/a",
+                _gib(r.get("peak_memory_bytes")),
             ]
         )
     goals: list[str] = []
@@ -1128,6 +1249,31 @@ def summarize(
     return rows, goals
 
 
+def _gib(n: float | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "n/a"
+
+
+def sweep_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per swept system: every micro-batch it ran at, and what each did."""
+    out = []
+    for name, r in results.items():
+        if not r.get("sweep"):
+            continue
+        parts = []
+        for p in r["sweep"]:
+            if _tps(p):
+                wall = p.get("wall_seconds")
+                whole = f" / {p['trained_tokens'] / wall:,.0f}" if wall else ""
+                parts.append(
+                    f"{p['micro']}: {_tps(p):,.0f}{whole} tok/s, {_gib(p.get('peak_memory_bytes'))}"
+                )
+            else:
+                parts.append(f"{p['micro']}: {p.get('status')} ({str(p.get('reason'))[:120]})")
+        out.append(f"{name} sweep (micro-batch: train / whole-process trained tok/s, peak memory): "
+                   + "; ".join(parts) + ".")  # fmt: skip
+    return out
+
+
 HEADERS = [
     "system",
     "configuration",
@@ -1141,11 +1287,15 @@ HEADERS = [
     "train loss (last 10% steps)",
     "held-out loss",
     "train / whole s",
+    "peak memory",  # GPU mode only (the caching allocator's peak)
 ]
 
 
 def parent_main(args: argparse.Namespace) -> int:
     sizes = GPU_FULL if args.gpu else (CPU_QUICK if args.quick else CPU_FULL)
+    if args.vocab:
+        spec = dataclasses.replace(sizes.model, vocab_size=args.vocab, pad_vocab=True)
+        sizes = dataclasses.replace(sizes, model=spec)
     if args.gpu:
         import torch
 
@@ -1153,14 +1303,15 @@ def parent_main(args: argparse.Namespace) -> int:
             print("--gpu needs a CUDA device (torch.cuda.is_available() is False); "
                   "use --dry-run to print the GPU plan here", file=sys.stderr)  # fmt: skip
             return 2
-    systems = args.systems.split(",") if args.systems else list(SYSTEMS)
+    default = GPU_SYSTEMS if args.gpu else tuple(s for s in SYSTEMS if s != "pitstop_mb")
+    systems = args.systems.split(",") if args.systems else list(default)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         print(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}", file=sys.stderr)
         return 2
     if args.dry_run:
         return dry_run(args, sizes, systems)
-    suffix = "-gpu" if args.gpu else ("-quick" if args.quick else "")
+    suffix = ("-gpu" if args.gpu else ("-quick" if args.quick else "")) + _vocab_suffix(args)
     workdir = Path(args.workdir or REPO_ROOT / ".pitstop-cache" / "bench" / f"headline{suffix}")
     workdir.mkdir(parents=True, exist_ok=True)
     if not args.gpu:  # CPU mode: no child (pitstop included) may pick up a GPU
@@ -1181,7 +1332,11 @@ def parent_main(args: argparse.Namespace) -> int:
 
     results: dict[str, dict[str, Any]] = {}
     for system in systems:
-        if system in ("pitstop", "pitstop_tuned"):
+        if setup.sweep and system in SWEPT:
+            res = run_sweep(setup, workdir, system)
+        elif system == "pitstop_mb":
+            res = {"system": system, "status": "n/a", "reason": "no sweep in this mode"}
+        elif system in ("pitstop", "pitstop_tuned"):
             res = run_pitstop(setup, workdir, tuned=system == "pitstop_tuned")
         else:
             res = run_child_system(setup, workdir, system)
@@ -1231,9 +1386,12 @@ def report(
 ) -> int:
     """Print the table and goals; write the results file."""
     results: dict[str, dict[str, Any]] = saved["results"]
-    suffix = "-gpu" if setup.mode == "gpu" else ("-quick" if setup.quick else "")
+    suffix = ("-gpu" if setup.mode == "gpu" else ("-quick" if setup.quick else "")) + setup.suffix
     rows, goals = summarize(setup, results, fpt, peak)
-    table = markdown_table(HEADERS, rows)
+    headers = HEADERS
+    if setup.mode != "gpu":  # no allocator peak on CPU: the table stays as it was
+        headers, rows = HEADERS[:-1], [r[: len(HEADERS) - 1] for r in rows]
+    table = markdown_table(headers, rows)
     info = machine()
     cmd_str = saved["command"]
     trained = {r["trained_tokens"] for r in results.values() if r.get("status") == "ok"}
@@ -1273,6 +1431,7 @@ def report(
             else "."
         ),
     ]
+    notes += sweep_notes(results)
     for name in ("pitstop", "pitstop_tuned"):
         r = results.get(name, {})
         if r.get("status") == "ok" and r.get("pitstop_mfu") is not None:
@@ -1356,6 +1515,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-chapters", type=int, help="training chapters (default: by mode)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: by mode)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    p.add_argument(
+        "--vocab", type=int,
+        help="model vocabulary (e.g. 32768: the loss head of a real tokenizer); results go to "
+        "headline[-gpu]-vN.md",
+    )  # fmt: skip
     p.add_argument("--data-seed", type=int, default=1234, help="seed of the chapter subset")
     p.add_argument("--workdir", help="scratch directory (default .pitstop-cache/bench/headline*)")
     p.add_argument("--out", help="results file (default bench/results/headline[-quick|-gpu].md)")
@@ -1367,6 +1531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--models", nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--micro", type=int, help=argparse.SUPPRESS)
     return p
 
 

@@ -190,12 +190,31 @@ def flash_attn_status(dev: DeviceInfo, precision: str) -> tuple[bool, str]:
     return True, "flash_attn is installed and the GPU supports it"
 
 
+def flex_attention_status(dev: DeviceInfo) -> tuple[bool, str]:
+    """Whether FlexAttention can train here (forward and backward), and why not when it cannot."""
+    import torch
+
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+        return False, f"torch {torch.__version__} has no FlexAttention (torch >= 2.5 has)"
+    if dev.type != "cuda":
+        # Its forward runs on the CPU, but the backward raises NotImplementedError
+        # (torch 2.13), and training needs the backward.
+        return (
+            False,
+            f"FlexAttention has no backward on the {dev.type.upper()} (torch {torch.__version__})",
+        )
+    return True, "FlexAttention is available on this GPU"
+
+
 def attention_problem(requested: str, dev: DeviceInfo, precision: str) -> str | None:
     """Why `--attention requested` cannot run on `dev` at `precision`, or None."""
-    if requested != "flash_attention_2":
+    if requested == "flash_attention_2":
+        ok, why = flash_attn_status(dev, precision)
+    elif requested == "flex_attention":
+        ok, why = flex_attention_status(dev)
+    else:
         return None
-    ok, why = flash_attn_status(dev, precision)
-    return None if ok else f"--attention flash_attention_2 is not possible: {why}; use sdpa or auto"
+    return None if ok else f"--attention {requested} is not possible: {why}; use sdpa or auto"
 
 
 def four_bit_problem(dev: DeviceInfo) -> str | None:
@@ -281,20 +300,61 @@ def preflight(cfg: RunConfig, device: DeviceInfo | None = None) -> list[str]:
     return p
 
 
-def choose_attention(requested: str, dev: DeviceInfo, precision: str) -> Choice:
-    ok, why = flash_attn_status(dev, precision)
-    if requested == "flash_attention_2":
+# What each backend does with packed rows (several documents in a row, several rows in a
+# micro-batch); the banner quotes it so a user sees why a kernel was or was not chosen.
+PACKED_ROWS = {
+    "flash_attention_2": "packed rows run its variable-length kernel (pitstop passes each "
+    "document's boundaries), so no document sees another and no padding or cross-document "
+    "block is computed",
+    "flex_attention": "packed rows get a block mask (documents x causal) that skips the "
+    "blocks no query may see; no dense mask is built",
+    "sdpa": "packed rows get a dense [B, 1, T, T] document mask, which rules out SDPA's flash "
+    "kernel",
+    "eager": "packed rows get a dense [B, 1, T, T] document mask and the T x T scores are kept",
+}
+
+
+def choose_attention(
+    requested: str,
+    dev: DeviceInfo,
+    precision: str,
+    measured: dict[str, float] | None = None,
+) -> Choice:
+    """The attention kernel. `auto`: flash-attn where it runs; else `measured`'s fastest, if given.
+
+    `measured` maps kernels to trained tokens/s timed on this device (e.g. by `pitstop
+    tune`, or `python -m bench.attention --gpu`); kernels that cannot run here are ignored.
+    Without it, `auto` keeps sdpa on a GPU without flash-attn: FlexAttention skips masked
+    blocks, but it compiles its kernel on first use, and nothing has measured that the
+    saving repays it on this device.
+    """
+    if requested in ("flash_attention_2", "flex_attention"):
         problem = attention_problem(requested, dev, precision)
         if problem:
             raise ConfigError(problem)
-        return Choice("flash_attention_2", "asked for; " + why)
+        return Choice(requested, f"asked for; {PACKED_ROWS[requested]}")
     if requested in ("sdpa", "eager"):
         return Choice(requested, "asked for")
+    ok, why = flash_attn_status(dev, precision)
     if ok:
+        return Choice("flash_attention_2", f"{why}; {PACKED_ROWS['flash_attention_2']}")
+    flex_ok, flex_why = flex_attention_status(dev)
+    runnable = {"sdpa": True, "eager": True, "flex_attention": flex_ok}
+    rates = {k: v for k, v in (measured or {}).items() if runnable.get(k) and v > 0}
+    if rates:
+        best = max(rates, key=lambda k: rates[k])
+        table = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(rates.items(), key=lambda kv: -kv[1]))
         return Choice(
-            "flash_attention_2", why + "; varlen kernels skip padding and cross-document work"
+            best, f"fastest measured on this device (trained tok/s: {table}); {PACKED_ROWS[best]}"
         )
-    return Choice("sdpa", f"PyTorch scaled-dot-product attention ({why})")
+    if not flex_ok:
+        return Choice("sdpa", f"PyTorch scaled-dot-product attention ({why}; {flex_why})")
+    return Choice(
+        "sdpa",
+        f"PyTorch scaled-dot-product attention ({why}); {PACKED_ROWS['sdpa']}. "
+        "--attention flex_attention skips those blocks but compiles on first use; not chosen "
+        "unmeasured (pitstop tune, or python -m bench.attention --gpu, measures both here)",
+    )
 
 
 def compile_status() -> tuple[bool, str]:

@@ -90,8 +90,13 @@ def build_model_dir(
     heads: int = 4,
     intermediate: int | None = None,
     seed: int = 0,
+    pad_vocab_to: int | None = None,
 ) -> Path:
-    """Write a tiny Llama model directory to `dest` (skipped if one with the same spec is there)."""
+    """Write a tiny Llama model directory to `dest` (skipped if one with the same spec is there).
+
+    `pad_vocab_to`: give the model this many embedding rows and logits even when the
+    tokenizer trained on `texts` has fewer pieces (a small corpus cannot fill a 32k BPE
+    vocabulary; the benchmark still wants the cost of a 32k loss head)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,6 +109,7 @@ def build_model_dir(
         "intermediate": intermediate,
         "seed": seed,
         "texts": texts is None,
+        **({"pad_vocab_to": pad_vocab_to} if pad_vocab_to else {}),
     }
     marker = dest / "pitstop_tiny.json"
     if marker.is_file() and json.loads(marker.read_text()) == spec:
@@ -111,8 +117,9 @@ def build_model_dir(
     dest.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(texts if texts is not None else sample_texts(), vocab_size=vocab_size)
     cfg = llama_config(
-        len(tok), layers=layers, hidden=hidden, heads=heads, intermediate=intermediate
-    )
+        max(len(tok), pad_vocab_to or 0), layers=layers, hidden=hidden, heads=heads,
+        intermediate=intermediate,
+    )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(dest, safe_serialization=True)

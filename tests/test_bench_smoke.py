@@ -79,3 +79,44 @@ def test_run_all_discovers_benchmarks() -> None:
     names = discover()
     assert names[0] == "headline"
     assert "common" not in names and "run_all" not in names
+
+
+def test_headline_gpu_plan_with_a_32k_vocabulary() -> None:
+    proc = _run(["--gpu", "--dry-run", "--vocab", "32768"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert plan["model"]["vocab_size"] == 32768 and plan["model"]["pad_vocab"] is True
+    assert plan["systems"] == ["hf_dynamic", "trl", "pitstop", "ceiling"]  # no hf_slow on GPU
+
+
+def test_headline_sweep_reports_each_systems_best(tmp_path: Path, monkeypatch) -> None:
+    """Every micro-batch of the sweep runs; the fastest by the train clock is the system's
+    result, the others stay in `sweep` (their models deleted), and a size that does not split
+    the packed step is skipped with the reason."""
+    import bench.headline as h
+
+    setup = h.Setup(
+        mode="gpu", quick=False, model_dir="m", train_file="t", heldout_file="h", max_len=1024,
+        tokens_per_step=12 * 1024, lr=1e-3, seed=0, precision="bf16", attn="sdpa",
+        n_train_docs=10, n_heldout_docs=2, train_seen_tokens=1, mean_doc_len=512.0, hf_micro=1,
+        hf_accum=24, hf_workers=4, trl_micro_rows=1, trl_accum=12, timeout_s=10, sweep=[4, 8, 16],
+    )  # fmt: skip
+    seconds = {4: 10.0, 8: 5.0, 16: 8.0}
+
+    def fake(setup, workdir, system, micro=None):
+        final = tmp_path / f"{system}-{micro}"
+        final.mkdir()
+        return {"system": system, "status": "ok", "trained_tokens": 1000, "config": f"{micro}",
+                "train_seconds": seconds[micro], "wall_seconds": 20.0, "model_dir": str(final),
+                "peak_memory_bytes": micro * 2**30}  # fmt: skip
+
+    monkeypatch.setattr(h, "run_child_system", fake)
+    res = h.run_sweep(setup, tmp_path, "hf_dynamic")
+    assert res["micro"] == 8 and res["train_seconds"] == 5.0
+    assert res["config"].startswith("best of micro-batch 4/8/16")
+    assert [p["micro"] for p in res["sweep"]] == [4, 8, 16]
+    assert (tmp_path / "hf_dynamic-8").is_dir() and not (tmp_path / "hf_dynamic-4").exists()
+    trl = h.run_sweep(setup, tmp_path, "trl")  # 12 rows per step: 8 and 16 do not split it
+    assert [p["status"] for p in trl["sweep"]] == ["ok", "n/a", "n/a"] and trl["micro"] == 4
+    note = h.sweep_notes({"hf_dynamic": res})[0]
+    assert "8: 200 / 50 tok/s, 8.0 GiB" in note and "4: 100" in note

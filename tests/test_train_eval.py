@@ -144,7 +144,7 @@ def test_wandb_gets_the_run_config_and_honours_its_mode(tiny_model_dir, tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = _cfg(tiny_model_dir, tmp_path / "s", tmp_path / "out", report_to=["wandb"])
     _, note = open_wandb(cfg, tmp_path / "out", True)
-    assert note == "mode offline"
+    assert note == f"mode offline, run {calls['id']}"  # the id --resume continues
     assert calls["dir"] == str(tmp_path / "out") and calls["config"]["lr"] == cfg.lr
     run, note = open_wandb(cfg, tmp_path / "out", False)  # other ranks never start a run
     assert "rank 0" in note and type(run).__name__ == "NullRun"

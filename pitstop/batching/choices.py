@@ -78,6 +78,15 @@ class MeasuredChoices:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def merged(self, other: MeasuredChoices, name: str) -> MeasuredChoices:
+        """One record of both (the run directory keeps one `choices.json`): `other`'s values
+        and reasons join these, its measurements go under `name`."""
+        return MeasuredChoices(
+            key=self.key, key_fields=self.key_fields, measured_at=self.measured_at,
+            values={**self.values, **other.values}, reasons={**self.reasons, **other.reasons},
+            measurements={**self.measurements, name: other.measurements}, source=self.source,
+        )  # fmt: skip
+
 
 def choice_key(
     cfg: RunConfig,
@@ -86,8 +95,12 @@ def choice_key(
     device_count: int,
     store_manifest: Path,
     indices_count: int | None = None,
+    what: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(key, the fields it hashes): everything a measured choice depends on."""
+    """(key, the fields it hashes): everything a measured choice depends on.
+
+    `what` names a choice other than the batching layout (e.g. "micro_batch"), so each
+    is stored under its own key (the batching layout's key leaves it out)."""
     import torch
     import transformers
 
@@ -103,6 +116,8 @@ def choice_key(
         "train_sequences": indices_count,
         "settings": {k: getattr(cfg, k) for k in KEY_SETTINGS},
     }
+    if what is not None:
+        fields["what"] = what
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24], fields
 

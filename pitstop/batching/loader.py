@@ -340,6 +340,22 @@ class MicroBatchLoader:
             self._next_step = m.step + (1 if m.last_of_step else 0)
             yield batch
 
+    def resplit(self, settings: BatchSettings) -> None:
+        """Split steps into other micro-batches from the step in progress on (the trainer's
+        backoff after an out-of-memory). Only the micro-batch setting may differ, so every
+        step keeps its documents; the next iteration restarts the step in progress from its
+        first micro-batch (what `state_dict()` says after a partial step)."""
+        s = self.settings
+        same = ("strategy", "max_seq_len", "tokens_per_step", "world_size")
+        if any(getattr(settings, k) != getattr(s, k) for k in same):
+            raise ValueError(f"resplit may change only the micro-batch split, not {same}")
+        old = getattr(self._dataloader, "_iterator", None)  # persistent workers: stop them now
+        shutdown = getattr(old, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._dataloader = None
+        self.settings = settings
+
     # --- resume -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the run stands: the next step to hand out (as global and as epoch, step)."""

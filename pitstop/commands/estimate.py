@@ -87,7 +87,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--attention",
-        metavar="sdpa|flash_attention_2|eager",
+        metavar="sdpa|flash_attention_2|flex_attention|eager",
         default="sdpa",
         help="attention kernel (default: sdpa)",
     )

@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Any
 
+from pitstop import log
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
 from pitstop.errors import ConfigError
 from pitstop.tune.space import KNOBS
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
 
-    def log(msg: str) -> None:
+    def progress(msg: str) -> None:
         log.info(f"pitstop tune: {msg}")
 
     report = tune(
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         trial_warmup=args.trial_warmup,
         trial_steps=args.trial_steps,
         use_cache=not args.no_trial_cache,
-        log=log,
+        log=progress,
     )
     if report.result.best is not None:
         write_tuned_config(cfg, report, args.tuned_output, run_output=args.run_output)

@@ -23,7 +23,7 @@ from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
 from pitstop.report.memory import shape_from_model_dir, shape_from_params
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
+ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")
 
 
 def estimate_problems(
@@ -55,7 +55,7 @@ def estimate_problems(
     if precision is not None and precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if attention not in ATTENTIONS:
-        problems.append(f"--attention must be sdpa, flash_attention_2 or eager, got {attention!r}")
+        problems.append(f"--attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     if load_in_4bit and lora_r is None:
         problems.append(
             "--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R"

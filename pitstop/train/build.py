@@ -13,6 +13,7 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io, optim
+from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -95,15 +97,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def to_device(mb: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors the forward reads, on `device`."""
+def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[str, Any]:
+    """What the forward reads, on `device`: the tensors, and the kwargs `attention` needs
+    to keep packed documents apart (train/attention.py)."""
     nb = device.type == "cuda"  # pinned host batches copy asynchronously
-    return {k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")}
+    batch: dict[str, Any] = {
+        k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")
+    }
+    batch.update(attention_kwargs(mb, attention, device))
+    return batch
 
 
 def token_loss_sum(
     forward: Callable[..., Any],
-    batch: dict[str, torch.Tensor],
+    batch: dict[str, Any],
     device_type: str,
     autocast_dtype: torch.dtype | None,
 ) -> torch.Tensor:
@@ -112,11 +119,13 @@ def token_loss_sum(
     `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
     """
     # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other).
+    # (documents packed in one row never attend to each other); flash-attn reads the
+    # documents' boundaries from the varlen kwargs instead, when to_device added them.
     kwargs = {
         "input_ids": batch["input_ids"],
         "position_ids": batch["position_ids"],
         "use_cache": False,
+        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
     }
     with torch.autocast(
         device_type, dtype=autocast_dtype or torch.float32,
@@ -204,7 +213,8 @@ def build_run(
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
-        loss = token_loss_sum(model, to_device(mb, tdev), tdev.type, autocast_dtype)
+        batch = to_device(mb, tdev, attention.value)
+        loss = token_loss_sum(model, batch, tdev.type, autocast_dtype)
         loss.backward()
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work
@@ -222,6 +232,8 @@ def build_run(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
+            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"])
+            if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
         if held is not None:
             eval_set = EvalSet(
@@ -287,9 +299,7 @@ def build_run(
         keep_best=eval_set is not None,
     )
     choices["checkpoints"] = Choice(
-        _save_policy(cfg),
-        "asynchronous: the loop pauses only to copy state to host memory; a background "
-        "thread writes atomically (partial dir, marker, rename)",
+        _save_policy(cfg), _checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp)
     )
     if eval_set is not None:
         every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
@@ -327,6 +337,93 @@ def _custom_eval_set(
     assert held is not None
     return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
                    lockstep=fsdp, source=held.source)  # fmt: skip
+
+
+# Bytes of optimizer state per trainable parameter (AdamW's two moments in the
+# parameter's dtype; bitsandbytes' 8-bit moments with their block scales).
+_ADAMW_MOMENTS = 2
+_EIGHT_BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
+
+
+def checkpoint_host_bytes(
+    model: Any, params: list[torch.nn.Parameter], optimizer: Choice
+) -> tuple[int, int]:
+    """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
+    state does not exist before the first step, so it is computed from the parameters."""
+    weights = ckpt.state_bytes(model_io.trainable_state(model))
+    return weights, optimizer_state_bytes(params, optimizer)
+
+
+def optimizer_state_bytes(params: list[torch.nn.Parameter], optimizer: Choice) -> int:
+    """Bytes of optimizer state for `params`, before the first step allocates it."""
+    if optimizer.value in optim.EIGHT_BIT:
+        return int(sum(p.numel() for p in params) * _EIGHT_BIT_BYTES_PER_PARAM)
+    return _ADAMW_MOMENTS * sum(p.numel() * p.element_size() for p in params)
+
+
+def _cuda_sizer(
+    model: Any,
+    device: torch.device,
+    attention: str,
+    autocast_dtype: torch.dtype | None,
+    optimizer: Choice,
+) -> data_mod.MicroSizer:
+    """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
+
+    def measure(mb: dict[str, Any]) -> tuple[float, float]:
+        batch = to_device(mb, device, attention)  # the kernel the run trains with
+        times = []
+        try:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            # Two passes without zeroing: the second runs with the first's gradients alive,
+            # as every micro-batch after the first of a step does. The first warms up.
+            for _ in range(_SIZING_PASSES):
+                t0 = time.perf_counter()
+                token_loss_sum(model, batch, device.type, autocast_dtype).backward()
+                torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+            peak = float(torch.cuda.max_memory_allocated(device))
+        except torch.cuda.OutOfMemoryError:
+            peak = times_min = math.inf
+        else:
+            times_min = min(times[1:])
+        finally:
+            model.zero_grad(set_to_none=True)
+            del batch
+            torch.cuda.empty_cache()
+        return peak, times_min
+
+    free, _ = torch.cuda.mem_get_info(device)
+    capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
+    params = [p for p in model.parameters() if p.requires_grad]
+    return data_mod.MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
+
+
+_SIZING_PASSES = 3  # one warm-up, then the fastest of two timed
+
+
+def _checkpoint_reason(
+    model: Any, params: list[torch.nn.Parameter], optimizer: Choice, device: torch.device,
+    fsdp: bool,
+) -> str:  # fmt: skip
+    writes = "a background thread writes atomically (partial dir, marker, rename)"
+    if fsdp:
+        return f"asynchronous: the loop pauses to gather full state to host memory; {writes}"
+    weights, moments = checkpoint_host_bytes(model, params, optimizer)
+    gpu = device.type == "cuda"
+    where = (
+        "pinned host memory, filled on a side CUDA stream (the next optimizer step waits "
+        "for the copy on the device, not the host)"
+        if gpu
+        else "host memory"
+    )
+    return (
+        f"asynchronous: the loop pauses only to queue a copy into {(weights + moments) / 1e9:.2f} "
+        f"GB of {where}: weights {weights / 1e9:.2f} GB + optimizer state "
+        f"{moments / 1e9:.2f} GB, allocated at the first checkpoint and reused; {writes}; every "
+        "checkpoint, the last included, keeps the optimizer state (--resume continues exactly)"
+    )
 
 
 def _save_policy(cfg: RunConfig) -> str:

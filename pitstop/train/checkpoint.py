@@ -21,9 +21,12 @@ that was evaluated records `eval_loss` in trainer_state.json; align --eval-steps
 with --save-steps so they coincide) is kept too, even when older, and
 `checkpoints/best.json` names it: {"step", "path", "eval_loss"}.
 
-Asynchrony: the loop pauses only for `snapshot()` (state copied to host memory);
-a background thread writes. A new save, and the end of the run, first wait for
-the previous write. A failed write (disk full...) raises `CheckpointError` at the
+Asynchrony: the loop pauses only to queue a copy of the state into host buffers
+(`HostStaging`: allocated at the first checkpoint, reused by every later one; pinned
+and filled on a side CUDA stream on a GPU, so the host does not wait for the copy);
+a background thread waits for the copy to complete, then writes. A new save, and the
+end of the run, first wait for the previous write (so the buffers are never refilled
+while being written). A failed write (disk full...) raises `CheckpointError` at the
 next wait: the run stops cleanly (policy: a run that can no longer save would
 otherwise keep spending money on work it cannot keep), the previous checkpoint
 stays valid, and the partial directory is removed.
@@ -171,9 +174,111 @@ def set_rng_state(st: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in st["torch_cuda"]])
 
 
+class HostStaging:
+    """Reused host buffers a checkpoint's tensors are copied into (no clone per checkpoint).
+
+    A buffer is allocated the first time its place in the state (its key path) is
+    staged and reused while the shape and dtype stay the same. For a CUDA tensor the
+    buffer is pinned and the copy is queued on a side stream after the work already
+    queued on the training stream, so the host returns at once; `stage` hands back a
+    CUDA event that completes with the copy. The training stream must wait on that
+    event before it next changes the copied tensors (the optimizer step: see
+    `Trainer.optimizer_step`), and the writer waits on it before reading the buffers.
+    CPU tensors are copied synchronously: the same buffers, minus the stream.
+
+    The caller must not stage again while a previous staging is still being written
+    (`CheckpointWriter.stage` waits for the writer first).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._stream: Any = None  # a torch.cuda.Stream, made at the first CUDA copy
+        self.allocations = 0  # buffers allocated so far (a test checks they are reused)
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the buffers hold (pinned on a GPU run)."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def stage(self, obj: Any) -> tuple[Any, Any]:
+        """(a copy of `obj` whose tensors are the host buffers, the CUDA event or None)."""
+        cuda = _first_cuda_tensor(obj)
+        if cuda is None:
+            return self._copy(obj, (), {}), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=cuda.device)
+        # The copy must see every update already queued on the training stream.
+        self._stream.wait_stream(torch.cuda.current_stream(cuda.device))
+        with torch.cuda.stream(self._stream):
+            out = self._copy(obj, (), {})
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return out, event
+
+    def _copy(self, obj: Any, path: tuple[Any, ...], memo: dict[int, torch.Tensor]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = id(obj)
+            if key not in memo:  # tied weights stay one tensor in the copy
+                memo[key] = self._into_buffer(obj.detach(), path)
+            return memo[key]
+        if isinstance(obj, dict):
+            return {k: self._copy(v, (*path, k), memo) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._copy(v, (*path, i), memo) for i, v in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(self._copy(v, (*path, i), memo) for i, v in enumerate(obj))
+        return obj
+
+    def _into_buffer(self, t: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            # Pinned memory lets the copy run asynchronously; it only exists with CUDA.
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+            self._buffers[path] = buf
+            self.allocations += 1
+        if t.is_cuda:  # the training stream must not reuse its memory before the copy ends
+            t.record_stream(self._stream)
+        buf.copy_(t, non_blocking=t.is_cuda)
+        return buf
+
+
+def _first_cuda_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_cuda else None
+    values = (
+        obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    )
+    for v in values:
+        found = _first_cuda_tensor(v)
+        if found is not None:
+            return found
+    return None
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the distinct tensors in `obj` (tied weights counted once)."""
+    seen: dict[int, int] = {}
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            seen[id(o)] = o.numel() * o.element_size()
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return sum(seen.values())
+
+
 @dataclass
 class Snapshot:
-    """A checkpoint's content in host memory, ready for the writer thread."""
+    """A checkpoint's content in host memory, ready for the writer thread.
+
+    `ready`: a CUDA event the copy into host memory completes with (None: already done).
+    """
 
     step: int
     model_state: dict[str, torch.Tensor]
@@ -182,6 +287,7 @@ class Snapshot:
     rng: dict[str, Any]
     loader_state: Any
     extra: dict[str, Any] = field(default_factory=dict)
+    ready: Any = None
 
 
 # --- writing -------------------------------------------------------------------
@@ -240,6 +346,13 @@ class CheckpointWriter:
         self.last_written: Path | None = None
         self.write_seconds = 0.0
         self._write_bytes = 0  # tensor bytes of the write in progress (for a disk-full message)
+        self.staging = HostStaging()
+
+    def stage(self, obj: Any) -> tuple[Any, Any]:
+        """Copy `obj`'s tensors into the reused host buffers (`HostStaging.stage`), after the
+        previous write has finished with them (so it raises that write's `CheckpointError`)."""
+        self.wait()
+        return self.staging.stage(obj)
 
     def submit(self, snap: Snapshot, *, blocking: bool = False) -> None:
         """Start writing `snap` (after the previous write has finished)."""
@@ -298,9 +411,11 @@ class CheckpointWriter:
 
     def _run(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
-        self._write_bytes = _tensor_bytes((snap.model_state, snap.optimizer, snap.loader_state))
+        self._write_bytes = state_bytes((snap.model_state, snap.optimizer, snap.loader_state))
         tmp = self.root / f".step-{snap.step}.partial-{secrets.token_hex(4)}"
         try:
+            if snap.ready is not None:  # the device-to-host copy must be complete before reading
+                snap.ready.synchronize()
             self.root.mkdir(parents=True, exist_ok=True)
             bad = nonfinite_tensors(snap.model_state)
             if bad:  # never saved as good (the loop stops before this; here it cannot slip)
@@ -361,16 +476,6 @@ class CheckpointWriter:
 
 
 _LOW_FREE_BYTES = 1 << 20  # below this, a failed write is blamed on the disk whatever the size
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
 
 
 def _causes(err: BaseException) -> list[BaseException]:

@@ -10,6 +10,7 @@ front. The trainer accepts any object honouring it (tests pass small ones).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import log, run_files
+from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
 from pitstop.probe import Choice
@@ -33,6 +35,40 @@ class Geometry:
     choices: dict[str, Choice] = field(default_factory=dict)
     efficiency: dict[str, float] = field(default_factory=dict)
     measured: Any = None  # pitstop.batching.choices.MeasuredChoices of `auto`, else None
+
+
+@dataclass
+class MicroSizer:
+    """What sizing the micro-batch to the device needs (pitstop.batching.microsize).
+
+    `measure(batch)`: (peak bytes, seconds) of a forward+backward of a micro-batch dict
+    (math.inf for both when it ran out of memory);
+    `capacity_bytes`: device memory this run can use; `reserved_bytes`: what the first
+    optimizer step still allocates (not in a measured peak).
+    """
+
+    measure: Callable[[dict[str, Any]], tuple[float, float]]
+    capacity_bytes: float
+    reserved_bytes: float
+
+
+def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
+    """Why the micro-batch is not sized to the device (None: it is)."""
+    if cfg.micro_batch_size is not None or cfg.tokens_per_micro_batch is not None:
+        return "set"
+    if cfg.grad_accum is not None:
+        return "--grad-accum given: micro_batch_size 1 unless set"
+    rows = max_rows_per_rank(cfg, world_size)
+    if rows <= DEFAULT_MICRO_ROWS:
+        return f"a step holds {rows} full row(s) per rank: nothing larger to try"
+    return None
+
+
+def max_rows_per_rank(cfg: RunConfig, world_size: int) -> int:
+    """Full rows of max_seq_len in one rank's share of an optimizer step."""
+    # "pad": the one layout without a multiple-of-max_seq_len rule on tokens_per_step
+    s = BatchSettings.from_config(cfg, world_size=world_size, strategy="pad")
+    return max(1, s.tokens_per_step // s.max_seq_len // world_size)
 
 
 def open_training_store(cfg: RunConfig) -> Any:
@@ -69,6 +105,7 @@ def build_loader(
     device_name: str = "unknown",
     out: Path | None = None,
     cache_dir: str | None = None,
+    sizer: MicroSizer | None = None,
 ) -> tuple[Any, Geometry]:
     """The run's MicroBatchLoader; `batching: auto` is measured once and reused.
 
@@ -77,9 +114,24 @@ def build_loader(
     the measured-choices cache, else by timing (pitstop.batching.choices).
     `indices`: the store's sequence ids to train on (None: all; `--eval-data auto` holds
     some out). `lockstep`: equal micro-batch counts on every rank (FSDP).
+    `sizer`: size the micro-batch to the device (a GPU run that did not set it): measured
+    once and reused like `auto` (the batching layout is then timed at that size).
     """
     from pitstop.batching.loader import MicroBatchLoader
 
+    micro_choice: Choice | None = None
+    micro_mc = None
+    not_sized = micro_sizing_applies(cfg, world_size) if sizer is not None else "no sizer"
+    if sizer is not None and not_sized is None:
+        rows, micro_mc, why = _sized_micro_batch(
+            cfg, store=store, rank=rank, world_size=world_size, indices=indices,
+            device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
+        )  # fmt: skip
+        micro_choice = Choice(f"{rows} rows" if rows else "default", why)
+        if rows is not None:  # the loader, `auto`'s timing and its cache key see this split
+            cfg = dataclasses.replace(cfg, tokens_per_micro_batch=rows * cfg.max_seq_len)
+    elif sizer is not None and not_sized != "set":
+        micro_choice = Choice("default", f"not sized to the device: {not_sized}")
     strategy = None
     batching_reason = None
     measured = None
@@ -118,9 +170,78 @@ def build_loader(
         "packing_efficiency": float(eff.packing_efficiency),
         "padding_waste": float(eff.padding_waste),
     }
+    if micro_choice is not None:
+        choices["micro_batch"] = micro_choice
+    if micro_mc is not None:
+        measured = measured.merged(micro_mc, "micro_batch") if measured else micro_mc
     geo = Geometry(s.strategy, s.max_seq_len, s.tokens_per_step, micro, choices, efficiency)
     geo.measured = measured
     return loader, geo
+
+
+MICRO_ROWS = "micro_batch_rows"  # its name among the measured choices
+
+
+def _sized_micro_batch(
+    cfg: RunConfig,
+    *,
+    store: Any,
+    rank: int,
+    world_size: int,
+    indices: Any,
+    device_name: str,
+    out: Path | None,
+    cache_dir: str | None,
+    sizer: MicroSizer,
+) -> tuple[int | None, Any, str]:
+    """(rows per micro-batch or None for the default, its MeasuredChoices, the banner reason).
+
+    A resumed run keeps what its run directory recorded (a run that started with the
+    default keeps the default), else the cache, else measured (rank 0's wins). On resume
+    no record is returned: the run directory's `choices.json` already holds it."""
+    from pitstop.batching.auto import rank0_choice
+    from pitstop.batching.choices import choice_key, read_run_choices, resolve_measured
+    from pitstop.batching.loader import sequence_targets
+    from pitstop.batching.microsize import choose_micro_rows, packed_sample
+
+    if cfg.resume and out is not None:
+        kept = read_run_choices(out)
+        rows = kept.values.get(MICRO_ROWS) if kept is not None else None
+        if rows is None:
+            return None, None, "kept from this run: it started with the default split"
+        return int(rows), None, kept.describe(MICRO_ROWS)
+    key, fields = choice_key(
+        cfg, device_name=device_name, device_count=world_size,
+        store_manifest=Path(store.path) / "manifest.json",
+        indices_count=None if indices is None else len(indices), what="micro_batch",
+    )  # fmt: skip
+    max_rows = max_rows_per_rank(cfg, world_size)
+    trained = sequence_targets(store)
+
+    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        if rank == 0:
+            log.info("pitstop: sizing the micro-batch to the device ...")
+
+        def run(rows: int) -> tuple[float, float]:
+            batch = packed_sample(
+                store, rows=rows, max_seq_len=cfg.max_seq_len,
+                tokens_per_step=max_rows * cfg.max_seq_len, seed=cfg.seed, trained=trained,
+                indices=indices,
+            )  # fmt: skip
+            return sizer.measure(batch)
+
+        pick = choose_micro_rows(
+            run, max_rows=max_rows, row_tokens=cfg.max_seq_len,
+            capacity_bytes=sizer.capacity_bytes, reserved_bytes=sizer.reserved_bytes,
+        )  # fmt: skip
+        return {MICRO_ROWS: pick.rows}, {MICRO_ROWS: pick.reason}, pick.measurements()
+
+    mc = resolve_measured(
+        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
+        run_dir=None, resume=False, remeasure=cfg.remeasure, store_result=rank == 0,
+    )  # fmt: skip
+    mc = rank0_choice(mc, world_size)
+    return int(mc.values[MICRO_ROWS]), mc, mc.describe(MICRO_ROWS)
 
 
 def _measured_batching(

@@ -21,27 +21,37 @@ class TrainingOutOfMemory(PitstopError):
     exit_code = 1
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it wraps (cause or context), each once."""
+    out: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and all(e is not x for x in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
 def is_oom(exc: BaseException) -> bool:
     """Whether an exception (or one it wraps) is an out-of-memory error."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, MemoryError):
+    for e in _chain(exc):
+        if isinstance(e, MemoryError) or is_cuda_oom(e, wrapped=False):
             return True
-        try:
-            import torch
-
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                return True
-        except (ImportError, AttributeError):
-            pass
         # CUDA's text, and the CPU allocator's ("DefaultCPUAllocator: not enough memory").
         text = str(e).lower()
         if isinstance(e, RuntimeError) and ("out of memory" in text or "not enough memory" in text):
             return True
-        e = e.__cause__ or e.__context__
     return False
+
+
+def is_cuda_oom(exc: BaseException, *, wrapped: bool = True) -> bool:
+    """Whether `exc` (or, with `wrapped`, one it wraps) is the CUDA allocator's out-of-memory."""
+    try:
+        import torch
+
+        kind = torch.cuda.OutOfMemoryError
+    except (ImportError, AttributeError):
+        return False
+    return any(isinstance(e, kind) for e in (_chain(exc) if wrapped else [exc]))
 
 
 def device_bytes(device_type: str) -> int | None:

@@ -113,6 +113,7 @@ def wandb_run_id(out: Path) -> str:
         if kept.isalnum() and 0 < len(kept) <= 64:
             return kept
     new = secrets.token_hex(4)  # wandb's own ids are 8 lowercase alphanumerics too
+    out.mkdir(parents=True, exist_ok=True)  # a caller may open wandb before the run writes
     write_text_atomic(path, new + "\n")
     return new
 

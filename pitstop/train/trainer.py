@@ -32,6 +32,7 @@ where all ranks synchronise anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -144,6 +145,7 @@ class Trainer:
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
         self.state = RunState()
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
+        self._ckpt_copy: Any = None  # the CUDA event of a checkpoint copy still in flight
         self.resumed_from: str | None = None
         self._bad_run_t = torch.zeros((), device=self.device)
         self._skipped_t = torch.zeros((), device=self.device)
@@ -158,6 +160,11 @@ class Trainer:
             self._nan_steps = {int(s) for s in nan_steps.split(",") if s}
             self._compute_loss = self._nan_loss
         self._stop_at = int(os.environ.get("PITSTOP_TEST_STOP_AT_STEP", "0")) or None  # test hook
+        # Test hook PITSTOP_TEST_OOM_ROWS="STEP:ROWS": a micro-batch of more than ROWS rows
+        # in step STEP (1-based) raises a CUDA out-of-memory error (see _back_off).
+        at = os.environ.get("PITSTOP_TEST_OOM_ROWS")
+        self._oom_rows = tuple(int(x) for x in at.split(":")) if at else None
+        self._oom_retryable = False  # the OOM came from a forward/backward (a backoff may help)
 
     # --- set-up of the output directory ----------------------------------------------
 
@@ -237,10 +244,10 @@ class Trainer:
     def fetch_batch(self) -> dict[str, Any]:
         return next(self._batches)
 
-    def to_device(self, mb: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return to_device(mb, self.device)
+    def to_device(self, mb: dict[str, Any]) -> dict[str, Any]:
+        return to_device(mb, self.device, self.choices["attention"].value)
 
-    def _loss(self, batch: dict[str, torch.Tensor], model: Any = None) -> torch.Tensor:
+    def _loss(self, batch: dict[str, Any], model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
 
         `model`: call this module instead of the training forward (evaluation).
@@ -248,7 +255,7 @@ class Trainer:
         forward = model if model is not None else self._forward
         return token_loss_sum(forward, batch, self.device.type, self.autocast_dtype)
 
-    def _nan_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _nan_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Test hook (PITSTOP_TEST_NAN_STEPS=3,4): poison the loss of those steps (1-based)."""
         loss = self._loss(batch)
         if self.state.step + 1 in self._nan_steps:
@@ -270,7 +277,7 @@ class Trainer:
             return self.forward_model(**kwargs)
 
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], step_targets: int, tl: Timeline, *, last: bool = True
+        self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
     ) -> torch.Tensor:
         """One micro-batch; returns its share of the step's loss (sum CE / step targets).
 
@@ -293,6 +300,11 @@ class Trainer:
                    min_lr_ratio=self.cfg.min_lr_ratio)  # fmt: skip
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+        if self._ckpt_copy is not None:
+            # A checkpoint's device-to-host copy may still be reading the weights and the
+            # optimizer state: the update waits for it on the device (the host does not).
+            torch.cuda.current_stream(self.device).wait_event(self._ckpt_copy)
+            self._ckpt_copy = None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.max_grad_norm > 0:
@@ -351,12 +363,18 @@ class Trainer:
         try:
             tl.start_step()
             while self.state.step < self.total_steps:
+                halved = None
                 try:
                     self._train_step(tl)
                 except (RuntimeError, MemoryError) as e:
                     if not oom.is_oom(e):
                         raise
-                    raise self._out_of_memory(e) from None
+                    halved = self._halved_split(e)
+                    if halved is None:
+                        raise self._out_of_memory(e) from None
+                if halved is not None:  # outside `except`: its frames hold the step's tensors
+                    self._back_off(*halved)
+                    continue  # the same step again, from its first micro-batch
                 rec = tl.end_step()
                 tl.start_step()  # logging, eval and checkpoint below count toward the next step
                 self._pending[-1]["record"] = rec
@@ -443,6 +461,55 @@ class Trainer:
             lora_r=self.cfg.lora_r,
         )
 
+    def _halved_split(self, e: BaseException) -> tuple[Any, str] | None:
+        """(the loader's settings with half the micro-batch, a description), or None when
+        backing off cannot be done safely: not a CUDA OOM in a forward/backward, several
+        processes (the other ranks would wait in a collective), a loader that cannot
+        re-split, or a micro-batch of one row already."""
+        cuda_oom = oom.is_cuda_oom(e)
+        settings = getattr(self.loader, "settings", None)
+        if not (cuda_oom and self._oom_retryable and self.world_size == 1) or settings is None:
+            return None
+        if not hasattr(self.loader, "resplit"):
+            return None
+        msl = settings.max_seq_len
+        if settings.micro_batch_size is not None:
+            if settings.micro_batch_size <= 1:
+                return None
+            rows = settings.micro_batch_size // 2
+            return dataclasses.replace(settings, micro_batch_size=rows), f"{rows} rows"
+        budget = settings.tokens_per_micro_batch or msl
+        if budget // 2 < msl:
+            return None
+        half = budget // 2 // msl * msl  # whole rows of max_seq_len
+        return dataclasses.replace(settings, tokens_per_micro_batch=half), f"{half // msl} rows"
+
+    def _back_off(self, settings: Any, rows: str) -> None:
+        """After a CUDA out-of-memory in step N: drop its partial gradients, split the steps
+        into micro-batches half as large, and run step N again. The step's documents, and so
+        the training math, stay the same (only the summation order changes)."""
+        step = self.state.step + 1
+        self.optimizer.zero_grad(set_to_none=True)
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+        self.loader.resplit(settings)
+        self._batches = iter(self.loader)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        was = self.choices.get("micro_batch")
+        before = f"{was.value}; " if was is not None else ""
+        self.choices["micro_batch"] = Choice(
+            rows, f"{before}backed off to half after a CUDA out-of-memory in step {step}; "
+            "tokens per optimizer step unchanged",
+        )  # fmt: skip
+        if self.is_main:
+            log.warning(
+                f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
+                f"micro-batches of {rows} (same step, same tokens); set --micro-batch-size "
+                "or rerun with --remeasure to size it again"
+            )
+
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
         dist_mod.shutdown(self.env)
@@ -476,7 +543,12 @@ class Trainer:
                 batch = self.to_device(mb)
             last = m == micro_count - 1
             self._micro = (m, micro_count, tuple(batch["input_ids"].shape))  # for an OOM message
+            self._oom_retryable = True
+            hook = self._oom_rows
+            if hook and hook[0] == self.state.step + 1 and batch["input_ids"].shape[0] > hook[1]:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (PITSTOP_TEST_OOM_ROWS)")
             loss_acc += self.forward_backward(batch, meta.step_targets, tl, last=last)
+            self._oom_retryable = False
             n_targets += meta.n_targets
             n_seen += meta.n_seen
             n_pos += meta.n_positions
@@ -665,22 +737,27 @@ class Trainer:
         if not self.is_main:  # DDP: rank 0's replica is the same as this one
             self.state.ckpt_pause += time.perf_counter() - t0
             return
-        self.writer.wait()  # the previous write must be done (and must have succeeded)
-        if not self.fsdp:
-            model_state = ckpt.to_host(model_io.trainable_state(self.model))
-            optim_state = ckpt.to_host(self.optimizer.state_dict())
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        ready = None
+        if self.fsdp:
+            self.writer.wait()  # the previous write must be done (and must have succeeded)
+            scaler = ckpt.to_host(scaler)
+        else:
+            # Waits for the previous write, then queues the copy into the reused host
+            # buffers (a side CUDA stream on a GPU): the loop goes on at once, and the
+            # next optimizer step waits on `ready` before changing what is being copied.
+            (model_state, optim_state, scaler), ready = self.writer.stage(
+                (model_io.trainable_state(self.model), self.optimizer.state_dict(), scaler)
+            )
+            self._ckpt_copy = ready
         snap = ckpt.Snapshot(
             step=self.state.step,
             model_state=model_state,
-            optimizer={
-                "optimizer": optim_state,
-                "scaler": ckpt.to_host(self.scaler.state_dict())
-                if self.scaler is not None
-                else None,
-            },
+            optimizer={"optimizer": optim_state, "scaler": scaler},
             trainer_state=self._trainer_state(t_train0),
             rng=ckpt.rng_state(),
             loader_state=self.loader.state_dict(),
+            ready=ready,
         )
         self.writer.submit(snap, blocking=blocking)
         self.state.ckpt_pause += time.perf_counter() - t0
@@ -812,6 +889,7 @@ class Trainer:
             "time_breakdown": dict(self.state.phase_totals),
             "checkpoint_pause_seconds": self.state.ckpt_pause,
             "checkpoint_write_seconds": self.writer.write_seconds,
+            "checkpoint_host_buffer_bytes": self.writer.staging.nbytes,
             "skipped_steps": self.state.skipped_steps,
             "packing_efficiency": eff,
             "padding_waste": 1 - eff if eff is not None else None,

@@ -40,7 +40,7 @@ class Settings:
     loader_workers: int
     prefetch_factor: int
     compile: bool
-    attention: str  # sdpa | eager | flash_attention_2
+    attention: str  # sdpa | eager | flash_attention_2 | flex_attention
     gradient_checkpointing: bool = False
 
     def replace(self, **changes: Any) -> Settings:
@@ -181,6 +181,9 @@ def build_space(
     flash_ok, _ = probe.flash_attn_status(dev, probe.choose_precision(cfg.precision, dev).value)
     if flash_ok:
         attention.insert(0, "flash_attention_2")
+    elif probe.flex_attention_status(dev)[0]:
+        # A GPU without flash-attn: flex's block mask against sdpa's dense one, measured here.
+        attention.insert(1, "flex_attention")
 
     def keep(name: str, values: tuple[Any, ...], current: Any) -> tuple[Any, ...]:
         return values if name in knobs else (current,)

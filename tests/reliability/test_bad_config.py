@@ -66,10 +66,11 @@ def test_static_problems_are_reported_together(tiny_model_dir, rel_store, tmp_pa
     [
         (["--precision", "fp16"], "fp16"),
         (["--attention", "flash_attention_2"], "flash-attn needs a CUDA GPU"),
+        (["--attention", "flex_attention"], "FlexAttention has no backward on the CPU"),
         (["--device", "cuda"], "--device cuda was asked for"),
         (["--tokens-per-step", "32"], "below --max-seq-len 64"),
     ],
-    ids=["fp16-cpu", "flash-attn-cpu", "cuda-missing", "step-below-row"],
+    ids=["fp16-cpu", "flash-attn-cpu", "flex-cpu", "cuda-missing", "step-below-row"],
 )
 def test_impossible_on_this_machine(extra, needle, tiny_model_dir, rel_store, tmp_path, capsys):
     out = tmp_path / "out"

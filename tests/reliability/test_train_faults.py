@@ -58,9 +58,14 @@ def test_out_of_memory_names_the_micro_batch_and_what_fits(
     assert main(train_cmd(tiny_model_dir, rel_store, out)[3:]) == 1
     err = " ".join(capsys.readouterr().err.split())
     no_traceback(err)
-    assert "out of memory in optimizer step 3, micro-batch 1 of 1 (2 x 64 tokens)" in err, err[
-        -2000:
-    ]
+    if isinstance(error, torch.OutOfMemoryError):
+        # A CUDA OOM first backs off to half the micro-batch (issue 17); this one persists, so
+        # the run stops with the message naming the 1-row micro-batch that failed last.
+        assert "CUDA out of memory in step 3: continuing with micro-batches of 1 rows" in err
+        failed = "micro-batch 1 of 2 (1 x 64 tokens)"
+    else:
+        failed = "micro-batch 1 of 1 (2 x 64 tokens)"
+    assert f"out of memory in optimizer step 3, {failed}" in err, err[-2000:]
     assert "--micro-batch-size" in err and "--resume" in err
     assert f"the last checkpoint ({out / 'checkpoints' / 'step-2'}) is intact" in err
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"

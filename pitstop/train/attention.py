@@ -1,0 +1,71 @@
+"""What the forward needs, beyond input_ids and position_ids, to keep packed documents apart.
+
+Each backend sees the same packed micro-batch ([B, T], position_ids restarting at 0 at every
+document) and needs something different (checked against transformers 5.23's source):
+
+- sdpa, eager: nothing. With ``attention_mask=None`` transformers derives each row's
+  documents from the position restarts (``masking_utils.find_packed_sequence_indices``) and
+  builds a dense [B, 1, T, T] document-causal mask.
+- flex_attention: nothing. The same detection builds a ``BlockMask`` instead (block-sparse:
+  blocks no query may see are skipped, and no dense mask exists).
+- flash_attention_2: the varlen kwargs. Its kernel takes no mask: transformers infers
+  document boundaries from position_ids only when B == 1
+  (``modeling_flash_attention_utils._is_packed_sequence``); for B > 1 it runs plain causal
+  attention over each whole row, and packed documents would attend to each other. Given
+  ``cu_seq_lens_q/k`` (int32 [n_docs + 1], offsets into the flattened [B*T] tokens) and
+  ``max_length_q/k`` (int), it runs ``flash_attn_varlen_func`` over every document of every
+  row, as ``DataCollatorWithFlattening`` does for one row.
+
+Other backends never receive the varlen kwargs: they cannot use them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Backends whose kernel reads document boundaries from the varlen kwargs.
+VARLEN_ATTENTION = frozenset({"flash_attention_2"})
+VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def doc_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32 [n_docs + 1], longest document) of a packed [B, T] batch.
+
+    A document starts at every row start and wherever a position does not continue the one
+    before it (the rule transformers applies to detect packing), so right padding that
+    continues the last document's positions stays inside it, as collate makes it.
+    """
+    B, T = position_ids.shape
+    starts = torch.ones(B, T, dtype=torch.bool, device=position_ids.device)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    flat = starts.flatten().nonzero().flatten()  # [n_docs] offsets into [B*T]
+    end = torch.tensor([B * T], device=flat.device)
+    cu = torch.cat([flat, end]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def attention_kwargs(
+    mb: dict[str, Any], attention: str, device: torch.device
+) -> dict[str, torch.Tensor | int]:
+    """The extra forward kwargs `attention` needs for micro-batch `mb`, on `device` ({} if none).
+
+    Uses the loader's ``cu_seqlens`` / ``max_seqlen`` (batching/collate.py computes them per
+    packed row); a loader without them gets them derived from ``position_ids``.
+    """
+    if attention not in VARLEN_ATTENTION:
+        return {}
+    if "cu_seqlens" in mb and "max_seqlen" in mb:
+        cu, longest = mb["cu_seqlens"], int(mb["max_seqlen"])
+    else:
+        cu, longest = doc_boundaries(mb["position_ids"])
+    # Python ints, not tensors: flash-attn takes max_seqlen as an int, and a tensor would
+    # cost a device-to-host sync per layer to read it.
+    cu = cu.to(device, dtype=torch.int32, non_blocking=device.type == "cuda")
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
