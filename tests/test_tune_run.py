@@ -63,6 +63,7 @@ def test_tune_end_to_end_writes_a_train_config(tiny_model_dir, store, cache_dir,
     assert resolved_tokens_per_step(cfg) == 512 and cfg.grad_accum is None
     assert cfg.tokens_per_micro_batch == best["settings"]["tokens_per_micro_batch"]
     assert cfg.batching == best["settings"]["batching"] and cfg.output
-    # trials after the baseline are cached for the next tune of the same setup
-    if len(out["trials"]) > 1:
+    # search trials are cached for the next tune of the same setup (on a loaded machine the
+    # budget can run out after the start and its confirmation: no search trial, no entry)
+    if any(t["role"] == "search" for t in out["trials"]):
         assert list((cache_dir / "tune" / "trials").glob("*.json"))
