@@ -117,3 +117,13 @@ def test_train_help_is_grouped_in_order(capsys):
     assert at == sorted(at)
     # each flag sits under its group: --lr after "optimisation", before "precision"
     assert at[2] < out.index("\n  --lr ") < at[3] and at[4] < out.index("\n  --lora-r") < at[5]
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_a_bad_price_is_a_config_error_naming_the_flag(command, tmp_path, capsys):
+    from pitstop.cli import main
+
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert main([command, *runs, "--price-per-gpu-hour", "-2"]) == 2
+    err = capsys.readouterr().err
+    assert "--price-per-gpu-hour" in err and "Traceback" not in err

@@ -52,7 +52,7 @@ def test_lines_reach_every_sink_and_skipped_values_are_left_out(cfg, tmp_path, m
     log.tb, log.wb = _Sink(), _Sink()
     log.start_progress(0)
     lines = [_line(1, 2.5), _line(2, None, eval_loss=2.0, eval_ppl=float("inf"))]
-    log.write(lines, tokens_per_second=123.0, progress=True)
+    log.write(lines, trained_tokens=246, train_seconds=2.0, progress=True)
     log.stop_progress()
     written = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"], r.get("eval_loss", 0)) for r in written] == [
@@ -64,6 +64,7 @@ def test_lines_reach_every_sink_and_skipped_values_are_left_out(cfg, tmp_path, m
     assert log.wb.logged[1][0] == {k: v for k, v, s in log.tb.scalars if s == 2}
     err = capsys.readouterr().err
     assert "step 2/4  loss skipped" in err and "123 tokens/s" in err
+    assert "ETA 0m02s" in err  # 2 of 4 steps in 2.0 s: 2 steps left at 1 s each
 
 
 def test_a_disabled_log_writes_nothing(cfg, tmp_path):
@@ -71,7 +72,7 @@ def test_a_disabled_log_writes_nothing(cfg, tmp_path):
     out.mkdir()
     log = RunLog(cfg, out, enabled=False, total_steps=4)
     log.start_progress(0)
-    log.write([_line(1, 2.5)], tokens_per_second=1.0, progress=True)
+    log.write([_line(1, 2.5)], trained_tokens=1, train_seconds=1.0, progress=True)
     log.append_metrics([_line(1, 2.5)])
     log.close()
     assert not (out / "metrics.jsonl").exists()
@@ -84,7 +85,7 @@ def test_phases_mfu_and_memory_reach_tensorboard_and_wandb(cfg, tmp_path):
     log.tb, log.wb = _Sink(), _Sink()
     line = _line(1, 2.5, mfu=0.42, forward_s=0.25, optimizer_s=0.5, step_seconds=1.0)
     line["peak_memory_gib"] = 3.5
-    log.write([line], tokens_per_second=1.0, progress=False)
+    log.write([line], trained_tokens=1, train_seconds=1.0, progress=False)
     got = {k: v for k, v, _ in log.tb.scalars}
     assert got["train/mfu"] == 0.42 and got["train/step_seconds"] == 1.0
     assert got["time/forward"] == 0.25 and got["time/optimizer"] == 0.5

@@ -6,8 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from pitstop.commands.flags import number_flag
-from pitstop.errors import ConfigError
+from pitstop.commands.flags import price_flag
 from pitstop.report.compare import compare, format_compare
 
 
@@ -30,10 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems: list[str] = []
-    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
-    if problems:
-        raise ConfigError(problems)
+    price = price_flag(args)
     result = compare(args.run_a, args.run_b, price)
     if args.json:
         print(json.dumps(result, indent=1, default=str))

@@ -178,3 +178,12 @@ def number_flag(
         problems.append(f"{flag} must be {rng}, got {raw}")
         return None
     return v
+
+
+def price_flag(args: argparse.Namespace) -> float | None:
+    """--price-per-gpu-hour as a number (None when not given); a ConfigError when invalid."""
+    problems: list[str] = []
+    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
+    if problems:
+        raise ConfigError(problems)
+    return price

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pitstop.commands.flags import number_flag
-from pitstop.errors import ConfigError
+from pitstop.commands.flags import price_flag
 from pitstop.report.html import write_report
 
 
@@ -30,10 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems: list[str] = []
-    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
-    if problems:
-        raise ConfigError(problems)
+    price = price_flag(args)
     out = write_report(args.runs, args.output, price=price)
     print(f"report written to {out}")
     return 0

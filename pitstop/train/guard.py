@@ -15,8 +15,6 @@ from collections.abc import Sequence
 
 import torch
 
-from pitstop.errors import PitstopError
-
 
 def nonfinite_weights(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """0-dim bool tensor on the parameters' device: True if any of them holds NaN/Inf.
@@ -29,23 +27,6 @@ def nonfinite_weights(params: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.zeros((), dtype=torch.bool)
     norms = torch._foreach_norm(local, float("inf"))
     return ~torch.isfinite(torch.stack(norms)).all()
-
-
-def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors in `state` holding NaN/Inf (host copies, writer thread)."""
-    return [
-        k
-        for k, t in state.items()
-        if isinstance(t, torch.Tensor)
-        and t.is_floating_point()
-        and not bool(torch.isfinite(t).all())
-    ]
-
-
-class NonFiniteWeights(PitstopError):
-    """A save was asked for weights that are not all finite; nothing was written."""
-
-    exit_code = 1
 
 
 def divergence_advice(precision: str, max_grad_norm: float) -> str:

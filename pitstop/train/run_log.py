@@ -170,7 +170,6 @@ class RunLog:
         if "wandb" in cfg.report_to:
             self.choices["wandb"] = Choice(not isinstance(self.wb, NullRun), wb_note)
         self.bar: Any = None
-        self.train_seconds = 0.0  # the run's training seconds so far (the loop updates it): the ETA
 
     def start_progress(self, initial_step: int) -> None:
         """The progress bar (or, off a terminal, a line per logging step) from `initial_step`."""
@@ -191,9 +190,15 @@ class RunLog:
             append_lines(self.metrics_path, lines)
 
     def write(
-        self, lines: list[dict[str, Any]], *, tokens_per_second: float, progress: bool
+        self,
+        lines: list[dict[str, Any]],
+        *,
+        trained_tokens: int,
+        train_seconds: float,
+        progress: bool,
     ) -> None:
-        """Finished metrics lines to every sink; `progress`: also show the newest on the bar."""
+        """Finished metrics lines to every sink; `progress`: also show the newest on the bar,
+        with the run's tokens/s and ETA so far (`trained_tokens` in `train_seconds`)."""
         if not self.enabled or not lines:
             return
         append_lines(self.metrics_path, lines)
@@ -204,9 +209,10 @@ class RunLog:
             self.wb.log(scalars, step=line["step"])
         self.tb.flush()
         if progress:
-            self._show(lines[-1], tokens_per_second)
+            self._show(lines[-1], trained_tokens, train_seconds)
 
-    def _show(self, last: dict[str, Any], tps: float) -> None:
+    def _show(self, last: dict[str, Any], trained_tokens: int, train_seconds: float) -> None:
+        tps = trained_tokens / train_seconds if train_seconds > 0 else 0.0
         bar = self.bar
         if bar is None:
             return
@@ -217,7 +223,7 @@ class RunLog:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
             log.info(
                 f"step {last['step']}/{self.total_steps}  loss {loss_s}  lr {last['lr']:.3g}  "
-                f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, self.train_seconds)}"
+                f"{tps:,.0f} tokens/s  ETA {eta(last['step'], self.total_steps, train_seconds)}"
             )
 
     def close(self) -> None:

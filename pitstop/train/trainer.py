@@ -592,13 +592,12 @@ class Trainer:
         lines = self._account(self._pending_values())
         if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
             lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.device.type) / 2**30
-        tps = (
-            self.state.trained_tokens / self.train_seconds_now
-            if self.train_seconds_now > 0
-            else 0.0
+        self.run_log.write(
+            lines,
+            trained_tokens=self.state.trained_tokens,
+            train_seconds=self.train_seconds_now,
+            progress=progress,
         )
-        self.run_log.train_seconds = self.train_seconds_now
-        self.run_log.write(lines, tokens_per_second=tps, progress=progress)
 
     def _pending_values(self) -> list[list[float]]:
         """Per pending step: loss share, targets, seen, positions, ranks whose weights went
