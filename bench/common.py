@@ -1,7 +1,7 @@
 """Helpers every benchmark shares: the machine description, medians, Markdown tables.
 
 A benchmark prints its table and writes it, with the machine it ran on and the
-exact command that produced it, to ``bench/results/NAME.md`` so the README can
+exact command that produced it, to ``bench/results/NAME.md`` so the docs can
 quote numbers that anyone can reproduce with one command.
 """
 

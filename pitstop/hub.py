@@ -1,6 +1,6 @@
 """Model ids such as `org/name` resolved to a snapshot in the local Hugging Face cache.
 
-pitstop never downloads at run time (DESIGN.md): a --model that is not a directory
+pitstop never downloads at run time (docs/design.md): a --model that is not a directory
 but looks like a Hub id is looked up, offline, where huggingface_hub keeps its cache
 ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). When it is not
 there, the error gives the one command that downloads it.

@@ -6,7 +6,7 @@ a rename is one edit and `--overwrite` knows exactly what a run wrote.
 
 from __future__ import annotations
 
-SUMMARY = "summary.json"  # the run's results (DESIGN.md, the contract of `pitstop train`)
+SUMMARY = "summary.json"  # the run's results (docs/run-directory.md)
 METRICS = "metrics.jsonl"  # one line per optimizer step
 CONFIG = "config.yaml"  # the run's configuration, for --resume
 CHECKPOINTS = "checkpoints"  # checkpoints/step-N/, best.json

@@ -1,4 +1,4 @@
-"""The import graph of `pitstop/` follows the layer rule in README.md ("Architecture").
+"""The import graph of `pitstop/` follows the layer rule in docs/architecture.md.
 
 Every module is parsed with `ast` (imports inside functions count: deferring an import
 hides it from `python -X importtime`, not from the design). The checks:
@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "pitstop"
 
-# Low to high: a module may import from its own layer and the layers below it. The
-# README's architecture section states the same list; keep the two together.
+# Low to high: a module may import from its own layer and the layers below it.
+# docs/architecture.md states the same list; keep the two together.
 LAYERS: list[tuple[str, ...]] = [
     (
         "errors",
@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("commands", "cli", "__main__", ""),  # "" is the package root, pitstop/__init__.py
 ]
 # Upward imports allowed in the whole package. The issue allows one; the code has none,
-# so the rule is kept without exceptions (raise this only with a reason in the README).
+# so the rule is kept without exceptions (raise this only with a reason in docs/architecture.md).
 MAX_UPWARD = 0
 
 
@@ -98,7 +98,9 @@ def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int:
     for i, names in enumerate(layers):
         if pkg in names:
             return i
-    raise AssertionError(f"{module}: package {pkg!r} is in no layer; add it to LAYERS and README")
+    raise AssertionError(
+        f"{module}: package {pkg!r} is in no layer; add it to LAYERS and docs/architecture.md"
+    )
 
 
 def find_cycle(edges: set[tuple[str, str]]) -> list[str] | None:

@@ -1,6 +1,6 @@
 """What a run directory holds after `pitstop train`, and how a killed run still reports.
 
-`pitstop train` writes report.html into OUT_DIR at the end (the README's outputs table lists it).
+`pitstop train` writes report.html into OUT_DIR at the end (docs/run-directory.md lists it).
 A run killed before summary.json exists is read from metrics.jsonl by `report`, `compare`
 and `estimate --from-profile`; a malformed metrics.jsonl line is a DataError naming the
 file and line, while a torn last line (what a kill leaves) is skipped.

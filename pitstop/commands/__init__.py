@@ -3,5 +3,5 @@ and `run(args) -> exit code`, which calls the library and prints. `pitstop.cli` 
 
 A command module imports torch-free library modules at module level; modules that load
 torch or transformers are imported inside `run`, so `pitstop --help` and a configuration
-error stay fast (see the README's architecture section).
+error stay fast (see docs/architecture.md).
 """

@@ -28,7 +28,7 @@ from pitstop.config import (
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo, output_dir_problem, preflight
 
-# `--help` shows the flags in these groups, in this order (the README's sections). Every
+# `--help` shows the flags in these groups, in this order (docs/configuration.md). Every
 # RunConfig field is in exactly one group (tests/test_commands.py checks it).
 HELP_GROUPS: dict[str, tuple[str, ...]] = {
     "data": (

@@ -1,6 +1,6 @@
 """Dataset records: recognising their shape and validating their fields.
 
-A record is one of four shapes (DESIGN.md), with configurable field names:
+A record is one of four shapes (docs/data.md), with configurable field names:
 
     text                {"text": ...}
     prompt_completion   {"prompt": ..., "completion": ...}

@@ -4,7 +4,7 @@ Both writers produce it: `pitstop train`, and a Hugging Face Trainer with
 `pitstop.hf.PitstopCallback`. A run without summary.json (killed) is read from its
 metrics.jsonl alone.
 
-The contract (DESIGN.md): summary.json holds trained/seen/padded tokens,
+The contract (docs/run-directory.md): summary.json holds trained/seen/padded tokens,
 optimizer_steps, train/wall seconds, tokens_per_second, mfu, peak_memory_bytes,
 final_loss, time_breakdown (seconds per phase), device, choices (value + reason);
 metrics.jsonl holds one JSON object per optimizer step. Step records are read

@@ -3,7 +3,7 @@
 `pitstop profile` and `pitstop tune` pass an object with these two methods to
 `Trainer(hooks=...)` instead of subclassing the Trainer and overriding its phases.
 The loop calls them at fixed points of every optimizer step; the default does nothing
-(STYLE.md 6: a no-op object, not `if hooks:` in the loop).
+(docs/style.md, 6: a no-op object, not `if hooks:` in the loop).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `RunLog` is the one object the loop hands finished metrics lines to (rank 0 only; the
 other ranks get one whose sinks are the no-op stand-ins). TensorBoard and wandb are
-optional: a run without them gets `NullWriter` / `NullRun` (STYLE.md 6: the loop never
+optional: a run without them gets `NullWriter` / `NullRun` (docs/style.md, 6: the loop never
 asks whether a sink is on), and a one-line notice when the user asked for one that is
 not installed.
 """

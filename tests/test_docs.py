@@ -1,0 +1,188 @@
+"""The documentation a reader is pointed to exists.
+
+- every relative link in README.md and docs/*.md names a file that exists, and a
+  `#fragment` names a heading of that file;
+- every `docs/NAME.md` the code cites (pitstop/, bench/, tests/) exists;
+- no production module cites DESIGN.md or STYLE.md: those briefs live outside the
+  repository, so a clone cannot read them (the design is docs/design.md, the style
+  docs/style.md);
+- the keys docs/configuration.md lists are RunConfig's, and the layers of
+  tests/test_import_graph.py are all named in docs/architecture.md;
+- the README stays a front door (under 300 lines).
+
+Each extractor is also run on a planted example, so a check that could never fail fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from pitstop.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+MARKDOWN = [README, *sorted(DOCS.glob("*.md"))]
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CITED = re.compile(r"docs/[a-z0-9-]+\.md")
+# A name the repository cannot hold: built here so this file does not cite it itself.
+OUTSIDE = ("DESIGN" + ".md", "STYLE" + ".md")
+
+
+def relative_links(text: str) -> list[str]:
+    """Link targets of a Markdown text outside code blocks, minus web and mail links."""
+    prose = FENCE.sub("", text)
+    return [t for t in LINK.findall(prose) if not re.match(r"^[a-z]+:", t)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    prose = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {slug(m) for m in re.findall(r"^#{1,6} +(.+?) *$", prose, re.M)}
+
+
+def broken_links(path: Path) -> list[str]:
+    """`file: target (why)` for every relative link of `path` that leads nowhere."""
+    bad = []
+    for target in relative_links(path.read_text(encoding="utf-8")):
+        file_part, _, fragment = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            bad.append(f"{path.name}: {target} (no such file)")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            bad.append(f"{path.name}: {target} (no heading #{fragment} in {dest.name})")
+    return bad
+
+
+def cited_docs(paths: list[Path]) -> dict[str, list[str]]:
+    """docs/NAME.md -> the files citing it."""
+    out: dict[str, list[str]] = {}
+    for p in paths:
+        for name in set(CITED.findall(p.read_text(encoding="utf-8"))):
+            out.setdefault(name, []).append(str(p.relative_to(ROOT)))
+    return out
+
+
+def import_graph_layers() -> list[tuple[str, ...]]:
+    """`LAYERS` of tests/test_import_graph.py, read without importing that test module."""
+    tree = ast.parse((ROOT / "tests" / "test_import_graph.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "LAYERS":
+            return ast.literal_eval(node.value)
+    raise AssertionError("tests/test_import_graph.py has no LAYERS")
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
+
+
+def test_docs_folder_holds_the_design_architecture_and_style() -> None:
+    for name in ("design.md", "architecture.md", "style.md"):
+        assert (DOCS / name).is_file(), f"docs/{name} is missing"
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.name)
+def test_every_relative_link_leads_somewhere(path: Path) -> None:
+    assert broken_links(path) == []
+
+
+def test_the_readme_links_into_docs() -> None:
+    targets = {t.partition("#")[0] for t in relative_links(README.read_text(encoding="utf-8"))}
+    docs = {t for t in targets if t.startswith("docs/")}
+    for name in ("docs/design.md", "docs/architecture.md", "docs/style.md"):
+        assert name in docs, f"README.md does not link {name}"
+    # Every page of docs/ is reachable from the README, directly or through commands.md.
+    reachable = {Path(t).name for t in docs}
+    reachable |= {
+        Path(t).name
+        for t in relative_links((DOCS / "commands.md").read_text(encoding="utf-8"))
+        if t.endswith(".md")
+    }
+    orphans = sorted(p.name for p in DOCS.glob("*.md") if p.name not in reachable)
+    assert orphans == [], f"docs pages no README link reaches: {orphans}"
+
+
+def test_every_doc_the_code_cites_exists() -> None:
+    cited = cited_docs(sources("pitstop", "bench", "tests"))
+    missing = {name: files for name, files in cited.items() if not (ROOT / name).is_file()}
+    assert missing == {}, f"cited but not in docs/: {missing}"
+
+
+def test_no_production_module_cites_a_brief_outside_the_repository() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)} cites {name}"
+        for p in sources("pitstop", "bench", "scripts")
+        for name in OUTSIDE
+        if name in p.read_text(encoding="utf-8")
+    ]
+    assert offenders == [], offenders
+
+
+def test_the_readme_is_a_front_door() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 300, f"README.md has {len(lines)} lines; move reference text to docs/"
+    text = "\n".join(lines)
+    assert "make demo\nmake test" in text  # the two-command quick start
+
+
+def test_configuration_page_names_only_real_keys() -> None:
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([a-z0-9_]+)` \(`--[a-z0-9-]+`\) \|", text, re.M)
+    assert len(listed) > 20, "docs/configuration.md lost its table of keys"
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert sorted(set(listed) - fields) == []
+
+
+def test_architecture_page_names_every_layer() -> None:
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([A-Za-z_][\w]*)(?:\.py|/)`", text))
+    missing = [
+        name for layer in import_graph_layers() for name in layer if name and name not in named
+    ]
+    assert missing == [], (
+        f"in tests/test_import_graph.py's LAYERS but not docs/architecture.md: {missing}"
+    )
+
+
+# --- the checks themselves can fail -----------------------------------------------------
+
+
+def test_link_check_finds_planted_faults(tmp_path: Path) -> None:
+    (tmp_path / "there.md").write_text("# A heading: `with code`\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[ok](there.md) [ok](there.md#a-heading-with-code) [web](https://example.com)\n"
+        "[gone](missing.md) [bad anchor](there.md#nowhere)\n"
+        "```\n[in code](also-missing.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert broken_links(page) == [
+        "page.md: missing.md (no such file)",
+        "page.md: there.md#nowhere (no heading #nowhere in there.md)",
+    ]
+
+
+def test_citation_scan_finds_planted_citation(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text('"""See ' + "docs/" + 'no-such-page.md."""\n', encoding="utf-8")
+    assert CITED.findall(src.read_text(encoding="utf-8")) == ["docs/" + "no-such-page.md"]
+    assert not (ROOT / ("docs/" + "no-such-page.md")).exists()
+
+
+def test_slug_matches_github() -> None:
+    assert slug("Where each decision is made") == "where-each-decision-is-made"
+    assert slug("Training: `pitstop train`") == "training-pitstop-train"
+    assert slug("NaN/Inf") == "naninf"
