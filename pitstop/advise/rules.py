@@ -23,6 +23,7 @@ from pitstop.advise.facts import DataFacts, ModelFacts, random_batch_padding
 from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
 from pitstop.measure import verdict as V
+from pitstop.measure.cost_model import Plan, is_eight_bit, plan_cost
 from pitstop.measure.peak import gpu_peak
 from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo, choose_precision
 
@@ -32,9 +33,6 @@ CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
 PADDING_LIMIT = 0.10  # padding waste worth acting on
 TRUNCATION_LIMIT = 0.01  # share of tokens cut off worth reporting
 MAX_LEN_OVER_P99 = 2.0  # "far above p99"
-MEMORY_HEADROOM = (
-    0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
-)
 GA_FIX_VERSION = (4, 46, 0)
 
 
@@ -344,8 +342,8 @@ def truncation(ctx: Context) -> Finding | None:
 # --- memory and recomputation --------------------------------------------------------------
 
 
-# fp32 weights + fp32 gradients + AdamW moments (fp32: 8 B; bitsandbytes 8-bit: ~2.03 B).
-FULL_FT_BYTES_PER_PARAM = {False: 16.0, True: 8 + 2 * (1 + 4 / 256)}
+# The rank a LoRA setup is priced at when it does not say its rank (peft's examples' 16).
+DEFAULT_LORA_R = 16
 
 
 def micro_batch_tokens(ctx: Context) -> int | None:
@@ -358,22 +356,24 @@ def micro_batch_tokens(ctx: Context) -> int | None:
     return None
 
 
-def activation_bytes(m: ModelFacts, tokens: int, checkpointing: bool, act_bytes: int = 2) -> float:
-    """Activation memory of one micro-batch of `tokens` positions.
-
-    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-    Models", table 2): 34·s·b·h bytes per layer of 16-bit activations when the
-    attention matrix is not stored (SDPA / flash-attn). With full recomputation
-    each layer keeps only its input (2·s·b·h bytes), plus one layer's activations
-    while that layer is recomputed. Logits add s·b·V·(2 + 4 + 4) bytes (16-bit
-    logits, the fp32 copy for the loss, and its gradient).
-    """
-    scale = act_bytes / 2
-    layer = 34 * tokens * m.d_model * scale
-    logits = tokens * m.vocab_size * 10
-    if checkpointing:
-        return m.n_layers * 2 * tokens * m.d_model * scale + layer + logits
-    return m.n_layers * layer + logits
+def cost_plan(ctx: Context, tokens: int, *, gradient_checkpointing: bool) -> Plan:
+    """The cost model's plan of this setup, for a micro-batch of `tokens` positions: the
+    same plan `pitstop estimate` prices for the same flags."""
+    s = ctx.setup
+    length = s.max_len or (ctx.data.p99 if ctx.data else None) or tokens
+    rows = max(1, tokens // length) if length <= tokens else 1
+    lora_r = (s.lora_r or DEFAULT_LORA_R) if s.lora else None
+    if ctx.cuda:  # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names
+        fused = s.source == "pitstop" or "fused" in (s.optimizer or "") or is_eight_bit(s.optimizer)
+    else:
+        fused = is_eight_bit(s.optimizer)
+    return Plan(
+        micro_batch_size=rows, seq_len=min(length, tokens), precision=ctx.precision,
+        attention="eager" if s.attention == "eager" else "sdpa",
+        gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
+        load_in_4bit=bool(s.load_in_4bit and lora_r is not None), grad_accum=s.grad_accum or 1,
+        fused_optimizer=fused, optimizer="adamw_8bit" if is_eight_bit(s.optimizer) else "adamw",
+    )  # fmt: skip
 
 
 def device_memory_bytes(dev: DeviceInfo) -> int | None:
@@ -402,48 +402,52 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         tokens = s.micro_batch_rows * m.max_positions
     if not tokens:
         return None
-    act_bytes = 4 if ctx.precision == "fp32" else 2
-    with_ck = activation_bytes(m, tokens, True, act_bytes)
-    without = activation_bytes(m, tokens, False, act_bytes)
+    shape = m.cost_shape()
+    cuda = dev.type == "cuda"
+    with_ck = plan_cost(
+        shape, cost_plan(ctx, tokens, gradient_checkpointing=True), memory, cuda=cuda
+    )
+    without = plan_cost(shape, cost_plan(ctx, tokens, gradient_checkpointing=False), memory, cuda=cuda)  # fmt: skip
+    # The doctor sets aside a profile of another device or model (profile-other-target).
     peak = (ctx.profile or {}).get("peak_memory_bytes")
+    plan = without.plan
+    what = f"LoRA r={plan.lora_r}" if plan.lora_r is not None else "full fine-tuning"
+    if plan.load_in_4bit:
+        what = "Q" + what + " (4-bit base)"
     if peak:
-        estimate = float(peak) - with_ck + without
-        how = "measured peak with checkpointing + estimated extra activations"
+        estimate = float(peak) - with_ck.memory.peak + without.memory.peak
+        how = f"measured peak with checkpointing + the cost model's extra activations ({what})"
     else:
-        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param
-        # (8-bit AdamW: two 8-bit moments and their block scales, ~10 B/param); a LoRA run
-        # keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and tiny adapters.
-        eight_bit = "8bit" in (s.optimizer or "")  # HF optim adamw_bnb_8bit, paged_adamw_8bit
-        per_param = (
-            (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4)
-            if s.lora
-            else FULL_FT_BYTES_PER_PARAM[eight_bit]
-        )
-        estimate = m.n_params * per_param + without
-        how = "estimated: " + (
-            f"frozen {'4-bit' if s.load_in_4bit else 'base'} weights + activations (LoRA)"
-            if s.lora
-            else "weights, gradients and AdamW state + activations"
-        )
-    budget = MEMORY_HEADROOM * memory
-    if estimate > budget:
+        estimate = float(without.memory.peak)
+        how = f"estimated by the cost model for {what}, as `pitstop estimate` prices it"
+    budget = without.usable_bytes
+    if budget is None or estimate > budget:
         return None
     compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
+    share = without.recompute_share
+    saved = share / (1 + share)
     return Finding(
         id="gradient-checkpointing-unneeded",
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
-        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": memory,
-                  "micro_batch_tokens": tokens, "how": how,
-                  "memory_basis": "activations per Korthikanti et al. 2022, table 2"},
-        effect="recomputation runs the forward pass again during backward: 2N + 6N = 8N instead of "
-        "6N FLOPs per token, i.e. ≈33% more compute per step; turning it off saves ≈25% of "
-        "forward+backward time",
+        evidence={"estimated_peak_without_bytes": int(estimate), "usable_bytes": budget,
+                  "device_memory_bytes": memory, "micro_batch_tokens": tokens, "how": how,
+                  "plan": {"micro_batch_size": plan.micro_batch_size, "seq_len": plan.seq_len,
+                           "precision": plan.precision, "lora_r": plan.lora_r,
+                           "load_in_4bit": plan.load_in_4bit, "optimizer": plan.optimizer},
+                  "flops_per_token": without.flops_per_token,
+                  "recompute_flops_per_token": with_ck.recompute_per_token,
+                  "recompute_share": round(share, 4),
+                  "memory_basis": "pitstop.measure.cost_model (docs/cost-model.md)"},
+        effect=f"recomputation runs the forward pass again during backward ({what}: "
+        f"+{with_ck.recompute_per_token:.3g} FLOPs per token = 2·N + 4·L·d·T on top of "
+        f"{without.flops_per_token:.3g}), i.e. ≈{share:.0%} more compute per step; turning it "
+        f"off saves ≈{saved:.0%} of forward+backward time",
         basis="FLOPs arithmetic",
         fix=s.fix("--no-gradient-checkpointing",
                   "gradient_checkpointing=False" if s.transformers_major < 5 or "gradient_checkpointing" in s.raw
                   else "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"),
-        gain=0.25 * compute,
+        gain=saved * compute,
     )  # fmt: skip
 
 

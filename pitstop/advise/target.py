@@ -72,6 +72,7 @@ class Target:
             changes["world"] = self.nproc
         if self.lora_r is not None:
             changes["lora"] = True
+            changes["lora_r"] = self.lora_r
             changes["load_in_4bit"] = self.load_in_4bit
         major = _major(self.transformers)
         if major is not None:

@@ -37,17 +37,20 @@ from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
-from pitstop.measure.flops import FlopsModel
-from pitstop.measure.machine import describe_load
-from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
-from pitstop.report.memory import (
+from pitstop.measure.cost_model import (
+    CUDA_CONTEXT_BYTES,
+    DEFAULT_HEADROOM,
+    FlopsModel,
     MemoryEstimate,
     ModelShape,
+    Plan,
     estimate_memory,
-    lora_params,
     max_micro_batch,
+    plan_cost,
     sharded,
 )
+from pitstop.measure.machine import describe_load
+from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
 from pitstop.report.runs import load_run
 from pitstop.train.summary import read_metrics
 
@@ -62,8 +65,6 @@ DEFAULT_SCALING = 0.9  # fraction of linear speed-up kept per doubling of GPUs
 # on these cards), stated in the output when it decides the time: a small model on a
 # large GPU is bound by it, not by its FLOPs.
 STEP_FLOOR_SECONDS = 0.005
-CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces: outside torch's allocator
-DEFAULT_HEADROOM = 0.10  # allocator fragmentation and transient buffers
 
 
 @dataclass
@@ -478,44 +479,24 @@ def estimate(
     if gpu is None and profile is not None:
         gpu = find_gpu(_profile_device(profile))
     fused = not (gpu is None and profile is not None and _is_cpu(_profile_device(profile)))
-    mem = estimate_memory(
-        shape,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        precision=precision,
-        attention=attention,
-        gradient_checkpointing=gradient_checkpointing,
-        lora_r=lora_r,
-        load_in_4bit=load_in_4bit,
-        fused_optimizer=fused,
-        optimizer=optimizer,
-    )
-    usable = mbs = None
-    if gpu is not None:
-        usable = int((gpu.memory_bytes - CUDA_CONTEXT_BYTES) * (1 - headroom))
+    plan = Plan(
+        micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
+        attention=attention, gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
+        load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
+    )  # fmt: skip
+    cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
+    mem, usable, mbs = cost.memory, cost.usable_bytes, None
+    if gpu is not None and usable is not None:
         notes.append(
-            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − 1 GiB CUDA context) "
-            f"× {1 - headroom:.0%} (headroom for allocator fragmentation)"
+            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − "
+            f"{CUDA_CONTEXT_BYTES / GiB:g} GiB CUDA context) × {1 - headroom:.0%} (headroom for "
+            "allocator fragmentation)"
         )
-        mbs = max_micro_batch(
-            shape,
-            usable,
-            seq_len=seq_len,
-            precision=precision,
-            attention=attention,
-            gradient_checkpointing=gradient_checkpointing,
-            lora_r=lora_r,
-            load_in_4bit=load_in_4bit,
-            fused_optimizer=fused,
-            optimizer=optimizer,
-        )
-    pc = shape.params()
-    if lora_r is not None:
-        fm = FlopsModel(lora_params(shape, lora_r), pc.non_embedding, shape.layers, shape.hidden)
-    else:
-        fm = FlopsModel(pc.non_embedding, 0, shape.layers, shape.hidden)
-    fpt = fm.per_token(seq_len)
-    recompute = recompute_per_token(fm, seq_len) if gradient_checkpointing else 0.0
+        kw = {k: v for k, v in plan.memory_kwargs().items() if k != "micro_batch_size"}
+        mbs = max_micro_batch(shape, usable, **kw)
+    fm = cost.flops
+    fpt = cost.flops_per_token
+    recompute = cost.recompute_per_token
     tp = throughput(
         profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute
     )
@@ -530,7 +511,7 @@ def estimate(
         ran_ck = _profile_checkpointing(profile)
         if ran_ck != gradient_checkpointing:
             # The profile ran with the other setting: scale its time by the FLOPs ratio.
-            rc = recompute_per_token(fm, seq_len)
+            rc = fm.recompute_per_token(seq_len)
             factor = (fpt + rc) / fpt if gradient_checkpointing else fpt / (fpt + rc)
             work *= factor
             notes.append(
@@ -638,12 +619,8 @@ def memory_options(shape: ModelShape, *, usable: int, **plan: Any) -> list[dict[
 
 
 def recompute_per_token(fm: FlopsModel, seq_len: int) -> float:
-    """FLOPs per position that full activation recomputation adds: the forward pass again.
-
-    The forward pass is 2 FLOPs per parameter (frozen or not) plus a third of the
-    attention term (12·L·d·T counts forward and backward, 4·L·d·T of it forward).
-    """
-    return 2.0 * (fm.n_trainable + fm.n_frozen) + 4.0 * fm.n_layers * fm.d_model * seq_len
+    """FLOPs per position that full activation recomputation adds (the cost model's)."""
+    return fm.recompute_per_token(seq_len)
 
 
 def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
