@@ -100,6 +100,19 @@ def _suggest_workers(ctx: Context) -> int:
     return 4 if cores <= 0 else max(1, min(4, cores - 1))
 
 
+def _input_bound_workers(ctx: Context) -> int | None:
+    """The worker count an input-bound run should try: never fewer than it has (a run that
+    waits for data with N workers is not helped by fewer). None when it already has every
+    core it can use (the cores minus one for the training process)."""
+    k = _suggest_workers(ctx)
+    have = ctx.setup.loader_workers or 0
+    if k > have:
+        return k
+    cores = ctx.device.cpu_count
+    room = 2 * have if cores <= 0 else min(2 * have, cores - 1)
+    return room if room > have else None
+
+
 # --- input ---------------------------------------------------------------------------------
 
 
@@ -109,8 +122,27 @@ def input_bound(ctx: Context) -> Finding | None:
     share = ctx.shares.get("data_wait", 0.0)
     if v is None or share < V.INPUT_MODERATE:
         return None
-    k = _suggest_workers(ctx)
     workers = ctx.setup.loader_workers
+    k = _input_bound_workers(ctx)
+    if k is None:  # the loader already has every core it can use: the per-batch work is the cost
+        pitstop_fix = (
+            f"keep --loader-workers {workers} (no core is left for more); make each batch "
+            "cheaper: a prepared token store on local disk, no per-batch tokenization"
+        )
+        hf_fix = (
+            f"keep dataloader_num_workers={workers} (no core is left for more); tokenize "
+            "before training (dataset.map), not in __getitem__ or the collator; "
+            "dataloader_pin_memory=True, dataloader_persistent_workers=True"
+        )
+    else:
+        pitstop_fix = (
+            f"--loader-workers {k} (loading in worker processes overlaps the step); "
+            "keep the data as a prepared token store on local disk"
+        )
+        hf_fix = (
+            f"dataloader_num_workers={k}, dataloader_pin_memory=True, "
+            "dataloader_persistent_workers=True; tokenize before training (dataset.map), not in __getitem__"
+        )
     return Finding(
         id="input-bound",
         severity="high" if share >= V.INPUT_SEVERE else "medium",
@@ -120,12 +152,7 @@ def input_bound(ctx: Context) -> Finding | None:
                   "thresholds": {"moderate": V.INPUT_MODERATE, "severe": V.INPUT_SEVERE}},
         effect=f"up to {_pct(share)} shorter steps if loading overlaps compute completely",
         basis="measured in this profile",
-        fix=ctx.setup.fix(
-            f"--loader-workers {k} (loading in worker processes overlaps the step); "
-            "keep the data as a prepared token store on local disk",
-            f"dataloader_num_workers={k}, dataloader_pin_memory=True, "
-            "dataloader_persistent_workers=True; tokenize before training (dataset.map), not in __getitem__",
-        ),
+        fix=ctx.setup.fix(pitstop_fix, hf_fix),
         gain=share,
     )  # fmt: skip
 
@@ -233,24 +260,53 @@ def padding_waste(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
+def _measured_padding(ctx: Context) -> float | None:
+    """Padding share the profile measured (positions computed vs non-padding tokens), if any."""
+    p = ctx.profile or {}
+    seen, padded = p.get("seen_tokens"), p.get("padded_tokens")
+    if isinstance(seen, (int, float)) and isinstance(padded, (int, float)) and padded > 0:
+        return max(0.0, 1 - float(seen) / float(padded))
+    return None
+
+
 @rule("packing-off")
 def packing_off(ctx: Context) -> Finding | None:
-    """Fires only when there is no data to measure the waste with (padding-waste does that)."""
+    """Fires only when the data cannot compute the waste (padding-waste does that), and only
+    where padding exists: a measured share at or above the limit, or rows that can be padded
+    (one row per dynamically padded batch has nothing to pad to)."""
     s = ctx.setup
     if not s.batching_is_padded or ctx.data is not None:
         return None
     if s.source == "hf" and s.hf_class != "SFTConfig" and s.batching != "dynamic":
         return None
+    measured = _measured_padding(ctx)
+    if measured is not None and measured < PADDING_LIMIT:
+        return None
+    if measured is None and s.batching == "dynamic" and s.micro_batch_rows == 1:
+        return None  # each batch is padded to its own longest (and only) row: no padding
+    if measured is not None:
+        return Finding(
+            id="packing-off",
+            severity="high" if measured >= 0.3 else "medium",
+            title=f"{_pct(measured)} of computed positions were padding (measured)",
+            evidence={"batching": s.batching, "max_len": s.max_len,
+                      "padding_fraction": round(measured, 4)},
+            effect=f"packing computes {_pct(measured)} fewer positions for the same tokens",
+            basis="measured in this profile",
+            fix=_packing_fix(ctx),
+            gain=measured,
+        )  # fmt: skip
     return Finding(
         id="packing-off",
         severity="low",
         title="sequences are padded, not packed (waste not measured: no data given)",
-        evidence={"batching": s.batching, "max_len": s.max_len},
+        evidence={"batching": s.batching, "max_len": s.max_len,
+                  "micro_batch_rows": s.micro_batch_rows},
         effect="every padded position costs the same FLOPs as a real token; give the data "
         "(--data FILE_OR_STORE) to compute the waste",
         basis="FLOPs arithmetic",
         fix=_packing_fix(ctx),
-    )
+    )  # fmt: skip
 
 
 @rule("max-len-above-p99")
@@ -728,34 +784,20 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
-# A machine whose 1-minute load average is at least this many times its cores is shared.
-BUSY_LOAD_PER_CORE = 1.0
+BUSY_LOAD_PER_CORE = V.BUSY_LOAD_PER_CORE
 
 
 def _noisy(ctx: Context) -> dict[str, Any] | None:
-    """Evidence that erratic steps come from a noisy or shared machine, not from syncs.
-
-    The sync-bound verdict fires on erratic step times as well as on host time. When the
-    steps are erratic while the host-side phases (other + logging) stay under the sync
-    threshold, or the machine's load (recorded in the profile) exceeds its cores, the
-    likelier cause is another process taking the CPU or device: fewer log calls cannot fix it.
-    """
+    """The verdict's noisy-machine evidence: erratic steps that host time does not explain,
+    or a machine whose load exceeded its cores (pitstop.measure.verdict decides it)."""
     v = ctx.verdict
-    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "noisy-machine"]
     if not found:
         return None
     ev = found[0].evidence
-    spread = ev.get("step_spread")
-    if not spread or spread.get("cv", 0) < V.SPREAD_CV:
-        return None
-    machine = (ctx.profile or {}).get("machine") or {}
-    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
-    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
-    host = float(ev.get("other_share") or 0) + float(ev.get("logging_share") or 0)
-    if not busy and host >= V.SYNC_MODERATE:
-        return None  # host time explains the step: sync-bound advice applies
-    return {"step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
-            "cpu_cores": cores, "busy": busy, "share": found[0].share}  # fmt: skip
+    return {"step_spread": ev["step_spread"], "host_share": ev["host_share"],
+            "load_average_1m": ev.get("load_average_1m"), "cpu_cores": ev.get("cpu_cores"),
+            "busy": ev["busy"], "share": found[0].share}  # fmt: skip
 
 
 @rule("noisy-machine")
@@ -795,6 +837,18 @@ def sync_bound(ctx: Context) -> Finding | None:
     x = found[0]
     s = ctx.setup
     hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
+    if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
+        return Finding(
+            id="sync-bound",
+            severity="high" if x.severity == "severe" else "medium",
+            title="host-side time between steps: Python overhead, logging or allocator stalls",
+            evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
+            effect=x.summary + f"; up to {_pct(x.share)} of step time is at stake",
+            basis="measured in this profile",
+            fix=s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
+                      "tokenizing) in custom code", hf_fix),
+            gain=x.share,
+        )  # fmt: skip
     if ctx.cuda and s.nan_inf_filter:
         hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's loss "
                   "for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
