@@ -38,12 +38,14 @@ from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
 from pitstop.measure.cost_model import (
+    ASSUMED_WRITE_BYTES_PER_SECOND,
     CUDA_CONTEXT_BYTES,
     DEFAULT_HEADROOM,
     FlopsModel,
     MemoryEstimate,
     ModelShape,
     Plan,
+    checkpoint_bytes,
     estimate_memory,
     max_micro_batch,
     plan_cost,
@@ -108,6 +110,10 @@ class Estimate:
     gradient_checkpointing: bool = False
     # When the plan does not fit one GPU: what would, cheapest first (`memory_options`).
     memory_options: list[dict[str, Any]] = field(default_factory=list)
+    optimizer_steps: int | None = None
+    steps_basis: str = ""
+    # The modelled checkpoint overhead (save_steps × checkpoint bytes ÷ write bandwidth).
+    checkpoints: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -140,6 +146,9 @@ class Estimate:
                 "flops_per_token": self.flops_per_token,
                 "mfu": self.throughput.mfu,
                 "startup_seconds": self.throughput.startup_seconds,
+                "optimizer_steps": self.optimizer_steps,
+                "optimizer_steps_basis": self.steps_basis,
+                "checkpoints": self.checkpoints,
             },
             "cost": {
                 "price_per_gpu_hour": self.price,
@@ -384,7 +393,11 @@ def throughput(
         why = f"MFU {used:.0%} measured on {pdev} ({profile['_path']}), assumed to carry over"
     else:
         used = DEFAULT_MFU
-        why = f"MFU {used:.0%}: an ASSUMPTION (typical tuned bf16 fine-tuning); measure with --from-profile"
+        peak_name = "TF32" if peak_precision == "tf32" else peak_precision
+        why = (
+            f"MFU {used:.0%}: an ASSUMPTION (typical of tuned 16-bit fine-tuning), applied to "
+            f"the {peak_name} peak of this {precision} estimate; measure with --from-profile"
+        )
         if profile is not None:
             why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
     pps = used * peak / flops_per_token
@@ -472,10 +485,14 @@ def estimate(
     price: float | None = None,
     headroom: float = DEFAULT_HEADROOM,
     optimizer: str = "adamw",
+    save_steps: int | None = None,
+    tokens_per_step: int | None = None,
+    disk_write_gbps: float | None = None,
+    kept_from_profile: str | None = None,
 ) -> Estimate:
     """Memory, time, cost and the multi-GPU options table of a planned run."""
     seq_len = seq_len or tokens.max_seq_len or 1024
-    notes: list[str] = []
+    notes: list[str] = [kept_from_profile] if kept_from_profile else []
     if gpu is None and profile is not None:
         gpu = find_gpu(_profile_device(profile))
     fused = not (gpu is None and profile is not None and _is_cpu(_profile_device(profile)))
@@ -533,6 +550,17 @@ def estimate(
                 "to keep the GPU busy; a larger --micro-batch-size helps"
             )
             work = floor
+    steps, steps_basis = optimizer_steps(
+        tokens, epochs, profile=profile if tp.trained_tokens_per_second else None,
+        tokens_per_step=tokens_per_step, micro_positions=micro_batch_size * seq_len,
+    )  # fmt: skip
+    ckpt = checkpoint_overhead(
+        shape, plan, steps=steps, save_steps=save_steps, disk_write_gbps=disk_write_gbps,
+        measured=_measured_checkpoint_seconds(profile) if tp.trained_tokens_per_second else 0.0,
+    )  # fmt: skip
+    if ckpt is not None:
+        work += ckpt["added_seconds"]
+        notes.append(ckpt["basis"])
     seconds = tp.startup_seconds + work
     if price is not None:
         price_basis = f"{price} per GPU-hour (yours)"
@@ -582,7 +610,101 @@ def estimate(
         assumptions=notes,
         lora=lora_r is not None,
         gradient_checkpointing=gradient_checkpointing,
+        optimizer_steps=steps,
+        steps_basis=steps_basis,
+        checkpoints=ckpt,
     )
+
+
+def optimizer_steps(
+    tokens: DataTokens,
+    epochs: float,
+    *,
+    profile: dict[str, Any] | None,
+    tokens_per_step: int | None,
+    micro_positions: int,
+) -> tuple[int, str]:
+    """How many optimizer steps the run takes, and what the step size rests on."""
+    if tokens_per_step:
+        per, basis = float(tokens_per_step), f"--tokens-per-step {tokens_per_step:,} positions"
+        work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+    else:
+        measured = _measured_tokens_per_step(profile)
+        if measured:
+            per, work = measured, tokens.trained_tokens * epochs
+            basis = f"{measured:,.0f} trained tokens per step, as in the measured run"
+        else:
+            per = float(micro_positions)
+            work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+            basis = (
+                f"one micro-batch of {micro_positions:,} positions per step (no gradient "
+                "accumulation); give --tokens-per-step T for yours"
+            )
+    return max(1, math.ceil(work / per)), basis
+
+
+def _measured_tokens_per_step(profile: dict[str, Any] | None) -> float | None:
+    if not profile:
+        return None
+    for key in ("tokens_per_step", "trained_tokens_per_step"):
+        v = profile.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+    steps, trained = profile.get("optimizer_steps"), profile.get("trained_tokens")
+    if isinstance(steps, int) and steps > 0 and isinstance(trained, (int, float)) and trained > 0:
+        return float(trained) / steps
+    return None
+
+
+def _measured_checkpoint_seconds(profile: dict[str, Any] | None) -> float:
+    """Checkpoint seconds the measured run paid (then they are inside its measured rate)."""
+    if not profile:
+        return 0.0
+    phases = profile.get("phases") or profile.get("time_breakdown") or {}
+    return float(phases.get("checkpoint") or 0.0) if isinstance(phases, dict) else 0.0
+
+
+def checkpoint_overhead(
+    shape: ModelShape,
+    plan: Plan,
+    *,
+    steps: int,
+    save_steps: int | None,
+    disk_write_gbps: float | None,
+    measured: float = 0.0,
+) -> dict[str, Any] | None:
+    """save_steps × checkpoint bytes ÷ write bandwidth: the time the run's saves add.
+
+    A checkpoint holds the trained weights and the optimizer state (so `--resume` is
+    exact): `cost_model.checkpoint_bytes`. The bandwidth is the user's --disk-write-gbps,
+    else `ASSUMED_WRITE_BYTES_PER_SECOND`, stated as an assumption. pitstop's own trainer
+    writes in a background thread after a host copy, so for it this is an upper bound; the
+    Hugging Face Trainer saves synchronously. None without --save-steps.
+    """
+    if not save_steps:
+        return None
+    n = steps // save_steps
+    size = checkpoint_bytes(shape, plan)
+    bw = disk_write_gbps * 1e9 if disk_write_gbps else ASSUMED_WRITE_BYTES_PER_SECOND
+    each = size / bw
+    where = (
+        f"{disk_write_gbps:g} GB/s (yours, --disk-write-gbps)"
+        if disk_write_gbps
+        else f"{bw / 1e9:g} GB/s (ASSUMED: a network volume or SATA-class disk; "
+        "--disk-write-gbps sets yours)"
+    )
+    added = n * each
+    basis = (
+        f"checkpoints: {steps:,} optimizer steps ÷ --save-steps {save_steps} = {n:,} saves × "
+        f"{size / GiB:.2f} GiB (weights + optimizer state) ÷ {where} = {n:,} × {each:.1f} s = "
+        f"{added / 60:.1f} min"
+    )
+    if measured > 0:
+        basis += "; not added: the measured rate already holds the run's own save pauses"
+        added = 0.0
+    return {"saves": n, "bytes_per_save": size, "seconds_per_save": round(each, 3),
+            "write_bytes_per_second": bw, "bandwidth_assumed": not disk_write_gbps,
+            "added_seconds": round(added, 3), "basis": basis}  # fmt: skip
 
 
 # The memory options of a plan that does not fit, cheapest first: what each changes.
@@ -678,7 +800,10 @@ def format_estimate(est: Estimate) -> str:
             lines.append(f"  - {a}")
     t = est.to_dict()["time"]
     lines.append("")
-    lines.append(f"Time: {_dur(est.train_seconds)} for {est.epochs:g} epoch(s)")
+    steps = f", {est.optimizer_steps:,} optimizer steps" if est.optimizer_steps else ""
+    lines.append(f"Time: {_dur(est.train_seconds)} for {est.epochs:g} epoch(s){steps}")
+    if est.steps_basis:
+        lines.append(f"  - optimizer steps: {est.steps_basis}")
     lines.append(f"  - data: {est.tokens.basis}")
     lines.append(f"  - throughput: {est.time_basis}")
     if t["flops_per_token"]:
@@ -692,6 +817,11 @@ def format_estimate(est: Estimate) -> str:
         lines.append(f"Cost: - ({c['price_basis']})")
     lines.append("")
     lines.append("Options")
+    if est.gpu is not None and est.usable_bytes is not None:
+        lines.append(
+            f"  (fits: memory per GPU ≤ {_gib(est.usable_bytes)} usable of each "
+            f"{est.gpu.name}'s {_gib(est.gpu.memory_bytes)})"
+        )
     lines.append(
         f"  {'GPUs':>4}  {'strategy':<8} {'mem/GPU':>11} {'fits':>5} {'time':>9} {'cost':>9}  verdict"
     )
@@ -706,11 +836,13 @@ def format_estimate(est: Estimate) -> str:
         lines.append(f"  - {a}")
     if est.memory_options:
         gpu_name = est.gpu.name if est.gpu else "the GPU"
+        sharded_fit = [r["gpus"] for r in est.options if r["gpus"] > 1 and r["fits"]]
+        if sharded_fit:
+            shard = f"shard across {min(sharded_fit)} or more GPUs (the options above), or"
+        else:
+            shard = "no GPU count above fits either; try"
         lines.append("")
-        lines.append(
-            f"one GPU is not enough ({gpu_name}): shard across GPUs (the options above), or "
-            "these memory options, cheapest first:"
-        )
+        lines.append(f"one {gpu_name} is not enough: {shard} these memory options, cheapest first:")
         for r in est.memory_options:
             fits = "fits" if r["fits"] else "does not fit"
             lines.append(
