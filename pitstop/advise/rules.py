@@ -190,6 +190,8 @@ def workers_exceed_cores(ctx: Context) -> Finding | None:
     cores = ctx.device.cpu_count
     if w is None or cores <= 0 or w <= max(1, cores - 1):
         return None
+    if ctx.shares.get("data_wait", 0.0) >= V.INPUT_MODERATE:
+        return None  # the run waits for data: input-bound's advice holds, never fewer workers
     k = max(1, cores - 1)
     return Finding(
         id="loader-workers-exceed-cores",
