@@ -322,7 +322,8 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
         target = 1 << max(3, math.ceil(math.log2(d.p99)))  # the next power of two holding p99
     ev: dict[str, Any] = {"max_len": s.max_len, "p99": d.p99, "suggested": target}
     if s.batching == "pack" and ctx.model is not None:
-        a, b = ctx.model.flops_per_token(s.max_len), ctx.model.flops_per_token(target)
+        fm = ctx.model.flops(lora_rank(ctx))  # the cost model's counts, LoRA-aware
+        a, b = fm.per_token(s.max_len), fm.per_token(target)
         gain = 1 - b / a
         ev["flops_per_token"] = {str(s.max_len): a, str(target): b}
         effect = (f"packed rows of {target} instead of {s.max_len} cut attention FLOPs: "
@@ -414,13 +415,18 @@ def micro_batch_tokens(ctx: Context) -> int | None:
     return None
 
 
+def lora_rank(ctx: Context) -> int | None:
+    """The LoRA rank the cost model prices (DEFAULT_LORA_R when a LoRA setup omits it)."""
+    return (ctx.setup.lora_r or DEFAULT_LORA_R) if ctx.setup.lora else None
+
+
 def cost_plan(ctx: Context, tokens: int, *, gradient_checkpointing: bool) -> Plan:
     """The cost model's plan of this setup, for a micro-batch of `tokens` positions: the
     same plan `pitstop estimate` prices for the same flags."""
     s = ctx.setup
     length = s.max_len or (ctx.data.p99 if ctx.data else None) or tokens
     rows = max(1, tokens // length) if length <= tokens else 1
-    lora_r = (s.lora_r or DEFAULT_LORA_R) if s.lora else None
+    lora_r = lora_rank(ctx)
     if ctx.cuda:  # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names
         fused = s.source == "pitstop" or "fused" in (s.optimizer or "") or is_eight_bit(s.optimizer)
     else:
@@ -580,7 +586,7 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
     if ctx.model is not None and ctx.setup.max_len:
         m, T = ctx.model, ctx.setup.max_len
         ev["attention_flops_share"] = round(
-            12 * m.n_layers * m.d_model * T / m.flops_per_token(T), 4
+            12 * m.n_layers * m.d_model * T / m.flops(lora_rank(ctx)).per_token(T), 4
         )
     packed = ctx.setup.batching == "pack"
     return Finding(
