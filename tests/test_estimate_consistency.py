@@ -120,7 +120,9 @@ def test_mfu_note_names_the_estimates_precision() -> None:
         est = estimate(shape, tokens=TOKENS, seq_len=1024, gpu=get_gpu("A100 80GB"),
                        precision=precision)  # fmt: skip
         other = "bf16" if precision == "fp16" else "fp16"
-        assert f"{precision} peak" in est.time_basis and other not in est.time_basis
+        basis = est.time_basis
+        assert f"here {precision}" in basis and f"{precision} dense peak" in basis
+        assert other not in basis
 
 
 def test_estimate_flags(tmp_path: Path, model_dir: Path, capsys) -> None:

@@ -393,18 +393,18 @@ def throughput(
         why = f"MFU {used:.0%} measured on {pdev} ({profile['_path']}), assumed to carry over"
     else:
         used = DEFAULT_MFU
-        peak_name = "TF32" if peak_precision == "tf32" else peak_precision
+        on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
         why = (
-            f"MFU {used:.0%}: an ASSUMPTION (typical of tuned 16-bit fine-tuning), applied to "
-            f"the {peak_name} peak of this {precision} estimate; measure with --from-profile"
+            f"MFU {used:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
+            "measure with --from-profile)"
         )
         if profile is not None:
             why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
     pps = used * peak / flops_per_token
     basis = (
         f"computed: {pps:,.0f} positions/s = {why} × {peak / 1e12:.0f} TFLOP/s ({peak_src}) "
-        f"÷ {flops_per_token:.3g} training FLOPs per position; no checkpoint/eval overhead "
-        "included (none measured)"
+        f"÷ {flops_per_token:.3g} training FLOPs per position; no eval pauses included, "
+        "checkpoints only with --save-steps"
     )
     return Throughput(None, pps, used, 0.0, basis, gpu.name)
 
