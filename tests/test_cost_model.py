@@ -122,3 +122,15 @@ def test_fit_uses_one_usable_memory_rule() -> None:
     gib = 2**30
     assert C.usable_bytes(80 * gib) == int(79 * gib * 0.9)  # CUDA context, then headroom
     assert C.usable_bytes(80 * gib, cuda=False) == int(80 * gib * 0.9)
+
+
+def test_tune_fits_by_the_same_rule() -> None:
+    """A tune trial on a GPU fits when its allocator peak ≤ (memory − CUDA context) × 90%:
+    the estimate's and the doctor's `usable_bytes`."""
+    from pitstop.tune.search import DEFAULT_HEADROOM
+    from pitstop.tune.tuner import memory_limit
+
+    h100 = DeviceInfo(type="cuda", name="H100", total_memory_bytes=80 * 2**30, cpu_count=16)
+    limit, why = memory_limit(h100, None)
+    assert int(limit * (1 - DEFAULT_HEADROOM)) == C.usable_bytes(80 * 2**30)
+    assert "CUDA context" in why
