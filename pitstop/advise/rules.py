@@ -4,7 +4,7 @@ Each rule is a function of a `Context` returning a `Finding` or None, registered
 with the sources it applies to ("pitstop", "hf"). A rule whose inputs are missing
 (no profile, no data, no GPU) stays quiet rather than guessing. Every effect
 states its basis: measured in the given profile, computed from the data's
-lengths, FLOPs arithmetic (6·N + 12·L·d·T per token, pitstop/measure/flops.py),
+lengths, FLOPs arithmetic (6·N + 12·L·d·T per token, pitstop/measure/cost_model.py),
 or documented (with a reference). Where a rule cannot apply to a source, the
 reason is in its docstring (`RULES` lists them).
 """

@@ -8,8 +8,8 @@ Time = work ÷ throughput (+ one-off start-up when a measured run shows it):
   so checkpoint and eval pauses taken during it are already inside the measured rate;
   its start-up (`wall_seconds - train_seconds`) is added once.
 * computed (--gpu NAME): positions per second = MFU × peak FLOP/s ÷ training FLOPs
-  per position, with FLOPs per position from `pitstop.measure.flops.FlopsModel`
-  (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
+  per position, with FLOPs per position from `pitstop.measure.cost_model` (the doctor's
+  too): (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
   `pitstop.measure.peak.gpu_peak`. MFU is the user's --mfu, else one measured on a
   GPU by the profile, else DEFAULT_MFU, an assumption and labelled so.
   Positions = tokens ÷ packing efficiency when the data's statistics give it.
@@ -753,7 +753,7 @@ def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
 
 
 def flops_label(lora: bool, gradient_checkpointing: bool) -> str:
-    """The formula behind the printed FLOPs per position (pitstop/measure/flops.py)."""
+    """The formula behind the printed FLOPs per position (pitstop/measure/cost_model.py)."""
     dense = "6·N_trainable + 4·N_frozen" if lora else "6N"
     ck = " + 2N + 4·L·d·T recomputed" if gradient_checkpointing else ""
     return f"{dense} + 12·L·d·T{ck}"

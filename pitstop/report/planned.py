@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pitstop.errors import ConfigError
+from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
@@ -22,7 +23,6 @@ from pitstop.report.estimate import (
     load_measured,
 )
 from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
-from pitstop.report.memory import shape_from_model_dir, shape_from_params
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")
