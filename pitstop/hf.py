@@ -41,7 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from pitstop.quiet_imports import without_bitsandbytes
+
+with without_bitsandbytes():  # transformers' trainer utilities import peft, peft bitsandbytes
+    from transformers import TrainerCallback
 
 from pitstop import run_files
 from pitstop.advise.doctor import device_from_dict, doctor

@@ -226,7 +226,7 @@ def test_checkpointing_effect_is_flops_arithmetic() -> None:
             )
         )
     )["gradient-checkpointing-unneeded"]
-    assert f.basis == "FLOPs arithmetic" and "33%" in f.effect and "8N" in f.effect
+    assert f.basis == "FLOPs arithmetic" and "33%" in f.effect and "2·N + 4·L·d·T" in f.effect
 
 
 def test_sft_defaults_apply() -> None:

@@ -113,7 +113,7 @@ def test_options_switch_to_fsdp_when_one_gpu_is_not_enough() -> None:
     assert est.options[0]["fits"] is False and est.max_micro_batch == 0
     assert [o["strategy"] for o in est.options] == ["single", "FSDP", "FSDP", "FSDP"]
     assert est.options[-1]["fits"] is True  # 8-way sharded states fit
-    assert "one GPU is not enough" in format_estimate(est)
+    assert "one H100 is not enough" in format_estimate(est)
     small = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("H100"))
     assert [o["strategy"] for o in small.options] == ["single", "DDP", "DDP", "DDP"]
     assert small.max_micro_batch > 100

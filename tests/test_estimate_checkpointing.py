@@ -85,7 +85,7 @@ def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
     text = format_estimate(est)
     assert (
         "memory options, cheapest first" in text
-        and "one GPU is not enough" in text
+        and "one H100 is not enough" in text
         and "--optimizer adamw_8bit" in text
     )
     assert est.to_dict()["memory_options"] == est.memory_options

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
         "yaml_load",
         "config_ranges",
         "config",
+        "quiet_imports",
     ),
     ("probe",),
     ("data",),

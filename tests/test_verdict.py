@@ -76,12 +76,34 @@ def test_worst_first_and_also() -> None:
     assert [a.kind for a in v.also] == ["optimizer-bound"]
 
 
-def test_erratic_steps_are_sync_bound() -> None:
+def test_erratic_steps_without_host_time_are_a_noisy_machine() -> None:
+    """Erratic steps that host time does not explain: another process, not syncs (issue 24)."""
     p = profile(0.0, steps=10)
     p["step_seconds"] = [0.1] * 9 + [1.0]
     v = V.verdict(p)
-    assert v.kind == "sync-bound"
+    assert v.kind == "noisy-machine"
     assert v.evidence["step_spread"]["max_over_median"] == pytest.approx(10.0)
+    assert "sync" not in v.summary and "no configuration change" in v.summary
+
+
+def test_noisy_machine_comes_first() -> None:
+    """A noisy machine's other shares are suspect: the verdict defers to noisy-machine."""
+    p = profile(0.3, steps=10)
+    p["step_seconds"] = [0.1] * 9 + [1.0]
+    p["machine"] = {"load_average_1m": 4.0, "cpu_cores": 2}
+    v = V.verdict(p)
+    assert v.kind == "noisy-machine" and v.evidence["busy"] is True
+    assert [a.kind for a in v.also] == ["input-bound"]
+    assert "sync-bound" not in [a.kind for a in v.also]
+
+
+def test_sync_bound_on_a_cpu_names_no_device_syncs() -> None:
+    p = profile(0.0, other=0.2, logging=0.05)
+    p["device"] = {"type": "cpu", "name": "AMD EPYC"}
+    v = V.verdict(p)
+    assert v.kind == "sync-bound" and "host-device" not in v.summary and "CPU" in v.summary
+    p["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
+    assert "host-device syncs" in V.verdict(p).summary
 
 
 def test_load_profile_errors(tmp_path) -> None:

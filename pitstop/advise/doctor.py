@@ -43,6 +43,57 @@ def device_from_dict(d: dict[str, Any] | None) -> DeviceInfo | None:
     )
 
 
+def profile_mismatch(
+    profile: dict[str, Any] | None, device: DeviceInfo, model: str | Path | None
+) -> str | None:
+    """Why a profile does not measure the audited target (another device or model), or None.
+
+    A profile measured on a laptop's CPU says nothing measured about an H100: its step
+    shares, its peak memory and its rate belong to the machine and model it ran on.
+    """
+    if not profile:
+        return None
+    ran = device_from_dict(profile.get("device"))
+    if ran is not None and not _same_device(ran, device):
+        where = f"{ran.type} ({ran.name})" if ran.name else ran.type
+        return f"the profile ran on {where}, the audit is for {device.name or device.type}"
+    cfg = profile.get("config") if isinstance(profile.get("config"), dict) else {}
+    ran_model = cfg.get("model") if isinstance(cfg.get("model"), str) else None
+    if model and ran_model and Path(ran_model).resolve() != Path(model).resolve():
+        return f"the profile trained {ran_model}, the audit is for {model}"
+    return None
+
+
+def _same_device(a: DeviceInfo, b: DeviceInfo) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True  # a CPU profile audits the CPU it ran on (names vary by probe)
+    from pitstop.report.gpus import find_gpu
+
+    ga, gb = find_gpu(a.name), find_gpu(b.name)
+    return ga == gb if ga is not None and gb is not None else a.name == b.name
+
+
+def foreign_profile_finding(why: str, profile: dict[str, Any]) -> Finding:
+    """The note that a profile was set aside: its numbers are not the target's."""
+    v = profile_verdict(profile)
+    return Finding(
+        id="profile-other-target",
+        severity="medium",
+        title="the profile does not measure the audited target: its numbers are not used",
+        evidence={"why": why, "profile_device": profile.get("device"),
+                  "profile_verdict": v.kind if v is not None else None},
+        effect=f"{why}; step shares, peak memory and rates measured there do not carry over, "
+        "so no finding below is based on them (the verdict printed above is the profile's "
+        "own machine's)",
+        basis="measured in this profile",
+        fix="profile the run on the target (`pitstop profile`, or PitstopCallback in the "
+        "Trainer) and pass that profile; or audit without --gpu for the profile's machine",
+        gain=0.0,
+    )  # fmt: skip
+
+
 def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
     """A RunConfig from a stored dict (a profile's "config"), ignoring unknown keys."""
     return RunConfig(**{k: v for k, v in d.items() if k in FIELDS})
@@ -159,17 +210,21 @@ def doctor(
         )
         if target is not None:  # both files run on the target
             base_setup = target.apply(base_setup)
+    foreign = profile_mismatch(profile, dev, model_dir)
     ctx = Context(
         setup=setup,
         device=dev,
         env=environment,
         data=data,
         model=model_facts(model_dir),
-        profile=profile,
+        profile=None if foreign else profile,
         baseline=base_setup,
         transformers=target.transformers if target is not None else None,
     )
-    findings: list[Finding] = rank(run_rules(ctx))
+    found = run_rules(ctx)
+    if foreign and profile:
+        found.append(foreign_profile_finding(foreign, profile))
+    findings: list[Finding] = rank(found)
     out: dict[str, Any] = {
         "environment": environment,
         "findings": [f.to_dict() for f in findings],

@@ -1,8 +1,9 @@
 """Facts the rules need about the model and the data, read cheaply and defensively.
 
-Model: `config.json` for the shape, and the safetensors headers for the exact
-parameter count (a header is a few KB of JSON at the start of each file; no
-weights are read). Data: a token store's manifest "stats" (written by
+Model: `config.json` for the shape (read by the cost model,
+`pitstop.measure.cost_model.shape_from_config`, the same reader `pitstop estimate`
+uses), and the safetensors headers for the exact parameter count (a header is a few
+KB of JSON at the start of each file; no weights are read). Data: a token store's manifest "stats" (written by
 `pitstop prepare`, see pitstop/data/stats.py) and its per-sequence lengths.
 Anything missing or malformed yields None, and the rules that need it stay quiet.
 """
@@ -19,6 +20,14 @@ import numpy as np
 
 from pitstop.data.stats import padding_waste
 from pitstop.data.store import TokenStore
+from pitstop.errors import DataError
+from pitstop.measure.cost_model import (
+    FlopsModel,
+    ModelShape,
+    flops_for_shape,
+    shape_from_config,
+    shape_from_params,
+)
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,34 @@ class ModelFacts:
     d_model: int
     vocab_size: int
     max_positions: int | None = None  # config.json max_position_embeddings
+    # The cost model's shape from config.json (None for a config it cannot read).
+    shape: ModelShape | None = None
 
     @property
     def n_dense(self) -> int:
-        """Parameters that cost matmul FLOPs (pitstop/measure/flops.py's N)."""
+        """Parameters that cost matmul FLOPs (the cost model's N)."""
         return self.n_params - self.n_embedding
+
+    def cost_shape(self) -> ModelShape:
+        """The shape the cost model prices: config.json's, else a labelled Llama-shaped guess
+        from the parameter count (the guess `pitstop estimate --params N` makes too)."""
+        if self.shape is not None:
+            return self.shape
+        return shape_from_params(float(self.n_params), vocab=self.vocab_size or 32000)
+
+    def flops(self, lora_r: int | None = None) -> FlopsModel:
+        """The cost model's FLOPs counts of this model (all of it trains, or LoRA adapters).
+
+        With a config.json shape these are the counts `pitstop estimate` uses, so the two
+        commands print the same FLOPs; without one, the parameter count (a LoRA plan then
+        prices a Llama-shaped guess of that size)."""
+        if self.shape is None and lora_r is None:
+            return FlopsModel(self.n_dense, 0, self.n_layers, self.d_model)
+        return flops_for_shape(self.cost_shape(), lora_r)
 
     def flops_per_token(self, seq_len: int) -> float:
         """6·N + 12·L·d·T, the training FLOPs per token pitstop uses everywhere."""
-        return 6.0 * self.n_dense + 12.0 * self.n_layers * self.d_model * seq_len
+        return self.flops().per_token(seq_len)
 
 
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -69,6 +97,10 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
             shapes.update(_safetensors_shapes(f))
     except (OSError, ValueError, KeyError, struct.error):
         shapes = {}
+    try:
+        shape: ModelShape | None = shape_from_config(cfg, source=str(d / "config.json"))
+    except (DataError, ValueError, TypeError):
+        shape = None  # not a Llama-style config: the memory rules use the parameter count
     if shapes:
         n = sum(int(np.prod(s)) for s in shapes.values())
         emb = sum(
@@ -76,7 +108,10 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
             for k, s in shapes.items()
             if "embed_tokens" in k or k.endswith("wte.weight")
         )
-    else:  # no weights here: estimate a Llama-style decoder from its shape
+    elif shape is not None:  # no weights here: the cost model counts them from the shape
+        pc = shape.params()
+        n, emb = pc.total, pc.embedding
+    else:
         inter = int(text.get("intermediate_size") or 4 * width)
         per_layer = 4 * width * width + 3 * width * inter
         emb = vocab * width
@@ -87,6 +122,7 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         return None
     pos = text.get("max_position_embeddings") or text.get("n_positions")
     return ModelFacts(
+        shape=shape,
         n_params=n,
         n_embedding=emb,
         n_layers=layers,

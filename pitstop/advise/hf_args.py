@@ -22,6 +22,7 @@ import yaml
 
 from pitstop.advise.setup import Setup
 from pitstop.errors import ConfigError
+from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.yaml_load import parse_yaml
 
 # SFTConfig fields that TrainingArguments lacks (TRL 1.x, plus older names); their presence
@@ -58,7 +59,8 @@ CHECKED = frozenset({
 def training_args_defaults() -> dict[str, Any]:
     """{field: default} of the installed TrainingArguments, without instantiating it."""
     try:
-        from transformers import TrainingArguments
+        with without_bitsandbytes():  # TrainingArguments imports peft, peft bitsandbytes
+            from transformers import TrainingArguments
     except ImportError:  # transformers is a pitstop dependency; stay usable without it anyway
         return {}
     out: dict[str, Any] = {}

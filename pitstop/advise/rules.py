@@ -4,7 +4,7 @@ Each rule is a function of a `Context` returning a `Finding` or None, registered
 with the sources it applies to ("pitstop", "hf"). A rule whose inputs are missing
 (no profile, no data, no GPU) stays quiet rather than guessing. Every effect
 states its basis: measured in the given profile, computed from the data's
-lengths, FLOPs arithmetic (6·N + 12·L·d·T per token, pitstop/measure/flops.py),
+lengths, FLOPs arithmetic (6·N + 12·L·d·T per token, pitstop/measure/cost_model.py),
 or documented (with a reference). Where a rule cannot apply to a source, the
 reason is in its docstring (`RULES` lists them).
 """
@@ -23,6 +23,7 @@ from pitstop.advise.facts import DataFacts, ModelFacts, random_batch_padding
 from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
 from pitstop.measure import verdict as V
+from pitstop.measure.cost_model import Plan, is_eight_bit, plan_cost
 from pitstop.measure.peak import gpu_peak
 from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo, choose_precision
 
@@ -32,9 +33,6 @@ CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
 PADDING_LIMIT = 0.10  # padding waste worth acting on
 TRUNCATION_LIMIT = 0.01  # share of tokens cut off worth reporting
 MAX_LEN_OVER_P99 = 2.0  # "far above p99"
-MEMORY_HEADROOM = (
-    0.90  # estimates must fit in this share of device memory (allocator, CUDA context)
-)
 GA_FIX_VERSION = (4, 46, 0)
 
 
@@ -102,6 +100,19 @@ def _suggest_workers(ctx: Context) -> int:
     return 4 if cores <= 0 else max(1, min(4, cores - 1))
 
 
+def _input_bound_workers(ctx: Context) -> int | None:
+    """The worker count an input-bound run should try: never fewer than it has (a run that
+    waits for data with N workers is not helped by fewer). None when it already has every
+    core it can use (the cores minus one for the training process)."""
+    k = _suggest_workers(ctx)
+    have = ctx.setup.loader_workers or 0
+    if k > have:
+        return k
+    cores = ctx.device.cpu_count
+    room = 2 * have if cores <= 0 else min(2 * have, cores - 1)
+    return room if room > have else None
+
+
 # --- input ---------------------------------------------------------------------------------
 
 
@@ -111,8 +122,27 @@ def input_bound(ctx: Context) -> Finding | None:
     share = ctx.shares.get("data_wait", 0.0)
     if v is None or share < V.INPUT_MODERATE:
         return None
-    k = _suggest_workers(ctx)
     workers = ctx.setup.loader_workers
+    k = _input_bound_workers(ctx)
+    if k is None:  # the loader already has every core it can use: the per-batch work is the cost
+        pitstop_fix = (
+            f"keep --loader-workers {workers} (no core is left for more); make each batch "
+            "cheaper: a prepared token store on local disk, no per-batch tokenization"
+        )
+        hf_fix = (
+            f"keep dataloader_num_workers={workers} (no core is left for more); tokenize "
+            "before training (dataset.map), not in __getitem__ or the collator; "
+            "dataloader_pin_memory=True, dataloader_persistent_workers=True"
+        )
+    else:
+        pitstop_fix = (
+            f"--loader-workers {k} (loading in worker processes overlaps the step); "
+            "keep the data as a prepared token store on local disk"
+        )
+        hf_fix = (
+            f"dataloader_num_workers={k}, dataloader_pin_memory=True, "
+            "dataloader_persistent_workers=True; tokenize before training (dataset.map), not in __getitem__"
+        )
     return Finding(
         id="input-bound",
         severity="high" if share >= V.INPUT_SEVERE else "medium",
@@ -122,12 +152,7 @@ def input_bound(ctx: Context) -> Finding | None:
                   "thresholds": {"moderate": V.INPUT_MODERATE, "severe": V.INPUT_SEVERE}},
         effect=f"up to {_pct(share)} shorter steps if loading overlaps compute completely",
         basis="measured in this profile",
-        fix=ctx.setup.fix(
-            f"--loader-workers {k} (loading in worker processes overlaps the step); "
-            "keep the data as a prepared token store on local disk",
-            f"dataloader_num_workers={k}, dataloader_pin_memory=True, "
-            "dataloader_persistent_workers=True; tokenize before training (dataset.map), not in __getitem__",
-        ),
+        fix=ctx.setup.fix(pitstop_fix, hf_fix),
         gain=share,
     )  # fmt: skip
 
@@ -165,6 +190,8 @@ def workers_exceed_cores(ctx: Context) -> Finding | None:
     cores = ctx.device.cpu_count
     if w is None or cores <= 0 or w <= max(1, cores - 1):
         return None
+    if ctx.shares.get("data_wait", 0.0) >= V.INPUT_MODERATE:
+        return None  # the run waits for data: input-bound's advice holds, never fewer workers
     k = max(1, cores - 1)
     return Finding(
         id="loader-workers-exceed-cores",
@@ -235,24 +262,53 @@ def padding_waste(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
+def _measured_padding(ctx: Context) -> float | None:
+    """Padding share the profile measured (positions computed vs non-padding tokens), if any."""
+    p = ctx.profile or {}
+    seen, padded = p.get("seen_tokens"), p.get("padded_tokens")
+    if isinstance(seen, (int, float)) and isinstance(padded, (int, float)) and padded > 0:
+        return max(0.0, 1 - float(seen) / float(padded))
+    return None
+
+
 @rule("packing-off")
 def packing_off(ctx: Context) -> Finding | None:
-    """Fires only when there is no data to measure the waste with (padding-waste does that)."""
+    """Fires only when the data cannot compute the waste (padding-waste does that), and only
+    where padding exists: a measured share at or above the limit, or rows that can be padded
+    (one row per dynamically padded batch has nothing to pad to)."""
     s = ctx.setup
     if not s.batching_is_padded or ctx.data is not None:
         return None
     if s.source == "hf" and s.hf_class != "SFTConfig" and s.batching != "dynamic":
         return None
+    measured = _measured_padding(ctx)
+    if measured is not None and measured < PADDING_LIMIT:
+        return None
+    if measured is None and s.batching == "dynamic" and s.micro_batch_rows == 1:
+        return None  # each batch is padded to its own longest (and only) row: no padding
+    if measured is not None:
+        return Finding(
+            id="packing-off",
+            severity="high" if measured >= 0.3 else "medium",
+            title=f"{_pct(measured)} of computed positions were padding (measured)",
+            evidence={"batching": s.batching, "max_len": s.max_len,
+                      "padding_fraction": round(measured, 4)},
+            effect=f"packing computes {_pct(measured)} fewer positions for the same tokens",
+            basis="measured in this profile",
+            fix=_packing_fix(ctx),
+            gain=measured,
+        )  # fmt: skip
     return Finding(
         id="packing-off",
         severity="low",
         title="sequences are padded, not packed (waste not measured: no data given)",
-        evidence={"batching": s.batching, "max_len": s.max_len},
+        evidence={"batching": s.batching, "max_len": s.max_len,
+                  "micro_batch_rows": s.micro_batch_rows},
         effect="every padded position costs the same FLOPs as a real token; give the data "
         "(--data FILE_OR_STORE) to compute the waste",
         basis="FLOPs arithmetic",
         fix=_packing_fix(ctx),
-    )
+    )  # fmt: skip
 
 
 @rule("max-len-above-p99")
@@ -266,7 +322,8 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
         target = 1 << max(3, math.ceil(math.log2(d.p99)))  # the next power of two holding p99
     ev: dict[str, Any] = {"max_len": s.max_len, "p99": d.p99, "suggested": target}
     if s.batching == "pack" and ctx.model is not None:
-        a, b = ctx.model.flops_per_token(s.max_len), ctx.model.flops_per_token(target)
+        fm = ctx.model.flops(lora_rank(ctx))  # the cost model's counts, LoRA-aware
+        a, b = fm.per_token(s.max_len), fm.per_token(target)
         gain = 1 - b / a
         ev["flops_per_token"] = {str(s.max_len): a, str(target): b}
         effect = (f"packed rows of {target} instead of {s.max_len} cut attention FLOPs: "
@@ -344,8 +401,8 @@ def truncation(ctx: Context) -> Finding | None:
 # --- memory and recomputation --------------------------------------------------------------
 
 
-# fp32 weights + fp32 gradients + AdamW moments (fp32: 8 B; bitsandbytes 8-bit: ~2.03 B).
-FULL_FT_BYTES_PER_PARAM = {False: 16.0, True: 8 + 2 * (1 + 4 / 256)}
+# The rank a LoRA setup is priced at when it does not say its rank (peft's examples' 16).
+DEFAULT_LORA_R = 16
 
 
 def micro_batch_tokens(ctx: Context) -> int | None:
@@ -358,22 +415,29 @@ def micro_batch_tokens(ctx: Context) -> int | None:
     return None
 
 
-def activation_bytes(m: ModelFacts, tokens: int, checkpointing: bool, act_bytes: int = 2) -> float:
-    """Activation memory of one micro-batch of `tokens` positions.
+def lora_rank(ctx: Context) -> int | None:
+    """The LoRA rank the cost model prices (DEFAULT_LORA_R when a LoRA setup omits it)."""
+    return (ctx.setup.lora_r or DEFAULT_LORA_R) if ctx.setup.lora else None
 
-    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-    Models", table 2): 34·s·b·h bytes per layer of 16-bit activations when the
-    attention matrix is not stored (SDPA / flash-attn). With full recomputation
-    each layer keeps only its input (2·s·b·h bytes), plus one layer's activations
-    while that layer is recomputed. Logits add s·b·V·(2 + 4 + 4) bytes (16-bit
-    logits, the fp32 copy for the loss, and its gradient).
-    """
-    scale = act_bytes / 2
-    layer = 34 * tokens * m.d_model * scale
-    logits = tokens * m.vocab_size * 10
-    if checkpointing:
-        return m.n_layers * 2 * tokens * m.d_model * scale + layer + logits
-    return m.n_layers * layer + logits
+
+def cost_plan(ctx: Context, tokens: int, *, gradient_checkpointing: bool) -> Plan:
+    """The cost model's plan of this setup, for a micro-batch of `tokens` positions: the
+    same plan `pitstop estimate` prices for the same flags."""
+    s = ctx.setup
+    length = s.max_len or (ctx.data.p99 if ctx.data else None) or tokens
+    rows = max(1, tokens // length) if length <= tokens else 1
+    lora_r = lora_rank(ctx)
+    if ctx.cuda:  # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names
+        fused = s.source == "pitstop" or "fused" in (s.optimizer or "") or is_eight_bit(s.optimizer)
+    else:
+        fused = is_eight_bit(s.optimizer)
+    return Plan(
+        micro_batch_size=rows, seq_len=min(length, tokens), precision=ctx.precision,
+        attention="eager" if s.attention == "eager" else "sdpa",
+        gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
+        load_in_4bit=bool(s.load_in_4bit and lora_r is not None), grad_accum=s.grad_accum or 1,
+        fused_optimizer=fused, optimizer="adamw_8bit" if is_eight_bit(s.optimizer) else "adamw",
+    )  # fmt: skip
 
 
 def device_memory_bytes(dev: DeviceInfo) -> int | None:
@@ -402,48 +466,53 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         tokens = s.micro_batch_rows * m.max_positions
     if not tokens:
         return None
-    act_bytes = 4 if ctx.precision == "fp32" else 2
-    with_ck = activation_bytes(m, tokens, True, act_bytes)
-    without = activation_bytes(m, tokens, False, act_bytes)
+    shape = m.cost_shape()
+    cuda = dev.type == "cuda"
+    with_ck = plan_cost(
+        shape, cost_plan(ctx, tokens, gradient_checkpointing=True), memory, cuda=cuda
+    )
+    without = plan_cost(shape, cost_plan(ctx, tokens, gradient_checkpointing=False), memory, cuda=cuda)  # fmt: skip
+    # The doctor sets aside a profile of another device or model (profile-other-target).
     peak = (ctx.profile or {}).get("peak_memory_bytes")
+    plan = without.plan
+    what = f"LoRA r={plan.lora_r}" if plan.lora_r is not None else "full fine-tuning"
+    if plan.load_in_4bit:
+        what = "Q" + what + " (4-bit base)"
     if peak:
-        estimate = float(peak) - with_ck + without
-        how = "measured peak with checkpointing + estimated extra activations"
+        estimate = float(peak) - with_ck.memory.peak + without.memory.peak
+        how = f"measured peak with checkpointing + the cost model's extra activations ({what})"
     else:
-        # Full fine-tuning with AdamW: fp32 weights, fp32 grads, two fp32 moments = 16 B/param
-        # (8-bit AdamW: two 8-bit moments and their block scales, ~10 B/param); a LoRA run
-        # keeps the frozen base weights (2 B/param in 16-bit, 0.5 in 4-bit) and tiny adapters.
-        eight_bit = "8bit" in (s.optimizer or "")  # HF optim adamw_bnb_8bit, paged_adamw_8bit
-        per_param = (
-            (0.5 if s.load_in_4bit else 2 if act_bytes == 2 else 4)
-            if s.lora
-            else FULL_FT_BYTES_PER_PARAM[eight_bit]
-        )
-        estimate = m.n_params * per_param + without
-        how = "estimated: " + (
-            f"frozen {'4-bit' if s.load_in_4bit else 'base'} weights + activations (LoRA)"
-            if s.lora
-            else "weights, gradients and AdamW state + activations"
-        )
-    budget = MEMORY_HEADROOM * memory
-    if estimate > budget:
+        estimate = float(without.memory.peak)
+        how = f"estimated by the cost model for {what}, as `pitstop estimate` prices it"
+    budget = without.usable_bytes
+    if budget is None or estimate > budget:
         return None
     compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
+    share = without.recompute_share
+    saved = share / (1 + share)
     return Finding(
         id="gradient-checkpointing-unneeded",
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
-        evidence={"estimated_peak_without_bytes": int(estimate), "device_memory_bytes": memory,
-                  "micro_batch_tokens": tokens, "how": how,
-                  "memory_basis": "activations per Korthikanti et al. 2022, table 2"},
-        effect="recomputation runs the forward pass again during backward: 2N + 6N = 8N instead of "
-        "6N FLOPs per token, i.e. ≈33% more compute per step; turning it off saves ≈25% of "
-        "forward+backward time",
+        evidence={"estimated_peak_without_bytes": int(estimate), "usable_bytes": budget,
+                  "device_memory_bytes": memory, "micro_batch_tokens": tokens, "how": how,
+                  "plan": {"micro_batch_size": plan.micro_batch_size, "seq_len": plan.seq_len,
+                           "precision": plan.precision, "lora_r": plan.lora_r,
+                           "load_in_4bit": plan.load_in_4bit, "optimizer": plan.optimizer,
+                           "fused_optimizer": plan.fused_optimizer},
+                  "flops_per_token": without.flops_per_token,
+                  "recompute_flops_per_token": with_ck.recompute_per_token,
+                  "recompute_share": round(share, 4),
+                  "memory_basis": "pitstop.measure.cost_model (docs/cost-model.md)"},
+        effect=f"recomputation runs the forward pass again during backward ({what}: "
+        f"+{with_ck.recompute_per_token:.3g} FLOPs per token = 2·N + 4·L·d·T on top of "
+        f"{without.flops_per_token:.3g}), i.e. ≈{share:.0%} more compute per step; turning it "
+        f"off saves ≈{saved:.0%} of forward+backward time",
         basis="FLOPs arithmetic",
         fix=s.fix("--no-gradient-checkpointing",
                   "gradient_checkpointing=False" if s.transformers_major < 5 or "gradient_checkpointing" in s.raw
                   else "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"),
-        gain=0.25 * compute,
+        gain=saved * compute,
     )  # fmt: skip
 
 
@@ -518,7 +587,7 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
     if ctx.model is not None and ctx.setup.max_len:
         m, T = ctx.model, ctx.setup.max_len
         ev["attention_flops_share"] = round(
-            12 * m.n_layers * m.d_model * T / m.flops_per_token(T), 4
+            12 * m.n_layers * m.d_model * T / m.flops(lora_rank(ctx)).per_token(T), 4
         )
     packed = ctx.setup.batching == "pack"
     return Finding(
@@ -724,34 +793,20 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
-# A machine whose 1-minute load average is at least this many times its cores is shared.
-BUSY_LOAD_PER_CORE = 1.0
+BUSY_LOAD_PER_CORE = V.BUSY_LOAD_PER_CORE
 
 
 def _noisy(ctx: Context) -> dict[str, Any] | None:
-    """Evidence that erratic steps come from a noisy or shared machine, not from syncs.
-
-    The sync-bound verdict fires on erratic step times as well as on host time. When the
-    steps are erratic while the host-side phases (other + logging) stay under the sync
-    threshold, or the machine's load (recorded in the profile) exceeds its cores, the
-    likelier cause is another process taking the CPU or device: fewer log calls cannot fix it.
-    """
+    """The verdict's noisy-machine evidence: erratic steps that host time does not explain,
+    or a machine whose load exceeded its cores (pitstop.measure.verdict decides it)."""
     v = ctx.verdict
-    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "noisy-machine"]
     if not found:
         return None
     ev = found[0].evidence
-    spread = ev.get("step_spread")
-    if not spread or spread.get("cv", 0) < V.SPREAD_CV:
-        return None
-    machine = (ctx.profile or {}).get("machine") or {}
-    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
-    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
-    host = float(ev.get("other_share") or 0) + float(ev.get("logging_share") or 0)
-    if not busy and host >= V.SYNC_MODERATE:
-        return None  # host time explains the step: sync-bound advice applies
-    return {"step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
-            "cpu_cores": cores, "busy": busy, "share": found[0].share}  # fmt: skip
+    return {"step_spread": ev["step_spread"], "host_share": ev["host_share"],
+            "load_average_1m": ev.get("load_average_1m"), "cpu_cores": ev.get("cpu_cores"),
+            "busy": ev["busy"], "share": found[0].share}  # fmt: skip
 
 
 @rule("noisy-machine")
@@ -791,6 +846,18 @@ def sync_bound(ctx: Context) -> Finding | None:
     x = found[0]
     s = ctx.setup
     hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
+    if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
+        return Finding(
+            id="sync-bound",
+            severity="high" if x.severity == "severe" else "medium",
+            title="host-side time between steps: Python overhead, logging or allocator stalls",
+            evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
+            effect=x.summary + f"; up to {_pct(x.share)} of step time is at stake",
+            basis="measured in this profile",
+            fix=s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
+                      "tokenizing) in custom code", hf_fix),
+            gain=x.share,
+        )  # fmt: skip
     if ctx.cuda and s.nan_inf_filter:
         hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's loss "
                   "for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip

@@ -39,6 +39,7 @@ class Setup:
     empty_cache_steps: int | None = None
     nan_inf_filter: bool | None = None
     lora: bool = False
+    lora_r: int | None = None  # the adapter's rank when the setup says it
     load_in_4bit: bool = False  # the frozen base weights are 4-bit (QLoRA)
     # The transformers release whose field names `fix()` should use (HF only).
     transformers_major: int = 5
@@ -97,5 +98,6 @@ def from_run_config(cfg: RunConfig) -> Setup:
         log_steps=cfg.log_steps,
         eval_steps=cfg.eval_steps if cfg.eval_data else None,
         lora=cfg.lora_r is not None,
+        lora_r=cfg.lora_r,
         load_in_4bit=cfg.load_in_4bit,
     )

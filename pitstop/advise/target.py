@@ -21,10 +21,18 @@ from pitstop.advise.setup import Setup
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo
 
-# Compute capability by card (NVIDIA's CUDA GPU list); the flash-attn rule needs >= 8.0.
-_CAPABILITY = {
-    "H200": (9, 0), "H100": (9, 0), "L40S": (8, 9), "L4": (8, 9), "RTX 4090": (8, 9),
-    "A100": (8, 0), "A10": (8, 6), "RTX 3090": (8, 6), "V100": (7, 0), "T4": (7, 5),
+# Compute capability of every card in the estimate's table (pitstop/report/gpus.py GPUS),
+# keyed by its exact table name: a name the user types is resolved to that entry first
+# (by exact name or alias, never by prefix), so "L40" is not read as "L4". Source:
+# NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus). The flash-attn rule needs >= 8.0.
+# MI300X is an AMD card: it has no CUDA compute capability (flash-attn for ROCm is a
+# separate build), so the capability rules stay quiet for it.
+CAPABILITY: dict[str, tuple[int, int] | None] = {
+    "B200": (10, 0), "H200": (9, 0), "H20": (9, 0), "MI300X": None, "H100": (9, 0),
+    "H100 PCIe": (9, 0), "A100 80GB": (8, 0), "A100 40GB": (8, 0), "L40S": (8, 9),
+    "L40": (8, 9), "L4": (8, 9), "A10": (8, 6), "RTX 5090": (12, 0), "RTX 4090": (8, 9),
+    "RTX A6000": (8, 6), "RTX 3090": (8, 6), "V100 32GB": (7, 0), "V100 16GB": (7, 0),
+    "T4": (7, 5),
 }  # fmt: skip
 
 
@@ -72,6 +80,7 @@ class Target:
             changes["world"] = self.nproc
         if self.lora_r is not None:
             changes["lora"] = True
+            changes["lora_r"] = self.lora_r
             changes["load_in_4bit"] = self.load_in_4bit
         major = _major(self.transformers)
         if major is not None:
@@ -125,7 +134,9 @@ def make_target(
         except ConfigError as e:
             problems += e.problems
         else:
-            cap = next((c for k, c in _CAPABILITY.items() if g.peak_key.startswith(k)), None)
+            if g.name not in CAPABILITY:  # a bug: tests/test_target_audits.py checks both lists
+                raise KeyError(f"{g.name} has no entry in advise/target.py CAPABILITY")
+            cap = CAPABILITY[g.name]
             device = DeviceInfo(
                 type="cuda",
                 name=g.name,

@@ -54,8 +54,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         choices=("adamw", "adamw_8bit", "paged_adamw_8bit"),
-        default="adamw",
-        help="optimizer whose states to count (8-bit AdamW: ~2 B per parameter instead of 8)",
+        default=None,
+        help="optimizer whose states to count (8-bit AdamW: ~2 B per parameter instead of 8; "
+        "default: the measured run's, else adamw)",
     )
     p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
     p.add_argument(
@@ -78,7 +79,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--load-in-4bit", action="store_true", help="4-bit (NF4) frozen base weights, with --lora-r"
     )
     p.add_argument(
-        "--micro-batch-size", metavar="B", default="1", help="rows per micro-batch (default: 1)"
+        "--micro-batch-size",
+        metavar="B",
+        help="rows per micro-batch (default: the measured run's, else 1)",
     )
     p.add_argument(
         "--precision",
@@ -92,7 +95,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="attention kernel (default: sdpa)",
     )
     p.add_argument(
-        "--gradient-checkpointing", action="store_true", help="recompute activations in backward"
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="recompute activations in backward (default: as the measured run did, else off)",
+    )
+    p.add_argument(
+        "--save-steps", metavar="N", help="a checkpoint every N optimizer steps (its cost is added)"
+    )
+    p.add_argument(
+        "--tokens-per-step",
+        metavar="T",
+        help="positions per optimizer step (default: the measured run's, else one micro-batch)",
+    )
+    p.add_argument(
+        "--disk-write-gbps",
+        metavar="G",
+        help="checkpoint write bandwidth in GB/s (default: 0.5, an assumption)",
     )
     p.add_argument(
         "--headroom",
@@ -120,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     scaling = number_flag(args, "scaling_efficiency", problems, lo=0.01, hi=1)
     gpu_tflops = number_flag(args, "gpu_tflops", problems, lo=1e-3)
     gpu_memory_gib = number_flag(args, "gpu_memory_gib", problems, lo=0.1)
+    save_steps = number_flag(args, "save_steps", problems, kind=int, lo=1)
+    tokens_per_step = number_flag(args, "tokens_per_step", problems, kind=int, lo=1)
+    disk_write_gbps = number_flag(args, "disk_write_gbps", problems, lo=1e-3)
     counts: list[int] = []
     for c in str(args.gpus).split(","):
         c = c.strip()
@@ -160,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         price=price,
         lora_r=lora_r,
         load_in_4bit=args.load_in_4bit,
-        micro_batch_size=mbs or 1,
+        micro_batch_size=mbs,
         precision=args.precision,
         attention=args.attention,
         gradient_checkpointing=args.gradient_checkpointing,
@@ -169,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         gpu_tflops=gpu_tflops,
         gpu_memory_gib=gpu_memory_gib,
         optimizer=args.optimizer,
+        save_steps=save_steps,
+        tokens_per_step=tokens_per_step,
+        disk_write_gbps=disk_write_gbps,
     )
     print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
     return 0

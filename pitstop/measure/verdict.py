@@ -12,10 +12,15 @@ Every verdict is read off the measured phase shares of a profile (see
   do 6 FLOPs per parameter per token, so a large optimizer share means few tokens
   per optimizer step or an unfused optimizer.
 - sync-bound: host-side time nobody's phase explains ("other") plus logging takes
-  ≥ 15% / ≥ 30% of the step (host-device synchronisation, Python overhead,
-  `.item()` calls, allocator flushes), or step times are erratic: coefficient of
-  variation ≥ 0.5 with the slowest step ≥ 3x the median, while checkpoint and eval
-  (which legitimately make single steps long) take under 1%.
+  ≥ 15% / ≥ 30% of the step (host-device synchronisation on a GPU, Python overhead,
+  `.item()` calls, allocator flushes). On a CPU there is no device to synchronise
+  with, and the verdict does not name one.
+- noisy-machine: step times are erratic (coefficient of variation ≥ 0.5 with the
+  slowest step ≥ 3x the median, while checkpoint and eval, which legitimately make
+  single steps long, take under 1%) and either the host-side time stays under the
+  sync threshold or the machine's load average was at least its core count: another
+  process took the CPU or device. No configuration change follows from such a
+  profile, so this verdict comes first and every other share it lists is suspect.
 - compute-bound: none of the above; forward+backward dominate, which is where a
   training step should spend its time. Gains then come from fewer FLOPs (padding,
   recomputation) or faster kernels, and MFU says how much headroom is left.
@@ -35,6 +40,8 @@ CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
 OPTIMIZER_MODERATE, OPTIMIZER_SEVERE = 0.25, 0.40
 SYNC_MODERATE, SYNC_SEVERE = 0.15, 0.30
 SPREAD_CV, SPREAD_MAX_OVER_MEDIAN = 0.5, 3.0
+# A machine whose 1-minute load average is at least this many times its cores is shared.
+BUSY_LOAD_PER_CORE = 1.0
 
 COMPUTE_PHASES = ("host_to_device", "forward", "backward")
 
@@ -43,7 +50,7 @@ COMPUTE_PHASES = ("host_to_device", "forward", "backward")
 class Verdict:
     """One bottleneck: its kind, how bad, the share of step time it takes, and the evidence."""
 
-    kind: str  # input-bound | checkpoint-bound | optimizer-bound | sync-bound | compute-bound
+    kind: str  # input-bound | checkpoint-bound | optimizer-bound | sync-bound | noisy-machine | compute-bound
     severity: str  # severe | moderate | ok
     share: float  # fraction of step time the bottleneck takes (what fixing it could save at most)
     summary: str
@@ -126,7 +133,27 @@ def verdict(profile: dict[str, Any]) -> Verdict:
         and spread["max_over_median"] >= SPREAD_MAX_OVER_MEDIAN
         and shares.get("checkpoint", 0.0) + shares.get("eval", 0.0) < 0.01
     )
-    if lvl or erratic:
+    machine = profile.get("machine") or {}
+    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
+    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
+    on_cpu = (profile.get("device") or {}).get("type") == "cpu"
+    noisy = erratic and spread is not None and (busy or not lvl)
+    if noisy and spread is not None:
+        why = (
+            f"load average {load:.1f} on {cores} cores"
+            if busy
+            else f"host-side time (other + logging) is only {_pct(host)} of the step"
+        )
+        found.append(Verdict(
+            "noisy-machine", "moderate", spread["excess_share"],
+            f"step times are erratic (coefficient of variation {spread['cv']:.2f}, slowest step "
+            f"{spread['max_over_median']:.1f}x the median) while {why}: another process competes "
+            "for the machine; the steady (median) step is the better figure and no configuration "
+            "change follows from this profile",
+            {**base, "step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
+             "cpu_cores": cores, "busy": busy},
+        ))  # fmt: skip
+    elif lvl or erratic:
         why = []
         if lvl:
             why.append(
@@ -138,9 +165,14 @@ def verdict(profile: dict[str, Any]) -> Verdict:
                 f"slowest step {spread['max_over_median']:.1f}x the median)"
             )
         excess = spread["excess_share"] if erratic and spread else 0.0
+        causes = (
+            "Python overhead, logging or allocator stalls (a CPU run: no device to wait on)"
+            if on_cpu
+            else "host-device syncs, Python overhead or allocator stalls"
+        )
         found.append(Verdict(
             "sync-bound", lvl or "moderate", max(host, excess),
-            "; ".join(why) + ": host-device syncs, Python overhead or allocator stalls",
+            "; ".join(why) + ": " + causes,
             {**base, "other_share": round(shares.get("other", 0.0), 4),
              "logging_share": round(shares.get("logging", 0.0), 4), "step_spread": spread,
              "thresholds": {"moderate": SYNC_MODERATE, "severe": SYNC_SEVERE, "spread_cv": SPREAD_CV,
@@ -148,7 +180,8 @@ def verdict(profile: dict[str, Any]) -> Verdict:
         ))  # fmt: skip
 
     rank = {"severe": 0, "moderate": 1}
-    found.sort(key=lambda v: (rank[v.severity], -v.share))
+    # A noisy machine comes first: every other share was measured through that noise.
+    found.sort(key=lambda v: (v.kind != "noisy-machine", rank[v.severity], -v.share))
     compute = sum(shares.get(p, 0.0) for p in COMPUTE_PHASES)
     mfu = profile.get("mfu")
     if not found:

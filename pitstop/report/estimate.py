@@ -8,8 +8,8 @@ Time = work ÷ throughput (+ one-off start-up when a measured run shows it):
   so checkpoint and eval pauses taken during it are already inside the measured rate;
   its start-up (`wall_seconds - train_seconds`) is added once.
 * computed (--gpu NAME): positions per second = MFU × peak FLOP/s ÷ training FLOPs
-  per position, with FLOPs per position from `pitstop.measure.flops.FlopsModel`
-  (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
+  per position, with FLOPs per position from `pitstop.measure.cost_model` (the doctor's
+  too): (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
   `pitstop.measure.peak.gpu_peak`. MFU is the user's --mfu, else one measured on a
   GPU by the profile, else DEFAULT_MFU, an assumption and labelled so.
   Positions = tokens ÷ packing efficiency when the data's statistics give it.
@@ -37,17 +37,22 @@ from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
 from pitstop.errors import ConfigError, DataError
-from pitstop.measure.flops import FlopsModel
-from pitstop.measure.machine import describe_load
-from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
-from pitstop.report.memory import (
+from pitstop.measure.cost_model import (
+    ASSUMED_WRITE_BYTES_PER_SECOND,
+    CUDA_CONTEXT_BYTES,
+    DEFAULT_HEADROOM,
+    FlopsModel,
     MemoryEstimate,
     ModelShape,
+    Plan,
+    checkpoint_bytes,
     estimate_memory,
-    lora_params,
     max_micro_batch,
+    plan_cost,
     sharded,
 )
+from pitstop.measure.machine import describe_load
+from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
 from pitstop.report.runs import load_run
 from pitstop.train.summary import read_metrics
 
@@ -62,8 +67,6 @@ DEFAULT_SCALING = 0.9  # fraction of linear speed-up kept per doubling of GPUs
 # on these cards), stated in the output when it decides the time: a small model on a
 # large GPU is bound by it, not by its FLOPs.
 STEP_FLOOR_SECONDS = 0.005
-CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces: outside torch's allocator
-DEFAULT_HEADROOM = 0.10  # allocator fragmentation and transient buffers
 
 
 @dataclass
@@ -107,6 +110,10 @@ class Estimate:
     gradient_checkpointing: bool = False
     # When the plan does not fit one GPU: what would, cheapest first (`memory_options`).
     memory_options: list[dict[str, Any]] = field(default_factory=list)
+    optimizer_steps: int | None = None
+    steps_basis: str = ""
+    # The modelled checkpoint overhead (save_steps × checkpoint bytes ÷ write bandwidth).
+    checkpoints: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -139,6 +146,9 @@ class Estimate:
                 "flops_per_token": self.flops_per_token,
                 "mfu": self.throughput.mfu,
                 "startup_seconds": self.throughput.startup_seconds,
+                "optimizer_steps": self.optimizer_steps,
+                "optimizer_steps_basis": self.steps_basis,
+                "checkpoints": self.checkpoints,
             },
             "cost": {
                 "price_per_gpu_hour": self.price,
@@ -383,14 +393,18 @@ def throughput(
         why = f"MFU {used:.0%} measured on {pdev} ({profile['_path']}), assumed to carry over"
     else:
         used = DEFAULT_MFU
-        why = f"MFU {used:.0%}: an ASSUMPTION (typical tuned bf16 fine-tuning); measure with --from-profile"
+        on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
+        why = (
+            f"MFU {used:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
+            "measure with --from-profile)"
+        )
         if profile is not None:
             why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
     pps = used * peak / flops_per_token
     basis = (
         f"computed: {pps:,.0f} positions/s = {why} × {peak / 1e12:.0f} TFLOP/s ({peak_src}) "
-        f"÷ {flops_per_token:.3g} training FLOPs per position; no checkpoint/eval overhead "
-        "included (none measured)"
+        f"÷ {flops_per_token:.3g} training FLOPs per position; no eval pauses included, "
+        "checkpoints only with --save-steps"
     )
     return Throughput(None, pps, used, 0.0, basis, gpu.name)
 
@@ -471,51 +485,35 @@ def estimate(
     price: float | None = None,
     headroom: float = DEFAULT_HEADROOM,
     optimizer: str = "adamw",
+    save_steps: int | None = None,
+    tokens_per_step: int | None = None,
+    disk_write_gbps: float | None = None,
+    kept_from_profile: str | None = None,
 ) -> Estimate:
     """Memory, time, cost and the multi-GPU options table of a planned run."""
     seq_len = seq_len or tokens.max_seq_len or 1024
-    notes: list[str] = []
+    notes: list[str] = [kept_from_profile] if kept_from_profile else []
     if gpu is None and profile is not None:
         gpu = find_gpu(_profile_device(profile))
     fused = not (gpu is None and profile is not None and _is_cpu(_profile_device(profile)))
-    mem = estimate_memory(
-        shape,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        precision=precision,
-        attention=attention,
-        gradient_checkpointing=gradient_checkpointing,
-        lora_r=lora_r,
-        load_in_4bit=load_in_4bit,
-        fused_optimizer=fused,
-        optimizer=optimizer,
-    )
-    usable = mbs = None
-    if gpu is not None:
-        usable = int((gpu.memory_bytes - CUDA_CONTEXT_BYTES) * (1 - headroom))
+    plan = Plan(
+        micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
+        attention=attention, gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
+        load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
+    )  # fmt: skip
+    cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
+    mem, usable, mbs = cost.memory, cost.usable_bytes, None
+    if gpu is not None and usable is not None:
         notes.append(
-            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − 1 GiB CUDA context) "
-            f"× {1 - headroom:.0%} (headroom for allocator fragmentation)"
+            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − "
+            f"{CUDA_CONTEXT_BYTES / GiB:g} GiB CUDA context) × {1 - headroom:.0%} (headroom for "
+            "allocator fragmentation)"
         )
-        mbs = max_micro_batch(
-            shape,
-            usable,
-            seq_len=seq_len,
-            precision=precision,
-            attention=attention,
-            gradient_checkpointing=gradient_checkpointing,
-            lora_r=lora_r,
-            load_in_4bit=load_in_4bit,
-            fused_optimizer=fused,
-            optimizer=optimizer,
-        )
-    pc = shape.params()
-    if lora_r is not None:
-        fm = FlopsModel(lora_params(shape, lora_r), pc.non_embedding, shape.layers, shape.hidden)
-    else:
-        fm = FlopsModel(pc.non_embedding, 0, shape.layers, shape.hidden)
-    fpt = fm.per_token(seq_len)
-    recompute = recompute_per_token(fm, seq_len) if gradient_checkpointing else 0.0
+        kw = {k: v for k, v in plan.memory_kwargs().items() if k != "micro_batch_size"}
+        mbs = max_micro_batch(shape, usable, **kw)
+    fm = cost.flops
+    fpt = cost.flops_per_token
+    recompute = cost.recompute_per_token
     tp = throughput(
         profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute
     )
@@ -530,7 +528,7 @@ def estimate(
         ran_ck = _profile_checkpointing(profile)
         if ran_ck != gradient_checkpointing:
             # The profile ran with the other setting: scale its time by the FLOPs ratio.
-            rc = recompute_per_token(fm, seq_len)
+            rc = fm.recompute_per_token(seq_len)
             factor = (fpt + rc) / fpt if gradient_checkpointing else fpt / (fpt + rc)
             work *= factor
             notes.append(
@@ -552,6 +550,17 @@ def estimate(
                 "to keep the GPU busy; a larger --micro-batch-size helps"
             )
             work = floor
+    steps, steps_basis = optimizer_steps(
+        tokens, epochs, profile=profile if tp.trained_tokens_per_second else None,
+        tokens_per_step=tokens_per_step, micro_positions=micro_batch_size * seq_len,
+    )  # fmt: skip
+    ckpt = checkpoint_overhead(
+        shape, plan, steps=steps, save_steps=save_steps, disk_write_gbps=disk_write_gbps,
+        measured=_measured_checkpoint_seconds(profile) if tp.trained_tokens_per_second else 0.0,
+    )  # fmt: skip
+    if ckpt is not None:
+        work += ckpt["added_seconds"]
+        notes.append(ckpt["basis"])
     seconds = tp.startup_seconds + work
     if price is not None:
         price_basis = f"{price} per GPU-hour (yours)"
@@ -601,7 +610,101 @@ def estimate(
         assumptions=notes,
         lora=lora_r is not None,
         gradient_checkpointing=gradient_checkpointing,
+        optimizer_steps=steps,
+        steps_basis=steps_basis,
+        checkpoints=ckpt,
     )
+
+
+def optimizer_steps(
+    tokens: DataTokens,
+    epochs: float,
+    *,
+    profile: dict[str, Any] | None,
+    tokens_per_step: int | None,
+    micro_positions: int,
+) -> tuple[int, str]:
+    """How many optimizer steps the run takes, and what the step size rests on."""
+    if tokens_per_step:
+        per, basis = float(tokens_per_step), f"--tokens-per-step {tokens_per_step:,} positions"
+        work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+    else:
+        measured = _measured_tokens_per_step(profile)
+        if measured:
+            per, work = measured, tokens.trained_tokens * epochs
+            basis = f"{measured:,.0f} trained tokens per step, as in the measured run"
+        else:
+            per = float(micro_positions)
+            work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+            basis = (
+                f"one micro-batch of {micro_positions:,} positions per step (no gradient "
+                "accumulation); give --tokens-per-step T for yours"
+            )
+    return max(1, math.ceil(work / per)), basis
+
+
+def _measured_tokens_per_step(profile: dict[str, Any] | None) -> float | None:
+    if not profile:
+        return None
+    for key in ("tokens_per_step", "trained_tokens_per_step"):
+        v = profile.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+    steps, trained = profile.get("optimizer_steps"), profile.get("trained_tokens")
+    if isinstance(steps, int) and steps > 0 and isinstance(trained, (int, float)) and trained > 0:
+        return float(trained) / steps
+    return None
+
+
+def _measured_checkpoint_seconds(profile: dict[str, Any] | None) -> float:
+    """Checkpoint seconds the measured run paid (then they are inside its measured rate)."""
+    if not profile:
+        return 0.0
+    phases = profile.get("phases") or profile.get("time_breakdown") or {}
+    return float(phases.get("checkpoint") or 0.0) if isinstance(phases, dict) else 0.0
+
+
+def checkpoint_overhead(
+    shape: ModelShape,
+    plan: Plan,
+    *,
+    steps: int,
+    save_steps: int | None,
+    disk_write_gbps: float | None,
+    measured: float = 0.0,
+) -> dict[str, Any] | None:
+    """save_steps × checkpoint bytes ÷ write bandwidth: the time the run's saves add.
+
+    A checkpoint holds the trained weights and the optimizer state (so `--resume` is
+    exact): `cost_model.checkpoint_bytes`. The bandwidth is the user's --disk-write-gbps,
+    else `ASSUMED_WRITE_BYTES_PER_SECOND`, stated as an assumption. pitstop's own trainer
+    writes in a background thread after a host copy, so for it this is an upper bound; the
+    Hugging Face Trainer saves synchronously. None without --save-steps.
+    """
+    if not save_steps:
+        return None
+    n = steps // save_steps
+    size = checkpoint_bytes(shape, plan)
+    bw = disk_write_gbps * 1e9 if disk_write_gbps else ASSUMED_WRITE_BYTES_PER_SECOND
+    each = size / bw
+    where = (
+        f"{disk_write_gbps:g} GB/s (yours, --disk-write-gbps)"
+        if disk_write_gbps
+        else f"{bw / 1e9:g} GB/s (ASSUMED: a network volume or SATA-class disk; "
+        "--disk-write-gbps sets yours)"
+    )
+    added = n * each
+    basis = (
+        f"checkpoints: {steps:,} optimizer steps ÷ --save-steps {save_steps} = {n:,} saves × "
+        f"{size / GiB:.2f} GiB (weights + optimizer state) ÷ {where} = {n:,} × {each:.1f} s = "
+        f"{added / 60:.1f} min"
+    )
+    if measured > 0:
+        basis += "; not added: the measured rate already holds the run's own save pauses"
+        added = 0.0
+    return {"saves": n, "bytes_per_save": size, "seconds_per_save": round(each, 3),
+            "write_bytes_per_second": bw, "bandwidth_assumed": not disk_write_gbps,
+            "added_seconds": round(added, 3), "basis": basis}  # fmt: skip
 
 
 # The memory options of a plan that does not fit, cheapest first: what each changes.
@@ -638,12 +741,8 @@ def memory_options(shape: ModelShape, *, usable: int, **plan: Any) -> list[dict[
 
 
 def recompute_per_token(fm: FlopsModel, seq_len: int) -> float:
-    """FLOPs per position that full activation recomputation adds: the forward pass again.
-
-    The forward pass is 2 FLOPs per parameter (frozen or not) plus a third of the
-    attention term (12·L·d·T counts forward and backward, 4·L·d·T of it forward).
-    """
-    return 2.0 * (fm.n_trainable + fm.n_frozen) + 4.0 * fm.n_layers * fm.d_model * seq_len
+    """FLOPs per position that full activation recomputation adds (the cost model's)."""
+    return fm.recompute_per_token(seq_len)
 
 
 def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
@@ -654,7 +753,7 @@ def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
 
 
 def flops_label(lora: bool, gradient_checkpointing: bool) -> str:
-    """The formula behind the printed FLOPs per position (pitstop/measure/flops.py)."""
+    """The formula behind the printed FLOPs per position (pitstop/measure/cost_model.py)."""
     dense = "6·N_trainable + 4·N_frozen" if lora else "6N"
     ck = " + 2N + 4·L·d·T recomputed" if gradient_checkpointing else ""
     return f"{dense} + 12·L·d·T{ck}"
@@ -701,7 +800,10 @@ def format_estimate(est: Estimate) -> str:
             lines.append(f"  - {a}")
     t = est.to_dict()["time"]
     lines.append("")
-    lines.append(f"Time: {_dur(est.train_seconds)} for {est.epochs:g} epoch(s)")
+    steps = f", {est.optimizer_steps:,} optimizer steps" if est.optimizer_steps else ""
+    lines.append(f"Time: {_dur(est.train_seconds)} for {est.epochs:g} epoch(s){steps}")
+    if est.steps_basis:
+        lines.append(f"  - optimizer steps: {est.steps_basis}")
     lines.append(f"  - data: {est.tokens.basis}")
     lines.append(f"  - throughput: {est.time_basis}")
     if t["flops_per_token"]:
@@ -715,6 +817,11 @@ def format_estimate(est: Estimate) -> str:
         lines.append(f"Cost: - ({c['price_basis']})")
     lines.append("")
     lines.append("Options")
+    if est.gpu is not None and est.usable_bytes is not None:
+        lines.append(
+            f"  (fits: memory per GPU ≤ {_gib(est.usable_bytes)} usable of each "
+            f"{est.gpu.name}'s {_gib(est.gpu.memory_bytes)})"
+        )
     lines.append(
         f"  {'GPUs':>4}  {'strategy':<8} {'mem/GPU':>11} {'fits':>5} {'time':>9} {'cost':>9}  verdict"
     )
@@ -729,11 +836,13 @@ def format_estimate(est: Estimate) -> str:
         lines.append(f"  - {a}")
     if est.memory_options:
         gpu_name = est.gpu.name if est.gpu else "the GPU"
+        sharded_fit = [r["gpus"] for r in est.options if r["gpus"] > 1 and r["fits"]]
+        if sharded_fit:
+            shard = f"shard across {min(sharded_fit)} or more GPUs (the options above), or"
+        else:
+            shard = "no GPU count above fits either; try"
         lines.append("")
-        lines.append(
-            f"one GPU is not enough ({gpu_name}): shard across GPUs (the options above), or "
-            "these memory options, cheapest first:"
-        )
+        lines.append(f"one {gpu_name} is not enough: {shard} these memory options, cheapest first:")
         for r in est.memory_options:
             fits = "fits" if r["fits"] else "does not fit"
             lines.append(

@@ -8,9 +8,12 @@ is read or prepared.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from pitstop.errors import ConfigError
+from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
@@ -20,7 +23,6 @@ from pitstop.report.estimate import (
     load_measured,
 )
 from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
-from pitstop.report.memory import shape_from_model_dir, shape_from_params
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")
@@ -77,6 +79,56 @@ def _device(
     return get_gpu(gpu) if gpu else None
 
 
+def profile_settings(profile: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan a measured run ran with (its config: pitstop's RunConfig or HF arguments):
+    gradient checkpointing, micro-batch rows, row length, LoRA rank, 4-bit, optimizer.
+    Only what the run recorded; `estimate --from-profile` keeps these unless told otherwise."""
+    cfg = (profile or {}).get("config")
+    if not isinstance(cfg, dict):
+        return {}
+    out: dict[str, Any] = {}
+    ck = cfg.get("gradient_checkpointing", cfg.get("activation_checkpointing"))
+    if ck is not None:
+        out["gradient_checkpointing"] = bool(ck)
+    seq = next(
+        (cfg[k] for k in ("max_seq_len", "max_length", "max_seq_length") if cfg.get(k)), None
+    )
+    if isinstance(seq, int) and seq > 0:
+        out["max_seq_len"] = seq
+    rows = cfg.get("micro_batch_size") or cfg.get("per_device_train_batch_size")
+    if not rows and cfg.get("tokens_per_micro_batch") and seq:
+        rows = max(1, int(cfg["tokens_per_micro_batch"]) // int(seq))
+    if not rows:  # pitstop's auto micro-batch: the choice the run recorded ("2 rows")
+        got = ((profile or {}).get("choices") or {}).get("micro_batch") or {}
+        m = re.match(r"(\d+) rows", str(got.get("value", "")) if isinstance(got, dict) else "")
+        rows = int(m.group(1)) if m else None
+    if isinstance(rows, int) and rows > 0:
+        out["micro_batch_size"] = rows
+    if isinstance(cfg.get("lora_r"), int):
+        out["lora_r"] = cfg["lora_r"]
+        out["load_in_4bit"] = bool(cfg.get("load_in_4bit"))
+    optim = str(cfg.get("optimizer") or cfg.get("optim") or "")
+    if optim:
+        out["optimizer"] = "adamw_8bit" if "8bit" in optim else "adamw"
+    return out
+
+
+def _describe_kept(kept: dict[str, Any]) -> str:
+    names = {
+        "gradient_checkpointing": lambda v: f"gradient checkpointing {'on' if v else 'off'}",
+        "micro_batch_size": lambda v: f"micro-batch {v} rows",
+        "max_seq_len": lambda v: f"rows of {v} tokens",
+        "lora_r": lambda v: f"LoRA r={v}",
+        "load_in_4bit": lambda v: "4-bit base" if v else "",
+        "optimizer": lambda v: f"optimizer {v}",
+    }
+    parts = [names[k](v) for k, v in kept.items() if k in names and names[k](v)]
+    return (
+        "kept from the measured run: " + ", ".join(parts) + " (flags such as --micro-batch-size, "
+        "--max-seq-len, --no-gradient-checkpointing, --optimizer change them)"
+    )
+
+
 def estimate_planned_run(
     *,
     model: str | None = None,
@@ -93,20 +145,24 @@ def estimate_planned_run(
     price: float | None = None,
     lora_r: int | None = None,
     load_in_4bit: bool = False,
-    micro_batch_size: int = 1,
+    micro_batch_size: int | None = None,
     precision: str | None = None,
     attention: str = "sdpa",
-    gradient_checkpointing: bool = False,
+    gradient_checkpointing: bool | None = None,
     headroom: float = DEFAULT_HEADROOM,
     cache_dir: str | None = None,
     gpu_tflops: float | None = None,
     gpu_memory_gib: float | None = None,
-    optimizer: str = "adamw",
+    optimizer: str | None = None,
+    save_steps: int | None = None,
+    tokens_per_step: int | None = None,
+    disk_write_gbps: float | None = None,
 ) -> Estimate:
     """Memory, time and cost of a planned run (ConfigError listing every problem first).
 
     `precision` None picks bf16 (fp16 on a GPU without bf16, fp32 for a CPU profile,
-    where pitstop trains in fp32)."""
+    where pitstop trains in fp32). With `from_profile`, a setting left None (micro-batch,
+    row length, gradient checkpointing, LoRA, optimizer) is the measured run's own."""
     problems = estimate_problems(
         model=model,
         params=params,
@@ -125,6 +181,17 @@ def estimate_planned_run(
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
     device = _device(gpu, gpu_tflops, gpu_memory_gib, price)
     profile = load_measured(from_profile) if from_profile else None
+    given = {"gradient_checkpointing": gradient_checkpointing, "micro_batch_size": micro_batch_size,
+             "max_seq_len": max_seq_len, "lora_r": lora_r, "optimizer": optimizer}  # fmt: skip
+    kept = {k: v for k, v in profile_settings(profile).items() if given.get(k) is None}
+    if "lora_r" not in kept:
+        kept.pop("load_in_4bit", None)
+    gradient_checkpointing = bool(kept.get("gradient_checkpointing", gradient_checkpointing))
+    micro_batch_size = int(kept.get("micro_batch_size", micro_batch_size or 1))
+    max_seq_len = kept.get("max_seq_len", max_seq_len)
+    lora_r = kept.get("lora_r", lora_r)
+    load_in_4bit = bool(kept.get("load_in_4bit", load_in_4bit))
+    optimizer = kept.get("optimizer", optimizer or "adamw")
     if precision is None:
         dev = device or (find_gpu(str((profile or {}).get("device", ""))) if profile else None)
         if dev is not None:
@@ -155,4 +222,8 @@ def estimate_planned_run(
         price=price,
         headroom=headroom,
         optimizer=optimizer,
+        save_steps=save_steps,
+        tokens_per_step=tokens_per_step,
+        disk_write_gbps=disk_write_gbps,
+        kept_from_profile=_describe_kept(kept) if kept else None,
     )

@@ -29,7 +29,7 @@ from pitstop import log, probe, run_files
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
-from pitstop.measure import flops as flops_mod
+from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
 from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
@@ -67,7 +67,7 @@ class Run:
     steps_per_epoch: int
     total_steps: int
     warmup: int
-    flops: flops_mod.FlopsModel
+    flops: cost_model.FlopsModel
     flops_per_token: float
     peak_flops: float | None
     peak_source: str
@@ -257,7 +257,7 @@ def build_run(
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
 
     # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
-    flops = flops_mod.flops_model(model)
+    flops = cost_model.flops_model(model)
     flops_per_token = flops.per_token(geometry.max_seq_len)
     peak_flops, peak_source = device_peak(
         device, precision, bool(tf32.value), cache_root(cfg.cache_dir)
@@ -339,12 +339,6 @@ def _custom_eval_set(
                    lockstep=fsdp, source=held.source)  # fmt: skip
 
 
-# Bytes of optimizer state per trainable parameter (AdamW's two moments in the
-# parameter's dtype; bitsandbytes' 8-bit moments with their block scales).
-_ADAMW_MOMENTS = 2
-_EIGHT_BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
-
-
 def checkpoint_host_bytes(
     model: Any, params: list[torch.nn.Parameter], optimizer: Choice
 ) -> tuple[int, int]:
@@ -356,9 +350,15 @@ def checkpoint_host_bytes(
 
 def optimizer_state_bytes(params: list[torch.nn.Parameter], optimizer: Choice) -> int:
     """Bytes of optimizer state for `params`, before the first step allocates it."""
-    if optimizer.value in optim.EIGHT_BIT:
-        return int(sum(p.numel() for p in params) * _EIGHT_BIT_BYTES_PER_PARAM)
-    return _ADAMW_MOMENTS * sum(p.numel() * p.element_size() for p in params)
+    # The cost model's bytes per parameter (AdamW's two moments in the parameter's dtype;
+    # bitsandbytes' 8-bit moments with their block scales), so the estimate agrees.
+    name = "adamw_8bit" if optimizer.value in optim.EIGHT_BIT else "adamw"
+    return int(
+        sum(
+            p.numel() * cost_model.optimizer_state_bytes_per_param(name, p.element_size())
+            for p in params
+        )
+    )
 
 
 def _cuda_sizer(

@@ -21,6 +21,7 @@ import torch
 from pitstop.data import tokenize
 from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, four_bit_problem
+from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.train.checkpoint import CheckpointError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -165,7 +166,11 @@ def _four_bit_config(dev: DeviceInfo, precision: str) -> Any:
 
 def _apply_lora(model: torch.nn.Module, cfg: Any) -> tuple[torch.nn.Module, Choice]:
     try:
-        import peft
+        if cfg.load_in_4bit:
+            import peft
+        else:  # peft imports bitsandbytes eagerly; a LoRA run without 4-bit does not need it
+            with without_bitsandbytes():
+                import peft
     except ImportError:
         raise MissingDependencyError(
             "--lora-r needs the peft package: pip install 'pitstop[lora]'"

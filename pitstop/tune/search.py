@@ -54,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pitstop.measure import cost_model
 from pitstop.probe import COMPILE_SECONDS_BASIS
 from pitstop.train.oom import is_oom
 from pitstop.tune.space import Settings, Space
@@ -64,7 +65,9 @@ OVER_MEMORY = "over-memory"
 COMPILE_FAILED = "compile-failed"
 FAILED = "failed"
 
-DEFAULT_HEADROOM = 0.10  # peak memory must stay 10% under the limit
+# Peak memory must stay this share under the limit: the cost model's headroom, so a trial
+# fits by the rule the doctor and `pitstop estimate` use (pitstop.measure.cost_model).
+DEFAULT_HEADROOM = cost_model.DEFAULT_HEADROOM
 DEFAULT_MIN_GAIN = 0.02  # a change must win by more than 2% to replace the best
 
 

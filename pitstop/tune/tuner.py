@@ -21,6 +21,7 @@ from typing import Any
 from pitstop import log, probe
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, build_config, load_yaml
+from pitstop.measure import cost_model
 from pitstop.measure.machine import describe_load, machine_load
 from pitstop.tune.search import (
     OK,
@@ -130,7 +131,12 @@ def memory_limit(dev: Any, cap_gb: float | None) -> tuple[int | None, str]:
     if cap_gb is not None:
         return int(cap_gb * 2**30), f"--memory-cap-gb {cap_gb:g}"
     if dev.type == "cuda" and dev.total_memory_bytes:
-        return int(dev.total_memory_bytes), f"{dev.name} memory"
+        # The allocator's peak never sees the CUDA context: it is taken off first, as the
+        # cost model does for the doctor and `pitstop estimate` (then the same headroom).
+        limit = cost_model.usable_bytes(int(dev.total_memory_bytes), cuda=True, headroom=0.0)
+        return limit, (
+            f"{dev.name} memory less {cost_model.CUDA_CONTEXT_BYTES / 2**30:g} GiB CUDA context"
+        )
     import psutil
 
     avail = psutil.virtual_memory().available
