@@ -1,5 +1,5 @@
 # One virtual environment at .venv for everything. The CPU build of torch is pinned
-# for this install only (the package itself asks for torch>=2.4 so GPU users keep theirs).
+# for this install only (the package itself asks for torch>=2.6 so GPU users keep theirs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pitstop import log, probe, run_files
+from pitstop import log, probe, run_files, versions
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
@@ -186,6 +186,8 @@ def build_run(
     choices["tf32"] = tf32
     probe.apply_backend_flags(device, tf32)
     attention = probe.choose_attention(cfg.attention, device, precision)
+    # Known-bad torch/transformers pairs crash or let packed documents attend to each other.
+    versions.check_versions(attention=attention.value, model_type=versions.model_type_of(cfg.model))
     choices["optimizer"] = optim.choose(cfg, device)
 
     # --- model (the directory is checked before the tokenizer reads its config)
