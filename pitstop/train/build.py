@@ -36,7 +36,7 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io, optim
+from pitstop.train import model_io, optim, packcheck
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
@@ -108,6 +108,20 @@ def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[
     return batch
 
 
+def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What the training forward passes to the model for a `to_device` batch."""
+    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
+    # (documents packed in one row never attend to each other); flash-attn reads the
+    # documents' boundaries from the varlen kwargs instead, when to_device added them.
+    # train/packcheck.py checks that this holds on the run's device before step 1.
+    return {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "use_cache": False,
+        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
+    }
+
+
 def token_loss_sum(
     forward: Callable[..., Any],
     batch: dict[str, Any],
@@ -118,15 +132,7 @@ def token_loss_sum(
 
     `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
     """
-    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other); flash-attn reads the
-    # documents' boundaries from the varlen kwargs instead, when to_device added them.
-    kwargs = {
-        "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
-        "use_cache": False,
-        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
-    }
+    kwargs = forward_kwargs(batch)
     with torch.autocast(
         device_type, dtype=autocast_dtype or torch.float32,
         enabled=autocast_dtype is not None,
@@ -251,6 +257,10 @@ def build_run(
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
+    choices["packed_attention"] = _check_packed_attention(
+        model, tdev, attention.value, autocast_dtype, precision,
+        str(choices["batching"].value), env.rank,
+    )  # fmt: skip
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(
         getattr(loader, "total_steps", None)
@@ -321,6 +331,34 @@ def build_run(
         peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
         sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
     )  # fmt: skip
+
+
+def _check_packed_attention(
+    model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
+    precision: str, batching: str, rank: int,
+) -> Choice:  # fmt: skip
+    """The start-up packed-attention self-check (train/packcheck.py) as a banner choice.
+
+    A leak refuses a run that packs documents; a run without packed rows (bucket, pad) is
+    not affected by it and goes on with a warning."""
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+    check = packcheck.check_packed_attention(
+        model, forward_kwargs=forward_kwargs,
+        to_device=lambda mb: to_device(mb, device, attention),
+        device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
+        attention=attention, vocab_size=vocab,
+    )  # fmt: skip
+    if check.ok:
+        return Choice("checked", check.summary())
+    if batching in ("bucket", "pad"):
+        if rank == 0:
+            log.warning(
+                f"pitstop: warning: {check.summary()}; --batching {batching} packs no "
+                "documents together, so this run is not affected (--batching pack would be)"
+            )
+        return Choice("leaks (unused)", check.summary() + f"; not used by --batching {batching}")
+    kernels = ["sdpa", "eager", "flex_attention", "flash_attention_2"]
+    raise packcheck.leak_error(check, batching=batching, attention_choices=kernels)
 
 
 def _custom_eval_set(
