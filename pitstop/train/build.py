@@ -38,6 +38,7 @@ from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
 from pitstop.train import model_io, optim, packcheck
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
+from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -281,7 +282,7 @@ def build_run(
     params = [p for p in model.parameters() if p.requires_grad]
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
-    forward_model = torch.compile(wrapped) if compiled else wrapped
+    forward_model = compile_module(wrapped, env.rank) if compiled else wrapped
 
     # --- optimizer, precision machinery
     optimizer = build_optimizer(

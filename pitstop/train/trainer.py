@@ -61,6 +61,7 @@ from pitstop.train import guard, model_io, oom
 from pitstop.train import resume as resume_mod
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.build import Run, build_run, to_device, token_loss_sum
+from pitstop.train.compile import GuardedForward
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
@@ -132,6 +133,8 @@ class Trainer:
         self.precision, self.autocast_dtype = run.precision, run.autocast_dtype
         self.tokenizer, self.model, self.wrapped = run.tokenizer, run.model, run.wrapped
         self.forward_model, self._compiled = run.forward_model, run.compiled
+        # --compile on falls back to the wrapped module (DDP/FSDP), never the bare model.
+        self._guard = GuardedForward(self.wrapped, run.forward_model if run.compiled else None)
         self.loader, self.geometry, self.eval_set = run.loader, run.geometry, run.eval_set
         self.steps_per_epoch, self.total_steps = run.steps_per_epoch, run.total_steps
         self.warmup = run.warmup
@@ -263,18 +266,16 @@ class Trainer:
         return loss
 
     def _forward(self, **kwargs: Any) -> Any:
-        if not self._compiled:
-            return self.forward_model(**kwargs)
-        try:
-            return self.forward_model(**kwargs)
-        except Exception as e:  # --compile on must never crash the run
-            log.warning(
-                f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
-                "continuing without compile"
-            )
-            self.forward_model, self._compiled = self.model, False
-            self.choices["compile"] = Choice(False, f"compile failed ({type(e).__name__}); eager")
-            return self.forward_model(**kwargs)
+        out = self._guard(**kwargs)
+        if self._compiled and not self._guard.active:  # this rank fell back (train/compile.py)
+            self._compile_fell_back()
+        return out
+
+    def _compile_fell_back(self) -> None:
+        self._guard.fall_back("another rank's compile failed")
+        self.forward_model, self._compiled = self.wrapped, False
+        why = self._guard.failure or "failed"
+        self.choices["compile"] = Choice(False, f"compile failed ({why[:120]}); eager")
 
     def forward_backward(
         self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
@@ -388,7 +389,11 @@ class Trainer:
                 )
                 signalled = self._stop_signal is not None
                 if self.env.distributed:  # ranks act on these together, at logging steps only
-                    time_due, signalled = self._agree(time_due, signalled, now=log_due or save_due)
+                    time_due, signalled, no_compile = self._agree(
+                        time_due, signalled, self._guard.failed, now=log_due or save_due
+                    )
+                    if no_compile and self._compiled:  # one rank's compile failed: all go eager
+                        self._compile_fell_back()
                 save_due = save_due or time_due
                 stop = signalled or self.state.step == self._stop_at
                 self.train_seconds_now = self.state.train_seconds + time.perf_counter() - t_train0
