@@ -423,8 +423,15 @@ class Trainer:
             self.run_log.stop_progress()
             self._restore_signals(old_handlers)
             train_end = time.perf_counter()
-            leftover = tl.end_step()  # time after the last step (its logging): counted too
-            for k, v in leftover.resolve().items():
+            # Time after the last step (its logging): counted too. After a step cut short
+            # its CUDA events may never complete (or the device is in error): reading them
+            # raises, and that must neither hide the real error nor skip summary.json.
+            try:
+                leftover = tl.end_step().resolve()
+            except Exception as err:
+                log.warning(f"pitstop: warning: the interrupted step's timing is lost ({err})")
+                leftover = {}
+            for k, v in leftover.items():
                 if k != "other":
                     self.state.phase_totals[k] += v
             self.state.train_seconds += train_end - t_train0
@@ -800,9 +807,12 @@ class Trainer:
             self.writer.wait()
         except ckpt.CheckpointError as e:
             log.warning(f"pitstop: {e}")
-        if self.is_main:
-            write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
-        self.run_log.close()
+        try:  # the error being raised is the one to report, not one from recording it
+            if self.is_main:
+                write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
+            self.run_log.close()
+        except Exception as err:
+            log.warning(f"pitstop: warning: could not record the stopped run's summary ({err})")
 
     # --- signals ------------------------------------------------------------------
 
