@@ -241,7 +241,8 @@ def build_run(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
-            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"])
+            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"],
+                              ddp=env.distributed)
             if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
         if held is not None:
@@ -278,7 +279,7 @@ def build_run(
     est = probe.estimated_run_seconds(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
-    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env)
+    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env, precision=precision)
     params = [p for p in model.parameters() if p.requires_grad]
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
@@ -408,6 +409,8 @@ def _cuda_sizer(
     attention: str,
     autocast_dtype: torch.dtype | None,
     optimizer: Choice,
+    *,
+    ddp: bool = False,
 ) -> data_mod.MicroSizer:
     """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
 
@@ -438,7 +441,17 @@ def _cuda_sizer(
     free, _ = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
-    return data_mod.MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
+    return data_mod.MicroSizer(measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp))
+
+
+def sizer_reserved_bytes(
+    params: list[torch.nn.Parameter], optimizer: Choice, *, ddp: bool,
+    bucket_view: bool = dist_mod.GRADIENT_AS_BUCKET_VIEW,
+) -> int:  # fmt: skip
+    """Device bytes the run will hold that a one-process forward+backward of the bare model
+    does not show: the optimizer's moments, and under DDP any gradient copy in its buckets."""
+    extra = dist_mod.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
+    return optimizer_state_bytes(params, optimizer) + extra
 
 
 _SIZING_PASSES = 3  # one warm-up, then the fastest of two timed

@@ -6,9 +6,13 @@ times: fetch_batch (data_wait), to_device (host_to_device), forward_backward
 the next step, log (logging), evaluate (eval) and checkpoint (checkpoint).
 
 The hot loop never synchronises host and device except at logging steps (every
-cfg.log_steps), at checkpoints (copying state to host is a sync anyway) and, on
-fp16 runs, inside GradScaler.step. Losses and gradient norms stay device tensors
-until then; their metrics.jsonl lines are written at the next logging step.
+cfg.log_steps), at checkpoints (copying state to host is a sync anyway), on fp16 runs
+inside GradScaler.step, and with a bitsandbytes 8-bit optimizer on a GPU once per step
+(its kernels take no device-side skip flag, so skipping a non-finite step reads the
+flag; tests/test_step_syncs.py keeps this list honest). transformers itself reads one
+flag per forward to detect packed rows (masking_utils.find_packed_sequence_indices).
+Losses and gradient norms stay device tensors until then; their metrics.jsonl lines
+are written at the next logging step.
 
 metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
 (fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
@@ -329,7 +333,7 @@ class Trainer:
         elif self.scaler is not None:
             self.scaler.step(self.optimizer)  # syncs internally; skips inf grads (loss scale)
             self.scaler.update()
-        elif not bool(bad):  # CPU: reading a CPU tensor is no device sync
+        elif not bool(bad):  # CPU: no device sync; a GPU's 8-bit optimizer: the one per step
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm.detach(), bad, lr
@@ -742,6 +746,8 @@ class Trainer:
         self.log()  # lines up to this step must exist before the checkpoint does
         self._last_ckpt_step = self.state.step
         if self.fsdp:
+            if self.is_main:  # the previous write first: rank 0 never holds two full copies
+                self.writer.wait()
             # Collective: every rank sends its shards; rank 0 gets full CPU copies.
             model_state = dist_mod.full_state(self.model)
             optim_state = dist_mod.full_optimizer_state(self.model, self.optimizer)
@@ -750,8 +756,7 @@ class Trainer:
             return
         scaler = self.scaler.state_dict() if self.scaler is not None else None
         ready = None
-        if self.fsdp:
-            self.writer.wait()  # the previous write must be done (and must have succeeded)
+        if self.fsdp:  # the previous write was waited for before the gather
             scaler = ckpt.to_host(scaler)
         else:
             # Waits for the previous write, then queues the copy into the reused host
