@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pitstop import log, probe, run_files, versions
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
-from pitstop.errors import ConfigError
+from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
@@ -209,6 +209,13 @@ def build_run(
     model, attention, lora = model_io.load_model(cfg, device, precision, attention)
     if env.rank == 0:
         log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    # The first forward: packed documents must stay apart with this kernel, on this device
+    # and these versions (train/packcheck.py); a kernel that cannot even run falls back.
+    packed, fallback = packed_attention_check(
+        model, tdev, attention.value, autocast_dtype, precision
+    )
+    attention = fallback or attention
     choices["attention"] = attention
     choices["gradient_checkpointing"] = Choice(
         cfg.gradient_checkpointing,
@@ -218,7 +225,6 @@ def build_run(
     )
     if lora is not None:
         choices["lora"] = lora
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
@@ -259,10 +265,9 @@ def build_run(
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
-    choices["packed_attention"] = _check_packed_attention(
-        model, tdev, attention.value, autocast_dtype, precision,
-        str(choices["batching"].value), env.rank,
-    )  # fmt: skip
+    choices["packed_attention"] = _packed_attention_choice(
+        packed, str(choices["batching"].value), env.rank
+    )
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(
         getattr(loader, "total_steps", None)
@@ -335,21 +340,43 @@ def build_run(
     )  # fmt: skip
 
 
-def _check_packed_attention(
+def packed_attention_check(
     model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
-    precision: str, batching: str, rank: int,
-) -> Choice:  # fmt: skip
-    """The start-up packed-attention self-check (train/packcheck.py) as a banner choice.
+    precision: str,
+) -> tuple[packcheck.PackCheck, Choice | None]:  # fmt: skip
+    """The start-up packed-attention self-check (train/packcheck.py), and the attention
+    choice to use instead when `attention` could not even run it (None: keep it).
 
-    A leak refuses a run that packs documents; a run without packed rows (bucket, pad) is
-    not affected by it and goes on with a warning."""
+    A kernel other than sdpa/eager that raises here (flex_attention failing to compile
+    its kernel on this GPU, a broken flash-attn build) is an optimisation that failed:
+    the model switches to sdpa, with a warning naming the failure, and sdpa is checked."""
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
-    check = packcheck.check_packed_attention(
-        model, forward_kwargs=forward_kwargs,
-        to_device=lambda mb: to_device(mb, device, attention),
-        device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
-        attention=attention, vocab_size=vocab,
-    )  # fmt: skip
+
+    def check(kernel: str) -> packcheck.PackCheck:
+        return packcheck.check_packed_attention(
+            model, forward_kwargs=forward_kwargs,
+            to_device=lambda mb: to_device(mb, device, kernel),
+            device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
+            attention=kernel, vocab_size=vocab,
+        )  # fmt: skip
+
+    try:
+        return check(attention), None
+    except Exception as e:
+        if attention in ("sdpa", "eager") or isinstance(e, PitstopError):
+            raise  # the plain path itself cannot run: nothing to fall back to
+        failure = f"{type(e).__name__}: {e}"
+    log.warning(
+        f"pitstop: warning: attention {attention} failed on its first forward "
+        f"({failure[:300]}); falling back to sdpa"
+    )
+    model_io.set_attention(model, "sdpa")
+    return check("sdpa"), Choice("sdpa", f"{attention} failed here ({failure[:200]}); sdpa instead")
+
+
+def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: int) -> Choice:
+    """The self-check's verdict as a banner choice. A leak refuses a run that packs
+    documents; a run without packed rows (bucket, pad) is not affected and goes on warned."""
     if check.ok:
         return Choice("checked", check.summary())
     if batching in ("bucket", "pad"):
