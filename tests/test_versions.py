@@ -46,13 +46,14 @@ def test_packed_mask_needs_torch_26_on_456_to_457(hf_v: str) -> None:
     assert "older than the oldest" in flash and "torch >= 2.6" in flash
 
 
-def test_flash_on_4533_leaks_and_4534_does_not_trip_that_trap() -> None:
-    leak = version_problems("2.6.0", "4.53.3", attention="flash_attention_2")
-    assert any("4.53.0-4.53.3" in p for p in leak)
+def test_flash_on_4530_leaks_and_4531_does_not_trip_that_trap() -> None:
+    leak = version_problems("2.6.0", "4.53.0", attention="flash_attention_2")
+    assert any("4.53.0 ignores cu_seq_lens" in p for p in leak)
     assert not any(
-        "4.53.0-4.53.3" in p for p in version_problems("2.6.0", "4.53.3", attention="sdpa")
+        "cu_seq_lens" in p for p in version_problems("2.6.0", "4.53.0", attention="sdpa")
     )
-    assert not any("4.53.0-4.53.3" in p for p in version_problems("2.6.0", "4.54.0"))
+    fixed = version_problems("2.6.0", "4.53.1", attention="flash_attention_2")
+    assert not any("cu_seq_lens" in p for p in fixed) and fixed  # still below the floor
 
 
 def test_flex_448_to_452_is_bidirectional() -> None:
