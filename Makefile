@@ -1,5 +1,5 @@
 # One virtual environment at .venv for everything. The CPU build of torch is pinned
-# for this install only (the package itself asks for torch>=2.4 so GPU users keep theirs).
+# for this install only (the package itself asks for torch>=2.6 so GPU users keep theirs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint format soak clean
+.PHONY: install demo test test-fast bench lint format soak clean test-oldest test-newest
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,5 +47,36 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The supported-versions matrix (docs/versions.md): the packed-attention tests, the version
+# checks and a short training run against the oldest supported torch + transformers pair,
+# and against the newest pip finds. Each builds its own venv once. Not part of `make test`:
+# PyPI's torch 2.6 is the CUDA build (several GB). TORCH_OLDEST=torch==2.13.0 tests
+# transformers 4.56 with another torch without that download.
+TORCH_OLDEST ?= torch==2.6.0
+TRANSFORMERS_OLDEST ?= transformers==4.56.*
+MATRIX_DEPS = pytest pytest-timeout hypothesis
+VERSION_MATRIX_TESTS = tests/test_versions.py tests/test_attention_packed.py tests/test_packcheck.py \
+	tests/test_positions.py
+
+.venv-oldest/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv .venv-oldest
+	.venv-oldest/bin/python -m pip install --quiet --upgrade pip
+	.venv-oldest/bin/python -m pip install --quiet "$(TORCH_OLDEST)" "$(TRANSFORMERS_OLDEST)" -e . $(MATRIX_DEPS)
+	touch $@
+
+.venv-newest/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv .venv-newest
+	.venv-newest/bin/python -m pip install --quiet --upgrade pip
+	.venv-newest/bin/python -m pip install --quiet --upgrade torch transformers -e . $(MATRIX_DEPS)
+	touch $@
+
+test-oldest: .venv-oldest/.installed
+	.venv-oldest/bin/python -c "import torch, transformers; print('oldest pair: torch', torch.__version__, 'transformers', transformers.__version__)"
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(VERSION_MATRIX_TESTS)
+
+test-newest: .venv-newest/.installed
+	.venv-newest/bin/python -c "import torch, transformers; print('newest pair: torch', torch.__version__, 'transformers', transformers.__version__)"
+	.venv-newest/bin/python -m pytest -p no:cacheprovider $(VERSION_MATRIX_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-newest .pytest_cache build *.egg-info

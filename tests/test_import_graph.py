@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "errors",
         "version",
+        "versions",
         "atomic",
         "runlock",
         "log",

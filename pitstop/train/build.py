@@ -25,10 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pitstop import log, probe, run_files
+from pitstop import log, probe, run_files, versions
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
-from pitstop.errors import ConfigError
+from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
 from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
@@ -36,8 +36,9 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import data as data_mod
 from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io, optim
+from pitstop.train import model_io, optim, packcheck
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
+from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -108,6 +109,20 @@ def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[
     return batch
 
 
+def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What the training forward passes to the model for a `to_device` batch."""
+    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
+    # (documents packed in one row never attend to each other); flash-attn reads the
+    # documents' boundaries from the varlen kwargs instead, when to_device added them.
+    # train/packcheck.py checks that this holds on the run's device before step 1.
+    return {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "use_cache": False,
+        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
+    }
+
+
 def token_loss_sum(
     forward: Callable[..., Any],
     batch: dict[str, Any],
@@ -118,15 +133,7 @@ def token_loss_sum(
 
     `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
     """
-    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other); flash-attn reads the
-    # documents' boundaries from the varlen kwargs instead, when to_device added them.
-    kwargs = {
-        "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
-        "use_cache": False,
-        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
-    }
+    kwargs = forward_kwargs(batch)
     with torch.autocast(
         device_type, dtype=autocast_dtype or torch.float32,
         enabled=autocast_dtype is not None,
@@ -186,6 +193,8 @@ def build_run(
     choices["tf32"] = tf32
     probe.apply_backend_flags(device, tf32)
     attention = probe.choose_attention(cfg.attention, device, precision)
+    # Known-bad torch/transformers pairs crash or let packed documents attend to each other.
+    versions.check_versions(attention=attention.value, model_type=versions.model_type_of(cfg.model))
     choices["optimizer"] = optim.choose(cfg, device)
 
     # --- model (the directory is checked before the tokenizer reads its config)
@@ -200,6 +209,13 @@ def build_run(
     model, attention, lora = model_io.load_model(cfg, device, precision, attention)
     if env.rank == 0:
         log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    # The first forward: packed documents must stay apart with this kernel, on this device
+    # and these versions (train/packcheck.py); a kernel that cannot even run falls back.
+    packed, fallback = packed_attention_check(
+        model, tdev, attention.value, autocast_dtype, precision
+    )
+    attention = fallback or attention
     choices["attention"] = attention
     choices["gradient_checkpointing"] = Choice(
         cfg.gradient_checkpointing,
@@ -209,7 +225,6 @@ def build_run(
     )
     if lora is not None:
         choices["lora"] = lora
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
@@ -232,7 +247,8 @@ def build_run(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
-            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"])
+            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"],
+                              ddp=env.distributed)
             if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
         if held is not None:
@@ -249,6 +265,9 @@ def build_run(
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
+    choices["packed_attention"] = _packed_attention_choice(
+        packed, str(choices["batching"].value), env.rank
+    )
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(
         getattr(loader, "total_steps", None)
@@ -265,11 +284,11 @@ def build_run(
     est = probe.estimated_run_seconds(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
-    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env)
+    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env, precision=precision)
     params = [p for p in model.parameters() if p.requires_grad]
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
-    forward_model = torch.compile(wrapped) if compiled else wrapped
+    forward_model = compile_module(wrapped, env.rank) if compiled else wrapped
 
     # --- optimizer, precision machinery
     optimizer = build_optimizer(
@@ -321,6 +340,56 @@ def build_run(
     )  # fmt: skip
 
 
+def packed_attention_check(
+    model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
+    precision: str,
+) -> tuple[packcheck.PackCheck, Choice | None]:  # fmt: skip
+    """The start-up packed-attention self-check (train/packcheck.py), and the attention
+    choice to use instead when `attention` could not even run it (None: keep it).
+
+    A kernel other than sdpa/eager that raises here (flex_attention failing to compile
+    its kernel on this GPU, a broken flash-attn build) is an optimisation that failed:
+    the model switches to sdpa, with a warning naming the failure, and sdpa is checked."""
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+
+    def check(kernel: str) -> packcheck.PackCheck:
+        return packcheck.check_packed_attention(
+            model, forward_kwargs=forward_kwargs,
+            to_device=lambda mb: to_device(mb, device, kernel),
+            device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
+            attention=kernel, vocab_size=vocab,
+        )  # fmt: skip
+
+    try:
+        return check(attention), None
+    except Exception as e:
+        if attention in ("sdpa", "eager") or isinstance(e, PitstopError):
+            raise  # the plain path itself cannot run: nothing to fall back to
+        failure = f"{type(e).__name__}: {e}"
+    log.warning(
+        f"pitstop: warning: attention {attention} failed on its first forward "
+        f"({failure[:300]}); falling back to sdpa"
+    )
+    model_io.set_attention(model, "sdpa")
+    return check("sdpa"), Choice("sdpa", f"{attention} failed here ({failure[:200]}); sdpa instead")
+
+
+def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: int) -> Choice:
+    """The self-check's verdict as a banner choice. A leak refuses a run that packs
+    documents; a run without packed rows (bucket, pad) is not affected and goes on warned."""
+    if check.ok:
+        return Choice("checked", check.summary())
+    if batching in ("bucket", "pad"):
+        if rank == 0:
+            log.warning(
+                f"pitstop: warning: {check.summary()}; --batching {batching} packs no "
+                "documents together, so this run is not affected (--batching pack would be)"
+            )
+        return Choice("leaks (unused)", check.summary() + f"; not used by --batching {batching}")
+    kernels = ["sdpa", "eager", "flex_attention", "flash_attention_2"]
+    raise packcheck.leak_error(check, batching=batching, attention_choices=kernels)
+
+
 def _custom_eval_set(
     cfg: RunConfig, loader: Any, rank: int, world_size: int, fsdp: bool
 ) -> EvalSet:
@@ -367,6 +436,8 @@ def _cuda_sizer(
     attention: str,
     autocast_dtype: torch.dtype | None,
     optimizer: Choice,
+    *,
+    ddp: bool = False,
 ) -> data_mod.MicroSizer:
     """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
 
@@ -397,7 +468,17 @@ def _cuda_sizer(
     free, _ = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
-    return data_mod.MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
+    return data_mod.MicroSizer(measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp))
+
+
+def sizer_reserved_bytes(
+    params: list[torch.nn.Parameter], optimizer: Choice, *, ddp: bool,
+    bucket_view: bool = dist_mod.GRADIENT_AS_BUCKET_VIEW,
+) -> int:  # fmt: skip
+    """Device bytes the run will hold that a one-process forward+backward of the bare model
+    does not show: the optimizer's moments, and under DDP any gradient copy in its buckets."""
+    extra = dist_mod.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
+    return optimizer_state_bytes(params, optimizer) + extra
 
 
 _SIZING_PASSES = 3  # one warm-up, then the fastest of two timed

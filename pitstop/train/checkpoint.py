@@ -34,8 +34,10 @@ stays valid, and the partial directory is removed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
 import pickle
 import random
@@ -44,6 +46,7 @@ import secrets
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pitstop import log
 from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
 
@@ -124,14 +128,28 @@ def remove_debris(root: str | Path) -> None:
 # --- host snapshots ------------------------------------------------------------
 
 
-def to_host(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+def tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """The same key for two tensor objects that are the same values in memory.
+
+    `state_dict()` detaches every entry into a new tensor object, so tied weights (an
+    embedding and the LM head) are two objects over one storage: keyed by id() they were
+    copied, staged and counted twice."""
+    if t.device.type == "meta":
+        return ("meta", id(t))
+    return (
+        t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(),
+        tuple(t.shape), tuple(t.stride()),
+    )  # fmt: skip
+
+
+def to_host(obj: Any, memo: dict[Any, torch.Tensor] | None = None) -> Any:
     """Deep-copy every tensor in `obj` to CPU memory (clones: training may go on mutating).
 
     Tensors sharing storage (tied weights) stay shared in the copy.
     """
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        key = id(obj)
+        key = tensor_key(obj)
         if key not in memo:
             memo[key] = obj.detach().to("cpu", copy=True)
         return memo[key]
@@ -214,9 +232,9 @@ class HostStaging:
             event.record(self._stream)
         return out, event
 
-    def _copy(self, obj: Any, path: tuple[Any, ...], memo: dict[int, torch.Tensor]) -> Any:
+    def _copy(self, obj: Any, path: tuple[Any, ...], memo: dict[Any, torch.Tensor]) -> Any:
         if isinstance(obj, torch.Tensor):
-            key = id(obj)
+            key = tensor_key(obj)
             if key not in memo:  # tied weights stay one tensor in the copy
                 memo[key] = self._into_buffer(obj.detach(), path)
             return memo[key]
@@ -232,13 +250,73 @@ class HostStaging:
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             # Pinned memory lets the copy run asynchronously; it only exists with CUDA.
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+            buf = (
+                pinned_empty(t.shape, t.dtype) if t.is_cuda else torch.empty(t.shape, dtype=t.dtype)
+            )
             self._buffers[path] = buf
             self.allocations += 1
         if t.is_cuda:  # the training stream must not reuse its memory before the copy ends
             t.record_stream(self._stream)
         buf.copy_(t, non_blocking=t.is_cuda)
         return buf
+
+
+def pinned_empty(
+    shape: Any, dtype: torch.dtype, *, register: Callable[[int, int], bool] | None = None
+) -> torch.Tensor:
+    """A host tensor of exactly its size, page-locked for asynchronous copies.
+
+    `torch.empty(..., pin_memory=True)` goes through torch's caching host allocator, which
+    rounds every block up to a power of two: up to twice the memory the banner reports
+    (a 9 GB state took 16 GB). Here the memory is an ordinary allocation of the exact size,
+    registered with CUDA (`cudaHostRegister`) and unregistered when the tensor is freed
+    (rounded to whole 4 KiB pages, not to a power of two).
+    If registering fails, the buffer stays pageable (the copy is then synchronous, the
+    checkpoint the same) and a warning names the failure.
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    # Whole pages of its own: CUDA registers pages, and a page shared with another
+    # registered buffer would fail to register (at most two pages over the exact size).
+    span = -(-nbytes // _PAGE) * _PAGE
+    raw = torch.empty(span + _PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % _PAGE
+    page_aligned = raw[start : start + span]
+    buf = page_aligned[:nbytes].view(dtype).view(shape)
+    reg = register or _cuda_host_register
+    try:
+        ok = reg(page_aligned.data_ptr(), span)
+    except Exception as e:  # a failed optimisation never stops the run
+        ok, why = False, f"{type(e).__name__}: {e}"
+    else:
+        why = "cudaHostRegister returned an error"
+    if ok:
+        if register is None:
+            weakref.finalize(buf, _cuda_host_unregister, page_aligned.data_ptr())
+    else:
+        global _PIN_WARNED
+        if not _PIN_WARNED:
+            _PIN_WARNED = True
+            log.warning(
+                f"pitstop: warning: pinning checkpoint buffers failed ({why}); they stay in "
+                "ordinary host memory (copies to them are synchronous; checkpoints are the same)"
+            )
+    return buf
+
+
+_PIN_WARNED = False
+_PAGE = 4096
+
+
+def _cuda_host_register(ptr: int, nbytes: int) -> bool:
+    return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)) == 0
+
+
+def _cuda_host_unregister(ptr: int) -> None:
+    # At interpreter exit CUDA may be gone already: the OS frees the memory then.
+    with contextlib.suppress(Exception):
+        torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
 def _first_cuda_tensor(obj: Any) -> torch.Tensor | None:
@@ -256,11 +334,11 @@ def _first_cuda_tensor(obj: Any) -> torch.Tensor | None:
 
 def state_bytes(obj: Any) -> int:
     """Bytes of the distinct tensors in `obj` (tied weights counted once)."""
-    seen: dict[int, int] = {}
+    seen: dict[Any, int] = {}
 
     def walk(o: Any) -> None:
         if isinstance(o, torch.Tensor):
-            seen[id(o)] = o.numel() * o.element_size()
+            seen[tensor_key(o)] = o.numel() * o.element_size()
         elif isinstance(o, dict):
             for v in o.values():
                 walk(v)

@@ -21,6 +21,7 @@ from pitstop import log, run_files
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
+from pitstop.errors import PitstopError
 from pitstop.probe import Choice
 
 
@@ -123,10 +124,22 @@ def build_loader(
     micro_mc = None
     not_sized = micro_sizing_applies(cfg, world_size) if sizer is not None else "no sizer"
     if sizer is not None and not_sized is None:
-        rows, micro_mc, why = _sized_micro_batch(
-            cfg, store=store, rank=rank, world_size=world_size, indices=indices,
-            device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
-        )  # fmt: skip
+        try:
+            rows, micro_mc, why = _sized_micro_batch(
+                cfg, store=store, rank=rank, world_size=world_size, indices=indices,
+                device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
+            )  # fmt: skip
+        except PitstopError:
+            raise
+        except Exception as e:
+            # Sizing is an optimisation: its failure must not stop a run the default split
+            # trains. One process only: with several, the ranks' sizing is collective and
+            # a rank that gave up alone would leave the others waiting.
+            if world_size > 1:
+                raise
+            rows, micro_mc = None, None
+            why = f"sizing to the device failed ({type(e).__name__}: {e}); the default split"
+            log.warning(f"pitstop: warning: {why}")
         micro_choice = Choice(f"{rows} rows" if rows else "default", why)
         if rows is not None:  # the loader, `auto`'s timing and its cache key see this split
             cfg = dataclasses.replace(cfg, tokens_per_micro_batch=rows * cfg.max_seq_len)

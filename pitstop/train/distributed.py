@@ -162,11 +162,44 @@ def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
     return strategy_problems(cfg, distributed=env.distributed)
 
 
-def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Choice]:
+# DDP copies every gradient into its all-reduce buckets unless the gradients are views into
+# the buckets. As views the buckets are the gradients: one copy fewer (12 GB for a 3B full
+# fine-tune in fp32), and what the micro-batch sizer measures on the bare model is what DDP
+# holds. The sizer counts a copy only where this is off (`ddp_gradient_copy_bytes`).
+GRADIENT_AS_BUCKET_VIEW = True
+
+
+def ddp_gradient_copy_bytes(
+    params: list[torch.nn.Parameter], *, bucket_view: bool = GRADIENT_AS_BUCKET_VIEW
+) -> int:
+    """Device bytes DDP holds beyond the gradients a one-process measurement sees."""
+    if bucket_view:
+        return 0
+    return sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+
+
+def fsdp_mixed_precision(precision: str | None) -> Any:
+    """FSDP2's mixed-precision policy for a run's precision (None: FSDP2's default, fp32).
+
+    bf16: parameters are all-gathered and computed in bf16 (half the traffic of fp32; the
+    matmuls ran in bf16 under autocast anyway), gradients reduce-scattered in fp32 into the
+    fp32 master shards the optimizer updates. A LoRA model's bf16 base and fp32 adapter
+    then gather as one dtype too.
+    """
+    if precision != "bf16":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def wrap(
+    model: torch.nn.Module, cfg: RunConfig, env: DistEnv, *, precision: str | None = None
+) -> tuple[Any, Choice]:
     """The module the loop calls forward on, and the `strategy` choice for the banner.
 
     DDP returns a wrapper (the unwrapped `model` stays the one to save); FSDP2 shards
-    `model` in place and returns it.
+    `model` in place and returns it (with `fsdp_mixed_precision(precision)`).
     """
     if not env.distributed:
         why = "single process" + (
@@ -178,27 +211,31 @@ def wrap(model: torch.nn.Module, cfg: RunConfig, env: DistEnv) -> tuple[Any, Cho
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         dev_ids = [torch.cuda.current_device()] if on_cuda else None
-        ddp = DDP(model, device_ids=dev_ids)
+        ddp = DDP(model, device_ids=dev_ids, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW)
         return ddp, Choice(
             "ddp",
-            f"{env.world_size} processes ({env.backend}): model replicated, gradients all-reduced",
+            f"{env.world_size} processes ({env.backend}): model replicated, gradients all-reduced "
+            "(gradients are views into the all-reduce buckets: no second copy)",
         )
     from torch.distributed.fsdp import fully_shard
 
+    mp = fsdp_mixed_precision(precision)
+    kw = {"mp_policy": mp} if mp is not None else {}
     blocks = set(getattr(model, "_no_split_modules", None) or [])
     n = 0
     for m in model.modules():
         if type(m).__name__ in blocks:
-            fully_shard(m)  # one all-gather per block: memory holds one block's full weights
+            fully_shard(m, **kw)  # one all-gather per block: memory holds one block's full weights
             n += 1
-    fully_shard(model)
+    fully_shard(model, **kw)
     # FSDP2 shards each parameter on its own, so a LoRA block holds its frozen base weights
     # and its trainable adapter in one group; only the adapter has gradients and optimizer state.
     saved = "the adapter" if is_peft(model) else "full state"
     return model, Choice(
         "fsdp",
         f"{env.world_size} processes ({env.backend}): FSDP2, parameters/gradients/optimizer "
-        f"state sharded ({n} block groups + root); {saved} gathered on rank 0 to save",
+        f"state sharded ({n} block groups + root); {saved} gathered on rank 0 to save"
+        + ("; bf16 all-gather and compute, fp32 gradient reduce-scatter" if mp else ""),
     )
 
 

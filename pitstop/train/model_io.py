@@ -439,3 +439,15 @@ def publish_dir(tmp: Path, dest: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, dest)
+
+
+def set_attention(model: Any, attention: str) -> None:
+    """Switch a loaded model's attention kernel (a PEFT model: its base's)."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        try:
+            setter(attention)
+            return
+        except Exception:  # older transformers, or a wrapper without it: set the config
+            pass
+    model.config._attn_implementation = attention

@@ -6,9 +6,13 @@ times: fetch_batch (data_wait), to_device (host_to_device), forward_backward
 the next step, log (logging), evaluate (eval) and checkpoint (checkpoint).
 
 The hot loop never synchronises host and device except at logging steps (every
-cfg.log_steps), at checkpoints (copying state to host is a sync anyway) and, on
-fp16 runs, inside GradScaler.step. Losses and gradient norms stay device tensors
-until then; their metrics.jsonl lines are written at the next logging step.
+cfg.log_steps), at checkpoints (copying state to host is a sync anyway), on fp16 runs
+inside GradScaler.step, and with a bitsandbytes 8-bit optimizer on a GPU once per step
+(its kernels take no device-side skip flag, so skipping a non-finite step reads the
+flag; tests/test_step_syncs.py keeps this list honest). transformers itself reads one
+flag per forward to detect packed rows (masking_utils.find_packed_sequence_indices).
+Losses and gradient norms stay device tensors until then; their metrics.jsonl lines
+are written at the next logging step.
 
 metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
 (fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
@@ -61,6 +65,7 @@ from pitstop.train import guard, model_io, oom
 from pitstop.train import resume as resume_mod
 from pitstop.train.banner import format_banner, print_banner
 from pitstop.train.build import Run, build_run, to_device, token_loss_sum
+from pitstop.train.compile import GuardedForward
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
@@ -132,6 +137,8 @@ class Trainer:
         self.precision, self.autocast_dtype = run.precision, run.autocast_dtype
         self.tokenizer, self.model, self.wrapped = run.tokenizer, run.model, run.wrapped
         self.forward_model, self._compiled = run.forward_model, run.compiled
+        # --compile on falls back to the wrapped module (DDP/FSDP), never the bare model.
+        self._guard = GuardedForward(self.wrapped, run.forward_model if run.compiled else None)
         self.loader, self.geometry, self.eval_set = run.loader, run.geometry, run.eval_set
         self.steps_per_epoch, self.total_steps = run.steps_per_epoch, run.total_steps
         self.warmup = run.warmup
@@ -263,18 +270,16 @@ class Trainer:
         return loss
 
     def _forward(self, **kwargs: Any) -> Any:
-        if not self._compiled:
-            return self.forward_model(**kwargs)
-        try:
-            return self.forward_model(**kwargs)
-        except Exception as e:  # --compile on must never crash the run
-            log.warning(
-                f"pitstop: warning: torch.compile failed ({type(e).__name__}: {e}); "
-                "continuing without compile"
-            )
-            self.forward_model, self._compiled = self.model, False
-            self.choices["compile"] = Choice(False, f"compile failed ({type(e).__name__}); eager")
-            return self.forward_model(**kwargs)
+        out = self._guard(**kwargs)
+        if self._compiled and not self._guard.active:  # this rank fell back (train/compile.py)
+            self._compile_fell_back()
+        return out
+
+    def _compile_fell_back(self) -> None:
+        self._guard.fall_back("another rank's compile failed")
+        self.forward_model, self._compiled = self.wrapped, False
+        why = self._guard.failure or "failed"
+        self.choices["compile"] = Choice(False, f"compile failed ({why[:120]}); eager")
 
     def forward_backward(
         self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
@@ -328,7 +333,7 @@ class Trainer:
         elif self.scaler is not None:
             self.scaler.step(self.optimizer)  # syncs internally; skips inf grads (loss scale)
             self.scaler.update()
-        elif not bool(bad):  # CPU: reading a CPU tensor is no device sync
+        elif not bool(bad):  # CPU: no device sync; a GPU's 8-bit optimizer: the one per step
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm.detach(), bad, lr
@@ -388,7 +393,11 @@ class Trainer:
                 )
                 signalled = self._stop_signal is not None
                 if self.env.distributed:  # ranks act on these together, at logging steps only
-                    time_due, signalled = self._agree(time_due, signalled, now=log_due or save_due)
+                    time_due, signalled, no_compile = self._agree(
+                        time_due, signalled, self._guard.failed, now=log_due or save_due
+                    )
+                    if no_compile and self._compiled:  # one rank's compile failed: all go eager
+                        self._compile_fell_back()
                 save_due = save_due or time_due
                 stop = signalled or self.state.step == self._stop_at
                 self.train_seconds_now = self.state.train_seconds + time.perf_counter() - t_train0
@@ -418,8 +427,15 @@ class Trainer:
             self.run_log.stop_progress()
             self._restore_signals(old_handlers)
             train_end = time.perf_counter()
-            leftover = tl.end_step()  # time after the last step (its logging): counted too
-            for k, v in leftover.resolve().items():
+            # Time after the last step (its logging): counted too. After a step cut short
+            # its CUDA events may never complete (or the device is in error): reading them
+            # raises, and that must neither hide the real error nor skip summary.json.
+            try:
+                leftover = tl.end_step().resolve()
+            except Exception as err:
+                log.warning(f"pitstop: warning: the interrupted step's timing is lost ({err})")
+                leftover = {}
+            for k, v in leftover.items():
                 if k != "other":
                     self.state.phase_totals[k] += v
             self.state.train_seconds += train_end - t_train0
@@ -730,6 +746,8 @@ class Trainer:
         self.log()  # lines up to this step must exist before the checkpoint does
         self._last_ckpt_step = self.state.step
         if self.fsdp:
+            if self.is_main:  # the previous write first: rank 0 never holds two full copies
+                self.writer.wait()
             # Collective: every rank sends its shards; rank 0 gets full CPU copies.
             model_state = dist_mod.full_state(self.model)
             optim_state = dist_mod.full_optimizer_state(self.model, self.optimizer)
@@ -738,8 +756,7 @@ class Trainer:
             return
         scaler = self.scaler.state_dict() if self.scaler is not None else None
         ready = None
-        if self.fsdp:
-            self.writer.wait()  # the previous write must be done (and must have succeeded)
+        if self.fsdp:  # the previous write was waited for before the gather
             scaler = ckpt.to_host(scaler)
         else:
             # Waits for the previous write, then queues the copy into the reused host
@@ -795,9 +812,12 @@ class Trainer:
             self.writer.wait()
         except ckpt.CheckpointError as e:
             log.warning(f"pitstop: {e}")
-        if self.is_main:
-            write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
-        self.run_log.close()
+        try:  # the error being raised is the one to report, not one from recording it
+            if self.is_main:
+                write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
+            self.run_log.close()
+        except Exception as err:
+            log.warning(f"pitstop: warning: could not record the stopped run's summary ({err})")
 
     # --- signals ------------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""`--compile on` that never crashes a run the eager path could train.
+
+torch.compile compiles on the first forward; that can fail (an unsupported op, a backend
+missing on this machine). `GuardedForward` then falls back, with a warning naming what
+failed, to the module the run wraps for its strategy: the DDP/FSDP wrapper, never the bare
+model (a bare model's gradients would never be all-reduced: ranks would silently train
+apart, or hang when only some of them fell back).
+
+Two failures are not compile failures:
+
+- an out-of-memory error, even one raised while compiling, is re-raised unchanged: the
+  trainer's OOM path (back off to a smaller micro-batch, or stop with what would fit)
+  handles it, and compile stays on (it fits at the smaller size, or nothing does);
+- the model's own error: the eager retry raises it again, and the run stops with it.
+
+A later recompile (a new micro-batch shape) that fails falls back the same way.
+
+Ranks agree: a rank that fell back cannot tell the others at once (a collective inside a
+forward would pair with DDP's gradient all-reduce on the other ranks), so the trainer
+ORs `failed` over ranks at its next logging step (`Trainer._agree`) and every rank then
+falls back (`fall_back`). Until then the math is the same on every rank (compile does
+not change it); only the speed differs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pitstop import log
+from pitstop.train import oom
+
+__all__ = ["GuardedForward", "compile_module"]
+
+
+class GuardedForward:
+    """Calls `compiled` (torch.compile of `eager`) until it fails, then `eager` for good.
+
+    `compiled=None`: compile is off; every call goes to `eager`.
+    """
+
+    def __init__(self, eager: Callable[..., Any], compiled: Callable[..., Any] | None) -> None:
+        self.eager = eager
+        self.compiled = compiled
+        self.failure: str | None = None  # what failed, once it has (this rank)
+
+    @property
+    def active(self) -> bool:
+        return self.compiled is not None
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.compiled is None:
+            return self.eager(**kwargs)
+        failed = False
+        try:
+            out = self.compiled(**kwargs)
+        except Exception as e:
+            if oom.is_oom(e):
+                raise  # the trainer's OOM path backs off or stops; compile stays on
+            self.fall_back(f"{type(e).__name__}: {e}")
+            failed = True
+        if failed:
+            # Outside `except`: the traceback's frames held the failed attempt's tensors.
+            gc.collect()
+            _empty_cuda_cache()
+            return self.eager(**kwargs)
+        return out
+
+    def fall_back(self, why: str) -> None:
+        """Use the eager (still wrapped) module from now on; warn once, naming `why`."""
+        if self.compiled is None:
+            return
+        self.compiled = None
+        self.failure = why
+        log.warning(
+            f"pitstop: warning: torch.compile failed ({_short(why)}); continuing without "
+            "compile (the same model, wrapped the same way; the training math is unchanged)"
+        )
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def compile_module(wrapped: Any, rank: int) -> Callable[..., Any]:
+    """torch.compile of the module the run wraps for its strategy (compiled lazily: the first
+    forward compiles).
+
+    Test hook PITSTOP_TEST_COMPILE_FAILS_ON_RANK=R: no real compile; rank R's "compiled"
+    forward raises as a failed compile does, the others' is the wrapped module itself.
+    """
+    hook = os.environ.get("PITSTOP_TEST_COMPILE_FAILS_ON_RANK")
+    if hook is not None:
+        if int(hook) != rank:
+            return wrapped
+
+        def failing(**kwargs: Any) -> Any:
+            raise RuntimeError("PITSTOP_TEST_COMPILE_FAILS_ON_RANK: compile failed (test hook)")
+
+        return failing
+    import torch
+
+    return torch.compile(wrapped)

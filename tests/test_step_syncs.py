@@ -1,0 +1,74 @@
+"""No hidden host reads of tensors in the training step (issue 26: per-step host syncs).
+
+On a GPU, reading a device tensor on the host (`.item()`, `bool(t)`, `float(t)`, `int(t)`,
+`.tolist()`) waits for the device. The design allows them only at logging steps and
+checkpoints. On the CPU nothing waits, but the reads are the same code: every such read
+made by pitstop's own code during a non-logging step is recorded here, and only the
+documented one may appear (optimizer_step's skip flag, taken only where the optimizer
+has no device-side skip: the CPU and bitsandbytes' 8-bit optimizers).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+PITSTOP = str(Path(__file__).resolve().parents[1] / "pitstop")
+ALLOWED = {("trainer.py", "optimizer_step")}
+# The loader builds host batches (counts, metadata) before to_device moves them: reading
+# those is host work, never a device sync.
+HOST_ONLY = str(Path(PITSTOP) / "batching")
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    from _train_util import make_store
+
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+
+
+def test_only_the_documented_host_reads_happen_in_a_step(
+    tiny_model_dir, store, tmp_path, monkeypatch
+) -> None:
+    from _train_util import train_config
+
+    from pitstop.train.trainer import Trainer
+
+    seen: set[tuple[str, str]] = set()
+    counting = [False]
+
+    def spy(name):
+        orig = getattr(torch.Tensor, name)
+
+        def read(self, *a, **k):
+            if counting[0]:
+                f = sys._getframe(1)
+                name = f.f_code.co_filename
+                if name.startswith(PITSTOP) and not name.startswith(HOST_ONLY):
+                    seen.add((Path(name).name, f.f_code.co_name))
+            return orig(self, *a, **k)
+
+        return read
+
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    real_step = Trainer._train_step
+
+    def step(self, tl):
+        counting[0] = True
+        try:
+            return real_step(self, tl)
+        finally:
+            counting[0] = False
+
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    cfg = train_config(tiny_model_dir, store, tmp_path / "out", max_steps=3, log_steps=100)
+    Trainer(cfg).fit()
+    assert seen <= ALLOWED, f"host reads of tensors in the step path: {sorted(seen - ALLOWED)}"
+    assert seen  # the spy works: the CPU's skip flag read was seen
