@@ -907,7 +907,7 @@ def ga_loss_bug(ctx: Context) -> Finding | None:
         "without accumulation (it changes what is learned, not the speed)",
         basis="documented",
         reference="transformers v4.46.0 release notes; https://huggingface.co/blog/gradient_accumulation (Oct 2024)",
-        fix='pip install -U "transformers>=4.56" (a custom compute_loss must also accept num_items_in_batch)',
+        fix='pip install -U "transformers>=4.46" (a custom compute_loss must also accept num_items_in_batch)',
         gain=0.0,
     )  # fmt: skip
 
