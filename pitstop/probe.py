@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files, runlock
+from pitstop import run_record, runlock
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 
@@ -250,7 +250,7 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
         who = runlock.holder(out)  # another writer: refused whatever the flags say
         if who is not None:
             return runlock.in_progress_message(out, who)
-    has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
+    has_run = out.is_dir() and any((out / n).exists() for n in run_record.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "
