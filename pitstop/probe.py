@@ -246,6 +246,9 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would fail after the model loaded: say so now
+        return f"--output {out}: {blocker} is a file, so no directory can be made under it"
     if out.is_dir():
         who = runlock.holder(out)  # another writer: refused whatever the flags say
         if who is not None:
