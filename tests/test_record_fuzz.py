@@ -23,7 +23,7 @@ from pitstop.errors import PitstopError
 from pitstop.measure.schema import check_profile
 from pitstop.measure.verdict import verdict
 from pitstop.report.compare import compare
-from pitstop.report.estimate import load_measured, steady_rate
+from pitstop.report.estimate import load_measured
 from pitstop.report.html import render
 from pitstop.report.runs import load_run
 from pitstop.run_record import ChoiceRecord, RunSummary, StepLine
@@ -85,9 +85,7 @@ def test_run_directory_readers(summary: Any, step: Any) -> None:
         if loaded is not None:  # what loads renders and compares without a traceback
             render([loaded, load_run(OLD / "hf")], price=2.0)
             compare(loaded, load_run(OLD / "train"), 2.0)
-        prof = _clean(load_measured, run)
-        if prof is not None:
-            _clean(steady_rate, prof)
+        _clean(load_measured, run)
         _clean(load_run, _no_summary(run))
 
 
@@ -135,6 +133,4 @@ def test_profile_readers(profile: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "profile.json"
         p.write_text(json.dumps(profile), encoding="utf-8")
-        prof = _clean(load_measured, p)
-        if prof is not None:
-            _clean(steady_rate, prof)
+        _clean(load_measured, p)

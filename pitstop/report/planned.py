@@ -126,7 +126,7 @@ def estimate_planned_run(
     device = _device(gpu, gpu_tflops, gpu_memory_gib, price)
     profile = load_measured(from_profile) if from_profile else None
     if precision is None:
-        dev = device or (find_gpu(str((profile or {}).get("device", ""))) if profile else None)
+        dev = device or (find_gpu(profile.device) if profile else None)
         if dev is not None:
             precision = "bf16" if dev.bf16 else "fp16"
         elif profile is not None:

@@ -64,11 +64,21 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Keep only lines of steps <= `last_step` (a resumed run rewrites what came after)."""
     if not path.is_file():
         return
-    kept = [r for r in read_metrics(path) if int(r.get("step", 0)) <= last_step]
+    # Lines a damaged file holds that are not step records (no integer "step") are dropped
+    # too: the resumed run rewrites them, and `pitstop report` would refuse them.
+    kept = [
+        r
+        for r in read_metrics(path)
+        if isinstance(r, dict) and _is_int(r.get("step")) and r["step"] <= last_step
+    ]
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
