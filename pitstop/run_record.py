@@ -87,25 +87,47 @@ def _kind(kind: str, default: Any = None, *, required: bool = False) -> Any:
     return field(default=default, metadata=meta)
 
 
+# The exact JSON types each kind accepts without calling its test (json.loads gives exact
+# types; the test still decides for anything else, e.g. a numpy float): reading a long
+# run's metrics.jsonl is dominated by these checks.
+_FAST: dict[str, tuple[type, ...]] = {
+    "int": (int,), "num": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
+    "list": (list,), "dict_or_str": (dict, str),
+}  # fmt: skip
+_SPECS: dict[type, list[tuple[str, bool, str, tuple[type, ...], Any]]] = {}
+
+
+def _specs(cls: type) -> list[tuple[str, bool, str, tuple[type, ...], Any]]:
+    """(name, required, what, fast types, test) of each checked field of `cls`, built once."""
+    if cls not in _SPECS:
+        _SPECS[cls] = [
+            (f.name, f.metadata["required"], *_KINDS[f.metadata["kind"]][:1],
+             _FAST.get(f.metadata["kind"], ()), _KINDS[f.metadata["kind"]][1])
+            for f in fields(cls) if "kind" in f.metadata
+        ]  # fmt: skip
+    return _SPECS[cls]
+
+
 def _check(cls: type, data: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(known fields, extra keys) of `data`, or a DataError naming every field of the wrong type."""
     if not isinstance(data, dict):
         raise DataError(f"{where}: must be a JSON object, got {short_repr(data)}")
     known, problems = {}, []
-    names = {f.name: f for f in fields(cls) if "kind" in f.metadata}
-    for name, f in names.items():
-        if name not in data or data[name] is None:
-            if f.metadata["required"]:
+    specs = _specs(cls)
+    for name, required, what, fast, ok in specs:
+        v = data.get(name)
+        if v is None:
+            if required:
                 problems.append(f"{where}: field {name!r} is missing")
-            continue
-        what, ok = _KINDS[f.metadata["kind"]]
-        if not ok(data[name]):
-            problems.append(f"{where}: field {name!r} must be {what}, got {short_repr(data[name])}")
+        elif type(v) in fast or ok(v):
+            known[name] = v
         else:
-            known[name] = data[name]
+            problems.append(f"{where}: field {name!r} must be {what}, got {short_repr(v)}")
     if problems:
         raise DataError(problems, header=None if len(problems) == 1 else f"{where}:")
-    extra = {k: v for k, v in data.items() if k not in names and k != "schema_version"}
+    extra = {k: v for k, v in data.items() if k not in known and k != "schema_version"}
+    for name, *_ in specs:  # a known field written as null is not an extra key
+        extra.pop(name, None)
     return known, extra
 
 
@@ -342,7 +364,7 @@ class StepLine:
             v = extra.pop(k)
             if v is None:
                 continue
-            if not _KINDS["num"][1](v):
+            if type(v) not in (int, float) and not _KINDS["num"][1](v):
                 problems.append(f"{where}: field {k!r} must be a number, got {short_repr(v)}")
             elif nested is None:
                 phases[k[:-2]] = float(v)
