@@ -47,7 +47,7 @@ from pitstop import run_record
 from pitstop.advise.doctor import device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.finding import format_findings
-from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.atomic import write_json_atomic
 from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
@@ -57,8 +57,7 @@ from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import format_verdict, verdict
 from pitstop.probe import DeviceInfo, detect_device
-from pitstop.run_record import RunSummary, write_summary
-from pitstop.train.summary import jsonl_text
+from pitstop.run_record import RunSummary, StepLine, write_steps, write_summary
 
 __all__ = ["PitstopCallback"]
 
@@ -406,7 +405,7 @@ class PitstopCallback(TrainerCallback):
 
     def _write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / run_record.METRICS, jsonl_text(self._lines))
+        write_steps(out, [StepLine.from_json(line) for line in self._lines])
         write_json_atomic(out / run_record.HF_PROFILE, self.profile)
         if self.report is not None:
             write_json_atomic(out / run_record.FINDINGS, self.report)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pitstop.atomic import write_json_atomic
+from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.errors import DataError, short_repr
 
 # --- file names (a rename is one edit; --overwrite knows exactly what a run wrote) ---------
@@ -344,7 +344,10 @@ class StepLine:
         return float(v) if ok else None
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in _STEP_FIELDS if getattr(self, k) is not None}
+        # Null fields are left out, except the loss: null there says the step was skipped.
+        d = {
+            k: getattr(self, k) for k in _STEP_FIELDS if getattr(self, k) is not None or k == "loss"
+        }
         d.update({f"{k}_s": v for k, v in self.phases.items()})
         return {**d, **self.extra}
 
@@ -410,6 +413,17 @@ def read_steps(path: str | Path) -> list[StepLine]:
             rec = {**rec, "step": i}
         steps.append(StepLine.from_json(rec, where))
     return steps
+
+
+def write_steps(out_dir: str | Path, steps: list[StepLine]) -> Path:
+    """Write OUT_DIR/metrics.jsonl whole, atomically (a writer that has every step at the end,
+    like PitstopCallback; `pitstop train` appends lines as it runs). Non-finite numbers are null."""
+    path = Path(out_dir) / METRICS
+    text = "".join(
+        json.dumps({k: _finite(v) for k, v in s.to_json().items()}) + "\n" for s in steps
+    )
+    write_text_atomic(path, text)
+    return path
 
 
 # --- choices.json and the measured-choices cache -------------------------------------------

@@ -21,6 +21,7 @@ from pitstop.run_record import (
     read_choices,
     read_steps,
     read_summary,
+    write_steps,
     write_summary,
 )
 
@@ -130,3 +131,13 @@ def test_choice_record_values_are_checked() -> None:
             ChoiceRecord.from_json({**good, "values": values})
     with pytest.raises(DataError, match="field 'values' must be an object"):
         ChoiceRecord.from_json({**good, "values": "bucket"})
+
+
+def test_write_steps_round_trip(tmp_path: Path) -> None:
+    steps = read_steps(OLD / "hf" / run_record.METRICS)
+    steps[0].grad_norm = float("inf")  # JSON has no Inf: written as null
+    path = write_steps(tmp_path, steps)
+    again = read_steps(path)
+    assert [s.step for s in again] == [1, 2, 3, 4] and again[0].grad_norm is None
+    assert again[0].loss is None and "loss" in json.loads(path.read_text().splitlines()[0])
+    assert again[1].phases == steps[1].phases and again[1].extra == steps[1].extra
