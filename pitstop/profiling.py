@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
+from pitstop.run_record import RunSummary, read_steps
 
 # At most this many measured steps go into a Chrome trace: a trace of a real model
 # grows by tens of MB per step, and a few steps show the pattern.
@@ -195,7 +196,7 @@ class ProfileRun:
     """What `run_profile` measured: the profile dict, the run's summary, the trace file."""
 
     profile: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary
     trace_path: Path | None = None
 
 
@@ -222,7 +223,6 @@ def run_profile(
     from pitstop.measure.sampler import Sampler
     from pitstop.measure.schema import make_profile
     from pitstop.measure.verdict import verdict
-    from pitstop.train.summary import read_metrics
 
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-profile-"))
     try:
@@ -244,26 +244,24 @@ def run_profile(
         ctx: AbstractContextManager[Any] = prof if prof is not None else nullcontext()
         t_sampler0 = time.perf_counter()  # the sampler's samples count from (about) here
         with sampler, ctx:
-            summary = trainer.fit()
+            summary = RunSummary.from_json(trainer.fit())
         peak = peak_memory(trainer.device.type)
-        lines = read_metrics(tmp / "run" / run_files.METRICS)
+        lines = read_steps(tmp / "run" / run_record.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    lines.sort(key=lambda r: int(r["step"]))
-    measured = [r for r in lines if int(r["step"]) > warmup]
-    before = [r for r in lines if int(r["step"]) == warmup]
-    step_phases = [{p: float(r.get(f"{p}_s") or 0.0) for p in PHASES} for r in measured]
-    step_seconds = [float(r["step_seconds"]) for r in measured]
-    trained = sum(int(r.get("step_trained_tokens") or 0) for r in measured)
-    padded0 = int(before[0]["padded_tokens"]) if before else 0
-    positions = int(measured[-1]["padded_tokens"]) - padded0 if measured else 0
+    lines.sort(key=lambda r: r.step)
+    measured = [r for r in lines if r.step > warmup]
+    before = [r for r in lines if r.step == warmup]
+    step_phases = [{p: r.phases.get(p, 0.0) for p in PHASES} for r in measured]
+    step_seconds = [r.seconds or 0.0 for r in measured]
+    trained = sum(int(r.step_trained_tokens or 0) for r in measured)
+    padded0 = int(before[0].padded_tokens or 0) if before else 0
+    positions = int(measured[-1].padded_tokens or 0) - padded0 if measured else 0
     total = sum(step_seconds)
     mfu = None
-    if total > 0 and summary.get("flops_per_token"):
-        mfu = mfu_of(
-            positions / total, float(summary["flops_per_token"]), summary.get("peak_flops")
-        )
+    if total > 0 and summary.flops_per_token:
+        mfu = mfu_of(positions / total, float(summary.flops_per_token), summary.peak_flops)
     events = {
         "checkpoints": sum(1 for r in step_phases if r["checkpoint"] > 0),
         "evals": sum(1 for r in step_phases if r["eval"] > 0),
@@ -298,9 +296,9 @@ def run_profile(
         source="pitstop",
         trained_tokens=trained,
         mfu=mfu,
-        peak_memory_bytes=peak or int(summary.get("peak_memory_bytes") or 0),
-        device=summary.get("device"),
-        choices=summary.get("choices"),
+        peak_memory_bytes=peak or int(summary.peak_memory_bytes or 0),
+        device=summary.device if isinstance(summary.device, dict) else None,
+        choices=summary.choices,
         config=cfg.to_dict(),
         events=events,
         utilisation=util,

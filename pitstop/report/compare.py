@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop.report.runs import Run, breakdown, flat_settings, load_run
+from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
+from pitstop.run_record import RunSummary
 
 
 @dataclass(frozen=True)
@@ -49,48 +50,45 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def gpu_count(summary: dict[str, Any]) -> int:
-    for key in ("world_size", "n_gpus", "gpus"):
-        v = _num(summary.get(key))
-        if v:
-            return int(v)
-    cfg = summary.get("config") or {}
-    return int(cfg.get("nproc") or 1) if isinstance(cfg, dict) else 1
+def gpu_count(summary: RunSummary) -> int:
+    """GPUs the run paid for: its world size, else the config's process count, else 1."""
+    if summary.world_size:
+        return summary.world_size
+    nproc = _num(summary.config.get("nproc"))  # a RunConfig field, not a summary one
+    return int(nproc) if nproc and nproc >= 1 else 1
 
 
-def run_metrics(run: Run, price: float | None = None) -> dict[str, float | None]:
+def run_metrics(run: LoadedRun, price: float | None = None) -> dict[str, float | None]:
     """The compared figures of one run (None where the run did not record what is needed)."""
     s = run.summary
-    train = _num(s.get("train_seconds"))
-    wall = _num(s.get("wall_seconds"))
-    tps = _num(s.get("tokens_per_second"))
-    if tps is None and train and _num(s.get("trained_tokens")):
-        tps = float(s["trained_tokens"]) / train
-    steps = _num(s.get("optimizer_steps"))
+    train, wall = _num(s.train_seconds), _num(s.wall_seconds)
+    trained = _num(s.trained_tokens)
+    tps = _num(s.tokens_per_second)
+    if tps is None and train and trained:
+        tps = trained / train
+    steps = _num(s.optimizer_steps)
     tb = breakdown(s)
     total = sum(tb.values())
-    seen, padded = _num(s.get("seen_tokens")), _num(s.get("padded_tokens"))
+    seen, padded = _num(s.seen_tokens), _num(s.padded_tokens)
     secs_paid = wall or train
     return {
         "tokens_per_second": tps,
         "iterations_per_second": steps / train if steps and train else None,
-        "trained_tokens_per_step": _num(s.get("trained_tokens")) / steps
-        if steps and _num(s.get("trained_tokens"))
-        else None,
+        "trained_tokens_per_step": trained / steps if steps and trained else None,
         "train_seconds": train,
         "wall_seconds": wall,
         "cost": secs_paid / 3600 * gpu_count(s) * price
         if (price is not None and secs_paid)
         else None,
-        "mfu": _num(s.get("mfu")),
-        "peak_memory_bytes": _num(s.get("peak_memory_bytes")),
+        "mfu": _num(s.mfu),
+        "peak_memory_bytes": _num(s.peak_memory_bytes),
         "data_wait_share": tb.get("data_wait", 0.0) / total if total else None,
         "padding_waste": 1 - seen / padded if (seen is not None and padded) else None,
-        "final_loss": _num(s.get("final_loss")),
+        "final_loss": _num(s.final_loss),
     }
 
 
-def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
+def setting_differences(a: LoadedRun, b: LoadedRun) -> list[tuple[str, Any, Any]]:
     sa, sb = flat_settings(a.summary), flat_settings(b.summary)
     # Where files went is not a setting (pitstop's names, then TrainingArguments').
     skip = {"output", "cache_dir", "overwrite", "resume", "output_dir", "logging_dir", "run_name"}
@@ -103,10 +101,12 @@ def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def compare(a: str | Path | Run, b: str | Path | Run, price: float | None = None) -> dict[str, Any]:
+def compare(
+    a: str | Path | LoadedRun, b: str | Path | LoadedRun, price: float | None = None
+) -> dict[str, Any]:
     """The comparison as data: per metric A, B and B/A; the settings that differ."""
-    ra = a if isinstance(a, Run) else load_run(a)
-    rb = b if isinstance(b, Run) else load_run(b)
+    ra = a if isinstance(a, LoadedRun) else load_run(a)
+    rb = b if isinstance(b, LoadedRun) else load_run(b)
     ma, mb = run_metrics(ra, price), run_metrics(rb, price)
     rows = []
     for m in METRICS:
@@ -133,7 +133,9 @@ def compare(a: str | Path | Run, b: str | Path | Run, price: float | None = None
 TOKENS_PER_STEP_TOLERANCE = 0.02
 
 
-def _notes(ma: dict[str, float | None], mb: dict[str, float | None], ra: Run, rb: Run) -> list[str]:
+def _notes(
+    ma: dict[str, float | None], mb: dict[str, float | None], ra: LoadedRun, rb: LoadedRun
+) -> list[str]:
     """What a reader must know before taking a ratio as a speed-up."""
     out = []
     ta, tb = ma["trained_tokens_per_step"], mb["trained_tokens_per_step"]
@@ -146,7 +148,7 @@ def _notes(ma: dict[str, float | None], mb: dict[str, float | None], ra: Run, rb
             "batch: retune the learning rate, or keep tokens per step equal)"
         )
     for r in (ra, rb):
-        status = str(r.summary.get("status") or "")
+        status = r.summary.status or ""
         if status.startswith("incomplete"):
             out.append(f"{r.path}: {status}")
     return out

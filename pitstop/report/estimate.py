@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
@@ -54,7 +54,7 @@ from pitstop.measure.cost_model import (
 from pitstop.measure.machine import describe_load
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
 from pitstop.report.runs import load_run
-from pitstop.train.summary import read_metrics
+from pitstop.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
 # fine-tuning figure for bf16 on A100/H100-class GPUs (PaLM reports 46% at scale;
@@ -162,41 +162,96 @@ class Estimate:
         }
 
 
-def load_measured(path: str | Path) -> dict[str, Any]:
+# The fields of a profile.json the estimate reads, and their kinds (a summary.json is read
+# as a RunSummary, whose fields are all checked).
+_PROFILE_FIELDS = {
+    "tokens_per_second": "num", "tokens_per_step": "num", "step_seconds": "num_list",
+    "phases": "num_map", "warmup": "int", "mfu": "num", "device": "dict_or_str",
+    "machine": "dict", "config": "dict",
+}  # fmt: skip
+
+
+@dataclass
+class Measured:
+    """A measured throughput for --from-profile: from a profile.json, a run's summary.json
+    (with its metrics.jsonl), or a killed run's metrics.jsonl alone."""
+
+    path: str  # the file the figures come from, for the basis
+    tokens_per_second: float  # trained tokens per second over the measured run
+    device: str  # the device it was measured on, as a person reads it
+    wall_seconds: float | None = None
+    train_seconds: float | None = None
+    mfu: float | None = None
+    time_breakdown: dict[str, float] = field(default_factory=dict)
+    machine: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    steady: SteadyRate | None = None  # the median rate after the warm-up, where steps were kept
+    tokens_per_step: float | None = None  # trained tokens per optimizer step, where recorded
+    choices: dict[str, Any] = field(default_factory=dict)  # the run's recorded choices
+
+
+def load_measured(path: str | Path) -> Measured:
     """The measured throughput of a profile.json, a run's summary.json, or a run directory
-    holding summary.json (only `tokens_per_second` is required; `pitstop.measure.schema.
-    load_profile` reads a full profile for the doctor)."""
+    (only a tokens/s figure is required; `pitstop.measure.schema.load_profile` reads a
+    full profile for the doctor). Summaries and step lines are read through the typed run
+    record: a field of the wrong type is a DataError naming it."""
     p = Path(path)
     if p.is_dir():
-        for name in (run_files.SUMMARY, run_files.PROFILE):
+        for name in (run_record.SUMMARY, run_record.PROFILE):
             if (p / name).is_file():
                 p = p / name
                 break
         else:
-            if not (p / "metrics.jsonl").is_file():
+            if not (p / run_record.METRICS).is_file():
                 raise DataError(
                     f"{path} holds neither summary.json, profile.json nor metrics.jsonl; give a "
                     "run directory (`pitstop train`, or a Trainer run with PitstopCallback)"
                 )
-            # A killed run: its summary rebuilt from the step lines (steady_rate reads them too).
-            prof = load_run(p).summary
-            prof["_path"] = str(p / "metrics.jsonl")
-            if not prof.get("tokens_per_second"):
-                raise DataError(f"{p / 'metrics.jsonl'} records no trained tokens per step")
-            return prof
+            # A killed run: its summary rebuilt from the step lines.
+            metrics = p / run_record.METRICS
+            summary = load_run(p).summary
+            if not summary.tokens_per_second:
+                raise DataError(f"{metrics} records no trained tokens per step")
+            return _from_summary(summary, metrics)
     if not p.is_file():
         raise DataError(f"--from-profile {path} does not exist")
+    if p.name == run_record.SUMMARY:
+        return _from_summary(read_summary(p), p)
     try:
-        prof = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{p} is not valid JSON ({e})") from None
-    if not isinstance(prof, dict) or not prof.get("tokens_per_second"):
-        raise DataError(
-            f"{p} has no tokens_per_second; give a profile.json from `pitstop profile` or a "
-            "run directory / summary.json from `pitstop train`"
-        )
-    prof["_path"] = str(p)
-    return prof
+    if isinstance(data, dict) and "step_seconds" not in data and "schema" not in data:
+        return _from_summary(RunSummary.from_json(data, str(p)), p)  # a summary, renamed
+    prof = check_fields(data, _PROFILE_FIELDS, str(p))
+    tps = prof.get("tokens_per_second")
+    if not tps:
+        raise DataError(_NO_RATE.format(p=p))
+    return Measured(
+        str(p), float(tps), device_label(prof.get("device")), mfu=prof.get("mfu"),
+        machine=prof.get("machine"), config=prof.get("config") or {},
+        steady=_profile_steady(prof), tokens_per_step=prof.get("tokens_per_step"),
+    )  # fmt: skip
+
+
+_NO_RATE = (
+    "{p} has no tokens_per_second; give a profile.json from `pitstop profile` or a "
+    "run directory / summary.json from `pitstop train`"
+)
+
+
+def _from_summary(s: RunSummary, path: Path) -> Measured:
+    if not s.tokens_per_second:
+        raise DataError(_NO_RATE.format(p=path))
+    return Measured(
+        str(path), float(s.tokens_per_second), device_label(s.device),
+        wall_seconds=s.wall_seconds, train_seconds=s.train_seconds, mfu=s.mfu,
+        time_breakdown=s.time_breakdown, machine=s.machine, config=s.config,
+        steady=steps_steady(read_steps(path.with_name(run_record.METRICS))),
+        tokens_per_step=(s.trained_tokens / s.optimizer_steps)
+        if s.trained_tokens and s.optimizer_steps else None,
+        choices=s.choices or {},
+    )  # fmt: skip
 
 
 def data_tokens(
@@ -266,8 +321,24 @@ class SteadyRate:
     detail: str
 
 
-def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
-    """The rate a long run keeps up: median step time of the steps after the warm-up.
+def _profile_steady(prof: dict[str, Any]) -> SteadyRate | None:
+    """The steady rate of a pitstop.profile/1 dict: its steps are already the measured ones,
+    and its pauses are totals (which steps paid them is not kept; the median skips those
+    rare steps). None without per-step times."""
+    secs = [float(x) for x in prof.get("step_seconds") or []]
+    tokens = float(prof.get("tokens_per_step") or 0.0)
+    if not secs or tokens <= 0:
+        return None
+    phases = prof.get("phases") or {}
+    pause = (float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)
+    return _steady(
+        statistics.median(secs), pause, tokens, 0.0, len(secs), int(prof.get("warmup") or 0)
+    )
+
+
+def steps_steady(lines: list[StepLine]) -> SteadyRate | None:
+    """The rate a long run keeps up, from a run's step lines: the median step time of the
+    steps after the warm-up.
 
     A short run's whole-run mean counts its warm-up steps (the first steps of a process
     run slower: kernels are created per new shape, allocator pools grow, torch.compile
@@ -275,47 +346,40 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
     steps is also robust to a burst of load on a shared machine. Checkpoint and
     evaluation pauses inside the measured steps are added back at their mean per step,
     since the full run pays them at the same cadence. The warm-up's time above steady
-    steps is paid once (start-up). None when there are no per-step times to use.
+    steps is paid once (start-up). None when there are too few per-step times to use.
     """
-    if isinstance(prof.get("step_seconds"), list) and prof["step_seconds"]:
-        # a pitstop.profile/1 dict: its steps are already the measured ones, and its pauses
-        # are totals (which steps paid them is not kept; the median skips those rare steps)
-        if not prof.get("tokens_per_step"):
-            return None
-        secs = [float(x) for x in prof["step_seconds"]]
-        phases = prof.get("phases") or {}
-        pause = (float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)
-        median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
-        warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
-    else:
-        lines = read_metrics(Path(prof.get("_path", "")).with_name(run_files.METRICS))
-        lines = sorted(
-            (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
-            key=lambda r: r["step"],
-        )
-        if len(lines) < 3:
-            return None
-        left_out = RUN_WARMUP_STEPS if len(lines) >= RUN_WARMUP_STEPS + 3 else 1
-        warm, steady = lines[:left_out], lines[left_out:]
-        pauses = [float(r.get("checkpoint_s") or 0) + float(r.get("eval_s") or 0) for r in steady]
-        secs = [float(r["step_seconds"]) for r in steady]
-        median = statistics.median(t - q for t, q in zip(secs, pauses))
-        pause = statistics.fmean(pauses)
-        tokens = statistics.fmean(float(r["step_trained_tokens"]) for r in steady)
-        warm_extra = max(0.0, sum(float(r["step_seconds"]) for r in warm) - left_out * median)
+    timed = sorted(
+        (r for r in lines if r.step_seconds and r.step_trained_tokens is not None),
+        key=lambda r: r.step,
+    )
+    if len(timed) < 3:
+        return None
+    left_out = RUN_WARMUP_STEPS if len(timed) >= RUN_WARMUP_STEPS + 3 else 1
+    warm, steady = timed[:left_out], timed[left_out:]
+    pauses = [r.pause_s for r in steady]
+    secs = [float(r.step_seconds or 0.0) for r in steady]
+    median = statistics.median(t - q for t, q in zip(secs, pauses))
+    tokens = statistics.fmean(float(r.step_trained_tokens or 0.0) for r in steady)
+    warm_extra = max(0.0, sum(float(r.step_seconds or 0.0) for r in warm) - left_out * median)
+    return _steady(median, statistics.fmean(pauses), tokens, warm_extra, len(secs), left_out)
+
+
+def _steady(
+    median: float, pause: float, tokens: float, warm_extra: float, n: int, left_out: int
+) -> SteadyRate | None:
     step = median + pause
     if step <= 0 or tokens <= 0:
         return None
     added = f", checkpoint/eval pauses {pause:.3g} s per step added" if pause else ""
     detail = (
         f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (median of "
-        f"{len(secs)} steps after {left_out} warm-up steps{added})"
+        f"{n} steps after {left_out} warm-up steps{added})"
     )
     return SteadyRate(tokens / step, warm_extra, detail)
 
 
-def _profile_device(prof: dict[str, Any]) -> str:
-    dev = prof.get("device")
+def device_label(dev: Any) -> str:
+    """A recorded device as a person reads it (a DeviceInfo dict, or a string)."""
     if isinstance(dev, dict):  # a pitstop.probe.DeviceInfo as a dict
         name = str(dev.get("name") or "")
         if dev.get("type") == "cpu":
@@ -330,43 +394,43 @@ def _is_cpu(device: str) -> bool:
 
 def throughput(
     *,
-    profile: dict[str, Any] | None,
+    profile: Measured | None,
     gpu: Gpu | None,
     mfu: float | None,
     precision: str,
     flops_per_token: float | None,
 ) -> Throughput:
     """The throughput the time estimate divides by, with the basis stated."""
-    pdev = _profile_device(profile) if profile else None
+    pdev = profile.device if profile else None
     same_device = profile is not None and gpu is not None and find_gpu(pdev or "") == gpu
     if profile is not None and (gpu is None or same_device) and mfu is None:
         startup = 0.0
-        if profile.get("wall_seconds") and profile.get("train_seconds"):
-            startup = max(0.0, float(profile["wall_seconds"]) - float(profile["train_seconds"]))
-        steady = steady_rate(profile)
+        if profile.wall_seconds and profile.train_seconds:
+            startup = max(0.0, float(profile.wall_seconds) - float(profile.train_seconds))
+        steady = profile.steady
         if steady is not None:
             tps = steady.tokens_per_second
             startup += steady.extra_startup_seconds
             basis = (
                 f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in "
-                f"{profile['_path']} on {pdev}"
+                f"{profile.path} on {pdev}"
             )
         else:
-            tps = float(profile["tokens_per_second"])
-            basis = f"measured: {tps:,.0f} trained tokens/s in {profile['_path']} on {pdev}"
-            tb = profile.get("time_breakdown") or {}
-            pauses = sum(float(tb.get(k, 0) or 0) for k in ("checkpoint", "eval"))
-            if profile.get("train_seconds") and pauses:
+            tps = profile.tokens_per_second
+            basis = f"measured: {tps:,.0f} trained tokens/s in {profile.path} on {pdev}"
+            tb = profile.time_breakdown
+            pauses = sum(float(tb.get(k, 0)) for k in ("checkpoint", "eval"))
+            if profile.train_seconds and pauses:
                 basis += (
-                    f"; checkpoint/eval pauses ({pauses / float(profile['train_seconds']):.1%} "
+                    f"; checkpoint/eval pauses ({pauses / float(profile.train_seconds):.1%} "
                     "of train time) are inside that rate"
                 )
         if startup:
             basis += f"; start-up {startup:.0f} s added once"
-        load = describe_load(profile.get("machine"))
+        load = describe_load(profile.machine)
         if load:  # a busy machine measures a slower rate than a quiet one would: say which
             basis += f"; machine {load} when measured"
-        pm = float(profile["mfu"]) if profile.get("mfu") else None
+        pm = float(profile.mfu) if profile.mfu else None
         if pm is not None and pm > 1:
             # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
             # CPU, once, and cached) came out low, e.g. on a busy machine.
@@ -388,9 +452,9 @@ def throughput(
         )
     if mfu is not None:
         used, why = mfu, f"MFU {mfu:.0%} (--mfu)"
-    elif profile is not None and profile.get("mfu") and not _is_cpu(pdev or "cpu"):
-        used = float(profile["mfu"])
-        why = f"MFU {used:.0%} measured on {pdev} ({profile['_path']}), assumed to carry over"
+    elif profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
+        used = float(profile.mfu)
+        why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
     else:
         used = DEFAULT_MFU
         on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
@@ -479,7 +543,7 @@ def estimate(
     load_in_4bit: bool = False,
     gpu: Gpu | None = None,
     mfu: float | None = None,
-    profile: dict[str, Any] | None = None,
+    profile: Measured | None = None,
     gpu_counts: list[int] | None = None,
     scaling: float = DEFAULT_SCALING,
     price: float | None = None,
@@ -494,8 +558,8 @@ def estimate(
     seq_len = seq_len or tokens.max_seq_len or 1024
     notes: list[str] = [kept_from_profile] if kept_from_profile else []
     if gpu is None and profile is not None:
-        gpu = find_gpu(_profile_device(profile))
-    fused = not (gpu is None and profile is not None and _is_cpu(_profile_device(profile)))
+        gpu = find_gpu(profile.device)
+    fused = not (gpu is None and profile is not None and _is_cpu(profile.device))
     plan = Plan(
         micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
         attention=attention, gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
@@ -643,25 +707,16 @@ def optimizer_steps(
     return max(1, math.ceil(work / per)), basis
 
 
-def _measured_tokens_per_step(profile: dict[str, Any] | None) -> float | None:
-    if not profile:
-        return None
-    for key in ("tokens_per_step", "trained_tokens_per_step"):
-        v = profile.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
-    steps, trained = profile.get("optimizer_steps"), profile.get("trained_tokens")
-    if isinstance(steps, int) and steps > 0 and isinstance(trained, (int, float)) and trained > 0:
-        return float(trained) / steps
-    return None
+def _measured_tokens_per_step(profile: Measured | None) -> float | None:
+    v = profile.tokens_per_step if profile else None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
-def _measured_checkpoint_seconds(profile: dict[str, Any] | None) -> float:
+def _measured_checkpoint_seconds(profile: Measured | None) -> float:
     """Checkpoint seconds the measured run paid (then they are inside its measured rate)."""
     if not profile:
         return 0.0
-    phases = profile.get("phases") or profile.get("time_breakdown") or {}
-    return float(phases.get("checkpoint") or 0.0) if isinstance(phases, dict) else 0.0
+    return float(profile.time_breakdown.get("checkpoint") or 0.0)
 
 
 def checkpoint_overhead(
@@ -745,10 +800,9 @@ def recompute_per_token(fm: FlopsModel, seq_len: int) -> float:
     return fm.recompute_per_token(seq_len)
 
 
-def _profile_checkpointing(profile: dict[str, Any] | None) -> bool:
-    cfg = (profile or {}).get("config") or {}
-    if not isinstance(cfg, dict):
-        return False
+def _profile_checkpointing(profile: Measured | None) -> bool:
+    """Whether the measured run recomputed activations (pitstop's or TrainingArguments' name)."""
+    cfg = profile.config if profile is not None else {}
     return bool(cfg.get("gradient_checkpointing") or cfg.get("activation_checkpointing"))
 
 

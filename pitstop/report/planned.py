@@ -18,6 +18,7 @@ from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
     Estimate,
+    Measured,
     data_tokens,
     estimate,
     load_measured,
@@ -79,11 +80,11 @@ def _device(
     return get_gpu(gpu) if gpu else None
 
 
-def profile_settings(profile: dict[str, Any] | None) -> dict[str, Any]:
+def profile_settings(profile: Measured | None) -> dict[str, Any]:
     """The plan a measured run ran with (its config: pitstop's RunConfig or HF arguments):
     gradient checkpointing, micro-batch rows, row length, LoRA rank, 4-bit, optimizer.
     Only what the run recorded; `estimate --from-profile` keeps these unless told otherwise."""
-    cfg = (profile or {}).get("config")
+    cfg = profile.config if profile else None
     if not isinstance(cfg, dict):
         return {}
     out: dict[str, Any] = {}
@@ -99,7 +100,7 @@ def profile_settings(profile: dict[str, Any] | None) -> dict[str, Any]:
     if not rows and cfg.get("tokens_per_micro_batch") and seq:
         rows = max(1, int(cfg["tokens_per_micro_batch"]) // int(seq))
     if not rows:  # pitstop's auto micro-batch: the choice the run recorded ("2 rows")
-        got = ((profile or {}).get("choices") or {}).get("micro_batch") or {}
+        got = (profile.choices if profile else {}).get("micro_batch") or {}
         m = re.match(r"(\d+) rows", str(got.get("value", "")) if isinstance(got, dict) else "")
         rows = int(m.group(1)) if m else None
     if isinstance(rows, int) and rows > 0:
@@ -193,7 +194,7 @@ def estimate_planned_run(
     load_in_4bit = bool(kept.get("load_in_4bit", load_in_4bit))
     optimizer = kept.get("optimizer", optimizer or "adamw")
     if precision is None:
-        dev = device or (find_gpu(str((profile or {}).get("device", ""))) if profile else None)
+        dev = device or (find_gpu(profile.device) if profile else None)
         if dev is not None:
             precision = "bf16" if dev.bf16 else "fp16"
         elif profile is not None:
