@@ -13,7 +13,7 @@ from test_report_compare import make_run
 
 from pitstop.commands.estimate import register
 from pitstop.measure import cost_model as C
-from pitstop.report.estimate import DataTokens, estimate, format_estimate
+from pitstop.report.estimate import DataTokens, Measured, estimate, format_estimate, load_measured
 from pitstop.report.gpus import get_gpu
 from pitstop.report.planned import estimate_planned_run, profile_settings
 
@@ -55,8 +55,9 @@ def test_from_profile_keeps_the_runs_own_settings(tmp_path: Path, model_dir: Pat
 
 
 def test_profile_settings_of_hf_arguments() -> None:
-    prof = {"config": {"gradient_checkpointing": True, "per_device_train_batch_size": 4,
-                       "max_length": 2048, "optim": "paged_adamw_8bit"}}  # fmt: skip
+    cfg = {"gradient_checkpointing": True, "per_device_train_batch_size": 4,
+           "max_length": 2048, "optim": "paged_adamw_8bit"}  # fmt: skip
+    prof = Measured("args.json", 1.0, "cpu", config=cfg)
     assert profile_settings(prof) == {
         "gradient_checkpointing": True, "max_seq_len": 2048, "micro_batch_size": 4,
         "optimizer": "adamw_8bit",
@@ -87,10 +88,11 @@ def test_checkpoint_overhead_and_step_count() -> None:
 
 def test_measured_save_pauses_are_not_added_twice(tmp_path: Path) -> None:
     prof = {"step_seconds": [1.0] * 10, "tokens_per_step": 8192, "tokens_per_second": 8192.0,
-            "phases": {"checkpoint": 2.0}, "warmup": 1, "device": {"type": "cpu"},
-            "_path": str(tmp_path / "p.json")}  # fmt: skip
+            "phases": {"checkpoint": 2.0}, "warmup": 1, "device": {"type": "cpu"}}  # fmt: skip
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof), encoding="utf-8")
     shape = C.shape_from_config(LLAMA_1B)
-    est = estimate(shape, tokens=TOKENS, seq_len=1024, profile=prof, save_steps=100)
+    est = estimate(shape, tokens=TOKENS, seq_len=1024, profile=load_measured(path), save_steps=100)
     assert est.checkpoints is not None and est.checkpoints["added_seconds"] == 0
     assert "already holds" in est.checkpoints["basis"]
     assert est.optimizer_steps == -(-(10**9) // 8192)

@@ -231,6 +231,7 @@ def load_measured(path: str | Path) -> Measured:
         str(p), float(tps), device_label(prof.get("device")), mfu=prof.get("mfu"),
         machine=prof.get("machine"), config=prof.get("config") or {},
         steady=_profile_steady(prof), tokens_per_step=prof.get("tokens_per_step"),
+        time_breakdown=prof.get("phases") or {},
     )  # fmt: skip
 
 
