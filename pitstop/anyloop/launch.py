@@ -52,7 +52,7 @@ def attach_from_env() -> Watch | None:
 
 def default_output(command: list[str]) -> Path:
     """runs/<script name>-<UTC time>: the first argument that names a .py file, else the program."""
-    script = next((a for a in command[1:] if a.endswith(".py")), command[0])
+    script = next((a for a in command[1:] if a.endswith(".py")), command[0] if command else "run")
     return Path("runs") / f"{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 

@@ -242,10 +242,13 @@ class Watch:
             self._rec._dataset = getattr(loader, "dataset", None)
         return _TimedIterator(it, self)
 
-    def _open_if_needed(self) -> None:
+    def _open_if_needed(self, at: float | None = None) -> None:
+        """Open a step (at `at`, default now) unless one is open; the previous one ends there."""
         rec = self._rec
         if rec._after_step_end or rec._cur is None:
-            rec._data_start()  # closes the previous step here and opens the next
+            now = time.perf_counter() if at is None else at
+            rec._close(now)
+            rec._open(now)
             self._micro.append(0)
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
@@ -386,12 +389,14 @@ class _TimedIterator:
                 w._rec._add("eval", now - t)
                 if w._rec._after_step_end:  # between steps: the last step ends after it
                     w._rec._mark = now
-        w._open_if_needed()
         t = time.perf_counter()
         try:
             batch = next(self._it)
-        finally:
+        except StopIteration:  # the epoch's end opens no step; its wait stays with the last
             w._rec._add("data_wait", time.perf_counter() - t)
+            raise
+        w._open_if_needed(at=t)
+        w._rec._add("data_wait", time.perf_counter() - t)
         w._rec._count_batch(batch)
         return batch
 

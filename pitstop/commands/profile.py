@@ -80,7 +80,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.add_argument(
-        "command",
+        "script_command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND ...",
         help="profile this training command instead of a config, unchanged (e.g. "
@@ -96,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the profile runs the trainer (torch), which `pitstop --help` must not load.
     from pitstop.profiling import format_profile, run_profile
 
-    command = list(args.command or [])
+    command = list(args.script_command or [])
     if command and command[0] == "--":
         command = command[1:]
-    if command or args.command:
+    if command or args.script_command:
         return run_script(args, command)
     if args.warmup is None:
         args.warmup = DEFAULT_WARMUP
@@ -152,6 +152,7 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
     # Deferred: the launcher's module loads torch and transformers.
     from pitstop.anyloop.launch import (
+        check_command,
         default_output,
         format_results,
         load_results,
@@ -159,6 +160,7 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     )
 
     out = Path(args.profile_output) if args.profile_output else default_output(command)
+    check_command(command, out)
     rc = run_command(command, out, warmup_steps=warmup)
     if rc != 0:
         log.warning(f"pitstop profile: the command exited with status {rc}")
