@@ -60,7 +60,7 @@ def test_slow_loader_is_input_bound(loops: dict) -> None:
     assert "verdict: input-bound" in stdout
     prof = json.loads((run / "pitstop_profile.json").read_text())
     share = prof["phases"]["data_wait"] / sum(prof["step_seconds"])
-    assert share > 0.5 and f"{100 * share:.1f}%" in stdout
+    assert share >= 0.2 and f"{100 * share:.1f}%" in stdout  # severe: 20% or more
     summary = json.loads((run / "summary.json").read_text())
     assert summary["source"] == "script" and summary["optimizer_steps"] == 6
     assert summary["config"]["dataloader_num_workers"] == 0
