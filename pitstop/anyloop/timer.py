@@ -22,7 +22,7 @@ from `attention_mask` where present; trained tokens are `labels != -100`, or the
 positions after the first of each row), a tuple whose first integer tensor is the ids and
 second integer tensor of the same shape the labels, or a bare integer tensor of ids.
 
-Results are written by `PitstopCallback`'s own code (it is subclassed here), so a watched
+Results are written by `PitstopCallback`'s own code (subclassed in recorder.py), so a watched
 loop, `pitstop train` and a Hugging Face run write one run format (summary.json,
 metrics.jsonl, findings.json, pitstop_profile.json) that compare, report, doctor and
 estimate read.
@@ -39,59 +39,7 @@ from types import SimpleNamespace, TracebackType
 from typing import Any
 
 from pitstop.errors import ConfigError
-from pitstop.hf import PitstopCallback
 from pitstop.measure.flops import flops_model
-
-# What the run's summary says produced it (`pitstop compare` lists it with the settings).
-SOURCE = "script"
-
-
-class _LoopRecorder(PitstopCallback):
-    """PitstopCallback's step bookkeeping and result writing, driven by torch's global hooks."""
-
-    def __init__(self, owner: Watch, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._owner = owner
-
-    def _count_batch(self, batch: Any) -> None:
-        super()._count_batch(_as_mapping(batch))
-
-    def _build_summary(self) -> dict[str, Any]:
-        summary = super()._build_summary()
-        summary["source"] = SOURCE
-        if self._owner.command:
-            summary["command"] = list(self._owner.command)
-        if self._owner.failed:
-            summary["status"] = "incomplete: the training script exited with an error"
-        return summary
-
-    def _step_records(self) -> list[dict[str, Any]]:
-        for s in self._steps:  # the losses were kept as tensors: reading them per step would sync
-            losses = s.pop("loss_t", None)
-            if losses:
-                s["loss"] = sum(float(x) for x in losses) / len(losses)
-        return super()._step_records()
-
-
-def _as_mapping(batch: Any) -> Any:
-    """A batch in the shape PitstopCallback counts: {"input_ids", "labels"?, "attention_mask"?}."""
-    if hasattr(batch, "get"):
-        return batch
-    import torch
-
-    def ints(x: Any) -> bool:
-        return isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() >= 1
-
-    if ints(batch):
-        return {"input_ids": batch}
-    if isinstance(batch, (tuple, list)):
-        tensors = [x for x in batch if ints(x)]
-        if tensors:
-            out = {"input_ids": tensors[0]}
-            if len(tensors) > 1 and tensors[1].shape == tensors[0].shape:
-                out["labels"] = tensors[1]
-            return out
-    return batch
 
 
 class Watch:
@@ -117,14 +65,14 @@ class Watch:
         self.output = Path(output) if output is not None else None
         self.command = list(command or [])
         self.failed = False
-        self._rec = _LoopRecorder(
-            self,
-            warmup_steps=warmup_steps,
-            cuda_sync=cuda_sync,
-            doctor=doctor,
-            print_report=print_report,
-            cache_dir=cache_dir,
-        )
+        self._options = {
+            "warmup_steps": warmup_steps,
+            "cuda_sync": cuda_sync,
+            "doctor": doctor,
+            "print_report": print_report,
+            "cache_dir": cache_dir,
+        }
+        self._recorder: Any = None  # made at the first event: see `_rec`
         self._handles: list[Any] = []
         self._patched: tuple[type, Any] | None = None
         self._pid = os.getpid()
@@ -139,22 +87,37 @@ class Watch:
         self._settings: dict[str, Any] = {}
         self._exit_registered = False
 
+    @property
+    def _rec(self) -> Any:
+        """The step bookkeeping (pitstop.anyloop.recorder), made at the first event it records.
+
+        Made lazily because it loads transformers (seconds): a process that never trains
+        (a torchrun launcher, a DataLoader worker) or a loop without transformers pays it
+        once, before the first timed interval, not at start-up.
+        """
+        if self._recorder is None:
+            from pitstop.anyloop.recorder import LoopRecorder
+
+            self._recorder = LoopRecorder(self, **self._options)
+            self._recorder._mark = time.perf_counter()
+        return self._recorder
+
     # --- results ------------------------------------------------------------------------
 
     @property
     def summary(self) -> dict[str, Any] | None:
         """summary.json's content once stopped (None before)."""
-        return self._rec.summary
+        return None if self._recorder is None else self._recorder.summary
 
     @property
     def profile(self) -> dict[str, Any] | None:
         """The profile (schema pitstop.profile/1) once stopped."""
-        return self._rec.profile
+        return None if self._recorder is None else self._recorder.profile
 
     @property
     def report(self) -> dict[str, Any] | None:
         """The doctor's report once stopped (None with doctor=False)."""
-        return self._rec.report
+        return None if self._recorder is None else self._recorder.report
 
     def format(self) -> str:
         """The breakdown, the verdict and the doctor's findings, as printed at the end."""
@@ -185,8 +148,6 @@ class Watch:
             )
         Watch._active = self
         self._started = True
-        self._rec._reset()
-        self._rec._mark = time.perf_counter()
         self._handles = [
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
@@ -210,7 +171,7 @@ class Watch:
         Returns summary.json's content, or None when no optimizer step ran or on other ranks.
         """
         if not self._started:
-            return self._rec.summary
+            return self.summary
         self._started = False
         for h in self._handles:
             h.remove()
@@ -237,6 +198,7 @@ class Watch:
     # --- the hooks ----------------------------------------------------------------------
 
     def _wrap(self, loader: Any, it: Any) -> Any:
+        self._rec  # noqa: B018  (made now, before any timed fetch)
         if self._loader is None and _grad_enabled():
             self._loader = loader
             self._rec._dataset = getattr(loader, "dataset", None)
@@ -253,6 +215,7 @@ class Watch:
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
         if self._depth == 0 and self._is_root(module):
+            self._rec  # noqa: B018  (made before the step's clock starts)
             self._open_if_needed()
             self._micro[-1] += 1
             self._fwd_t0 = time.perf_counter()
@@ -281,6 +244,7 @@ class Watch:
         return module is self._root
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._rec  # noqa: B018  (made before the clock is read)
         if self._step_optimizer is None:
             self._step_optimizer = id(optimizer)
             self._observe_optimizer(optimizer)
@@ -311,7 +275,7 @@ class Watch:
     def _observe_model(self, model: Any, param: Any) -> None:
         import torch
 
-        rec = self._rec
+        rec = self._rec  # made here, at the model's first call, before its forward is timed
         dev = param.device
         rec._cuda = dev.type == "cuda"
         try:
