@@ -80,6 +80,7 @@ def run_command(
     *,
     warmup_steps: int = 1,
     cache_dir: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> int:
     """Run `command` with the timer attached (rank 0 writes `output`); its exit status."""
     out = Path(output)
@@ -95,7 +96,7 @@ def run_command(
         [str(BOOT_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     try:
-        return subprocess.run(command, env=env, check=False).returncode
+        return subprocess.run(command, env=env, cwd=cwd, check=False).returncode
     except OSError as e:
         raise ConfigError(f"could not start {command[0]!r}: {e}") from None
 

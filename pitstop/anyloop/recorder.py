@@ -7,6 +7,7 @@ writer (summary.json, metrics.jsonl, findings.json, pitstop_profile.json).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pitstop.hf import PitstopCallback
@@ -29,7 +30,8 @@ class LoopRecorder(PitstopCallback):
         summary = super()._build_summary()
         summary["source"] = SOURCE
         if self._owner.command:
-            summary["command"] = list(self._owner.command)
+            summary["command"] = list(self._owner.command)  # `compare --rerun` runs it again
+            summary["command_cwd"] = os.getcwd()
         if self._owner.failed:
             summary["status"] = "incomplete: the training script exited with an error"
         return summary
