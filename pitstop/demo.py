@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from pitstop import run_record
 from pitstop.config import build_config
 from pitstop.corpus import sample_corpus_path
 from pitstop.data.prepare import format_stats, prepare_data
 from pitstop.report.estimate import format_estimate
 from pitstop.report.html import write_report
 from pitstop.report.planned import estimate_planned_run
+from pitstop.run_record import RunSummary
 from pitstop.tiny import build_model_dir
 from pitstop.train import run
 
@@ -32,20 +33,20 @@ def _say(msg: str) -> None:
     print(f"\n[demo] {msg}", flush=True)
 
 
-def format_breakdown(summary: dict[str, Any]) -> str:
+def format_breakdown(summary: RunSummary) -> str:
     """Seconds and share per phase of a run's summary, largest first."""
-    phases = summary.get("time_breakdown") or {}
+    phases = summary.time_breakdown
     total = sum(phases.values()) or 1.0
     lines = [f"where the {total:.1f} s of training went"]
     for name, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {name:<15} {sec:8.2f} s  {100 * sec / total:5.1f}%")
-    tps = summary.get("tokens_per_second") or 0.0
-    mfu = summary.get("mfu")
+    tps = summary.tokens_per_second or 0.0
+    mfu = summary.mfu
     mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
     lines.append(
         f"  trained tokens/s {tps:,.0f}   MFU {mfu_s}   peak memory "
-        f"{(summary.get('peak_memory_bytes') or 0) / 2**20:,.0f} MiB   "
-        f"padding waste {100 * (summary.get('padding_waste') or 0):.1f}%"
+        f"{(summary.peak_memory_bytes or 0) / 2**20:,.0f} MiB   "
+        f"padding waste {100 * (summary.padding_waste or 0):.1f}%"
     )
     return "\n".join(lines)
 
@@ -75,12 +76,12 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
             "output": str(run_dir),
             "max_steps": max_steps,
             "log_steps": 5,
-            "overwrite": (run_dir / "summary.json").exists(),
+            "overwrite": (run_dir / run_record.SUMMARY).exists(),
         },
         command="train",
     )
     _say(f"training {max_steps} optimizer steps into {run_dir}")
-    summary = run(cfg)
+    summary = RunSummary.from_json(run(cfg), str(run_dir / run_record.SUMMARY))
     print()
     print(format_breakdown(summary))
 
@@ -118,6 +119,6 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
     print(
         f"  final model      {run_dir / 'final'}  (AutoModelForCausalLM.from_pretrained loads it)"
     )
-    print(f"  summary          {run_dir / 'summary.json'}")
+    print(f"  summary          {run_dir / run_record.SUMMARY}")
     print(f"  per-step metrics {run_dir / 'metrics.jsonl'}")
     return 0

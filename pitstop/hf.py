@@ -43,7 +43,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.advise.doctor import device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.finding import format_findings
@@ -57,6 +57,7 @@ from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import format_verdict, verdict
 from pitstop.probe import DeviceInfo, detect_device
+from pitstop.run_record import RunSummary, write_summary
 from pitstop.train.summary import jsonl_text
 
 __all__ = ["PitstopCallback"]
@@ -149,7 +150,7 @@ class PitstopCallback(TrainerCallback):
         self.cache_dir = cache_dir
         self.requested = dict(requested or {})
         self.doctor_data_rows = int(doctor_data_rows)
-        self.summary: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
         self.profile: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None
         self._reset()
@@ -373,7 +374,7 @@ class PitstopCallback(TrainerCallback):
             })  # fmt: skip
         return out
 
-    def _build_summary(self) -> dict[str, Any]:
+    def _build_summary(self) -> RunSummary:
         """summary.json as `pitstop train` writes it, from what the Trainer let us see."""
         assert self.profile is not None
         p = self.profile
@@ -388,38 +389,29 @@ class PitstopCallback(TrainerCallback):
         for s in self._steps:
             for k, v in s["phases"].items():
                 breakdown[k] = breakdown.get(k, 0.0) + v
-        return {
-            "status": "completed",
-            "source": "hf",
-            "optimizer_steps": len(lines),
-            "trained_tokens": trained,
-            "seen_tokens": last.get("seen_tokens", 0),
-            "padded_tokens": last.get("padded_tokens", 0),
-            "rows": rows,
-            "train_seconds": train_s,
+        return RunSummary(
+            status="completed", source="hf", optimizer_steps=len(lines),
+            trained_tokens=trained, seen_tokens=last.get("seen_tokens", 0),
+            padded_tokens=last.get("padded_tokens", 0), rows=rows, train_seconds=train_s,
             # Trainer.train() start to end: the process's own start-up is not visible here.
-            "wall_seconds": time.perf_counter() - self._t_begin,
-            "tokens_per_second": trained / train_s if train_s > 0 else None,
-            "trained_tokens_per_step": trained / len(lines) if lines else None,
-            "mfu": p.get("mfu"),
-            "peak_memory_bytes": p.get("peak_memory_bytes"),
-            "final_loss": losses[-1] if losses else None,
-            "time_breakdown": breakdown,
-            "device": p.get("device"),
-            "choices": p.get("choices"),
-            "config": p.get("config"),
-            "requested": self.requested,
-            "machine": p.get("machine"),
-            "profile": {"warmup_steps": p.get("warmup"), "tokens_per_second": p.get("tokens_per_second")},
-        }  # fmt: skip
+            wall_seconds=time.perf_counter() - self._t_begin,
+            tokens_per_second=trained / train_s if train_s > 0 else None,
+            trained_tokens_per_step=trained / len(lines) if lines else None,
+            mfu=p.get("mfu"), peak_memory_bytes=p.get("peak_memory_bytes"),
+            final_loss=losses[-1] if losses else None, time_breakdown=breakdown,
+            device=p.get("device"), choices=p.get("choices") or {}, config=p.get("config") or {},
+            requested=self.requested, machine=p.get("machine"),
+            profile={"warmup_steps": p.get("warmup"), "tokens_per_second": p.get("tokens_per_second")},
+        )  # fmt: skip
 
     def _write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / run_files.METRICS, jsonl_text(self._lines))
-        write_json_atomic(out / "pitstop_profile.json", self.profile)
+        write_text_atomic(out / run_record.METRICS, jsonl_text(self._lines))
+        write_json_atomic(out / run_record.HF_PROFILE, self.profile)
         if self.report is not None:
-            write_json_atomic(out / run_files.FINDINGS, self.report)
-        write_json_atomic(out / run_files.SUMMARY, self.summary)  # last: it marks the run complete
+            write_json_atomic(out / run_record.FINDINGS, self.report)
+        assert self.summary is not None
+        write_summary(out, self.summary)  # last: it marks the run complete
 
     def _device(self, args: Any) -> Any:
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files, runlock
+from pitstop import run_record, runlock
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 
@@ -246,11 +246,14 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     out = Path(output)
     if out.exists() and not out.is_dir():
         return f"--output {out} is a file; give a directory"
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would fail after the model loaded: say so now
+        return f"--output {out}: {blocker} is a file, so no directory can be made under it"
     if out.is_dir():
         who = runlock.holder(out)  # another writer: refused whatever the flags say
         if who is not None:
             return runlock.in_progress_message(out, who)
-    has_run = out.is_dir() and any((out / n).exists() for n in run_files.RUN_MARKERS)
+    has_run = out.is_dir() and any((out / n).exists() for n in run_record.RUN_MARKERS)
     if has_run and not (resume or overwrite):
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
 
@@ -246,7 +246,7 @@ def run_profile(
         with sampler, ctx:
             summary = trainer.fit()
         peak = peak_memory(trainer.device.type)
-        lines = read_metrics(tmp / "run" / run_files.METRICS)
+        lines = read_metrics(tmp / "run" / run_record.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "positions",
         "corpus",
         "packing",
-        "run_files",
+        "run_record",
         "cache_layout",
         "yaml_load",
         "config_ranges",

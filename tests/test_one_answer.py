@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.cache_layout import cache_root
 
 
@@ -18,10 +18,10 @@ def test_cache_root_prefers_the_flag_then_the_environment_then_home(monkeypatch,
 def test_a_directory_with_any_run_marker_is_refused_without_resume(tmp_path):
     from pitstop.probe import output_dir_problem
 
-    for marker in run_files.RUN_MARKERS:
+    for marker in run_record.RUN_MARKERS:
         d = tmp_path / marker.replace(".", "_")
         d.mkdir()
-        if marker in run_files.RUN_DIRS:
+        if marker in run_record.RUN_DIRS:
             (d / marker).mkdir()
         else:
             (d / marker).write_text("{}")
@@ -29,7 +29,7 @@ def test_a_directory_with_any_run_marker_is_refused_without_resume(tmp_path):
             output_dir_problem(str(d), resume=False, overwrite=False) or ""
         )
     assert output_dir_problem(str(tmp_path / "new"), resume=False, overwrite=False) is None
-    assert set(run_files.RUN_MARKERS) <= set(run_files.RUN_FILES) | set(run_files.RUN_DIRS)
+    assert set(run_record.RUN_MARKERS) <= set(run_record.RUN_FILES) | set(run_record.RUN_DIRS)
 
 
 def test_the_doctor_resolves_precision_auto_with_the_probe():

@@ -119,12 +119,12 @@ def test_watch_in_process_counts_tokens_and_ignores_eval(
             for batch in loader:
                 model(**batch)
     s = w.summary
-    assert s is not None and s["optimizer_steps"] == 4
+    assert s is not None and s.optimizer_steps == 4
     # labels shifted by one inside the model: row targets = 12 - 4 (masked) = 8 of 11 shifted
-    assert s["trained_tokens"] == 8 * 8
-    assert s["seen_tokens"] == 8 * 12
-    assert s["time_breakdown"]["eval"] > 0 and s["time_breakdown"]["forward"] > 0
-    assert s["final_loss"] is not None
+    assert s.trained_tokens == 8 * 8
+    assert s.seen_tokens == 8 * 12
+    assert s.time_breakdown["eval"] > 0 and s.time_breakdown["forward"] > 0
+    assert s.final_loss is not None
     assert (tmp_path / "run" / "summary.json").is_file()
     with pytest.raises(pitstop.ConfigError, match="warmup_steps"):
         pitstop.watch(warmup_steps=-1)
@@ -146,9 +146,9 @@ def test_watch_accumulates_micro_batches_into_one_step(tiny_model_dir: Path) -> 
             opt.step()
             opt.zero_grad()
     s = w.stop()
-    assert s is not None and s["optimizer_steps"] == 2 and s["rows"] == 8
-    assert s["config"]["gradient_accumulation_steps"] == 4
-    assert s["trained_tokens"] == 8 * 9  # tuple batches: the second int tensor is the labels
+    assert s is not None and s.optimizer_steps == 2 and s.rows == 8
+    assert s.config["gradient_accumulation_steps"] == 4
+    assert s.trained_tokens == 8 * 9  # tuple batches: the second int tensor is the labels
 
 
 def test_profile_command_errors(tmp_path: Path) -> None:

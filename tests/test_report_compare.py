@@ -11,7 +11,8 @@ import pytest
 
 from pitstop.errors import DataError
 from pitstop.report.compare import compare, format_compare
-from pitstop.report.runs import load_run, step_phases
+from pitstop.report.runs import load_run
+from pitstop.run_record import StepLine
 
 
 def run_cli(argv: list[str]) -> int:
@@ -153,9 +154,11 @@ def test_metrics_tolerate_flat_phases_and_cut_lines(tmp_path: Path) -> None:
         f.write('{"step": 4, "loss": 1.0, "forw')  # a crash mid-write
     loaded = load_run(run)
     assert len(loaded.steps) == 3
-    ph = step_phases(loaded.steps[0])
+    ph = loaded.steps[0].phases
     assert set(ph) == {"data_wait", "host_to_device", "forward", "backward", "optimizer"}
-    assert step_phases({"step_s": 1.0, "forward_s": 0.5}) == {"forward": 0.5}
+    assert StepLine.from_json({"step": 1, "step_s": 1.0, "forward_s": 0.5}).phases == {
+        "forward": 0.5
+    }
 
 
 def test_compare_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

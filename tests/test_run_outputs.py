@@ -53,11 +53,11 @@ def _killed_run(d: Path, steps: int = 4, torn: bool = True) -> Path:
 def test_killed_run_is_read_from_its_metrics(tmp_path: Path, capsys) -> None:
     run = load_run(_killed_run(tmp_path / "killed"))
     s = run.summary
-    assert s["status"].startswith("incomplete")
-    assert s["optimizer_steps"] == 4 and s["trained_tokens"] == 400
-    assert s["train_seconds"] == pytest.approx(2.0)
-    assert s["tokens_per_second"] == pytest.approx(200.0)
-    assert s["final_loss"] == 5.0 and s["time_breakdown"]["forward"] == pytest.approx(0.8)
+    assert s.status and s.status.startswith("incomplete")
+    assert s.optimizer_steps == 4 and s.trained_tokens == 400
+    assert s.train_seconds == pytest.approx(2.0)
+    assert s.tokens_per_second == pytest.approx(200.0)
+    assert s.final_loss == 5.0 and s.time_breakdown["forward"] == pytest.approx(0.8)
     other = _killed_run(tmp_path / "other", steps=2, torn=False)
     res = compare(tmp_path / "killed", other)
     assert any("incomplete" in n for n in res["notes"])

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.anyloop.timer import Watch, install_excepthook
 from pitstop.errors import ConfigError, DataError
 
@@ -30,7 +30,6 @@ ENV_WARMUP = "PITSTOP_WATCH_WARMUP"
 ENV_COMMAND = "PITSTOP_WATCH_COMMAND"
 ENV_CACHE = "PITSTOP_WATCH_CACHE_DIR"
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
-PROFILE_FILE = "pitstop_profile.json"  # the name PitstopCallback gives the profile in a run
 
 
 def attach_from_env() -> Watch | None:
@@ -65,9 +64,9 @@ def check_command(command: list[str], output: Path) -> None:
         )
     elif shutil.which(command[0]) is None:
         problems.append(f"{command[0]!r} is not a program on PATH (give the command to run)")
-    if (output / run_files.SUMMARY).exists():
+    if (output / run_record.SUMMARY).exists():
         problems.append(
-            f"{output} already holds a run ({run_files.SUMMARY}); give a new --output "
+            f"{output} already holds a run ({run_record.SUMMARY}); give a new --output "
             "directory (a profile never overwrites a run)"
         )
     if problems:
@@ -104,8 +103,8 @@ def run_command(
 def load_results(output: str | os.PathLike[str]) -> tuple[dict, dict | None]:
     """(profile, doctor report or None) that the child wrote to `output`."""
     out = Path(output)
-    prof = out / PROFILE_FILE
-    if not (out / run_files.SUMMARY).is_file() or not prof.is_file():
+    prof = out / run_record.HF_PROFILE
+    if not (out / run_record.SUMMARY).is_file() or not prof.is_file():
         raise DataError(
             f"the command ran no optimizer step that pitstop could see, so {out} holds no run. "
             "pitstop times `optimizer.step()` of torch optimizers and the model's forward in "
@@ -115,7 +114,7 @@ def load_results(output: str | os.PathLike[str]) -> tuple[dict, dict | None]:
     from pitstop.measure.schema import load_profile
 
     report = None
-    findings = out / run_files.FINDINGS
+    findings = out / run_record.FINDINGS
     if findings.is_file():
         try:
             report = json.loads(findings.read_text(encoding="utf-8"))

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from pitstop.hf import PitstopCallback
+from pitstop.run_record import RunSummary
 
 # What the run's summary says produced it (`pitstop compare` lists it with the settings).
 SOURCE = "script"
@@ -26,14 +27,15 @@ class LoopRecorder(PitstopCallback):
     def _count_batch(self, batch: Any) -> None:
         super()._count_batch(_as_mapping(batch))
 
-    def _build_summary(self) -> dict[str, Any]:
+    def _build_summary(self) -> RunSummary:
         summary = super()._build_summary()
-        summary["source"] = SOURCE
+        summary.source = SOURCE
         if self._owner.command:
-            summary["command"] = list(self._owner.command)  # `compare --rerun` runs it again
-            summary["command_cwd"] = os.getcwd()
+            # Not RunSummary fields (only this writer has them): kept in `extra` on disk.
+            summary.extra["command"] = list(self._owner.command)  # `compare --rerun` reruns it
+            summary.extra["command_cwd"] = os.getcwd()
         if self._owner.failed:
-            summary["status"] = "incomplete: the training script exited with an error"
+            summary.status = "incomplete: the training script exited with an error"
         return summary
 
     def _step_records(self) -> list[dict[str, Any]]:

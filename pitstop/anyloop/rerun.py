@@ -19,20 +19,20 @@ from typing import Any
 from pitstop.anyloop.launch import run_command
 from pitstop.errors import ConfigError, DataError
 from pitstop.report.compare import NO_DIFFERENCE, compare
-from pitstop.report.runs import Run, load_run
+from pitstop.report.runs import LoadedRun, load_run
 
 MAX_RERUNS = 20
 
 
-def recorded_command(run: Run) -> tuple[list[str], str | None]:
+def recorded_command(run: LoadedRun) -> tuple[list[str], str | None]:
     """(command, working directory) a run was made with; ConfigError when it has none."""
-    cmd = run.summary.get("command")
+    cmd = run.summary.extra.get("command")
     if not isinstance(cmd, list) or not cmd or not all(isinstance(x, str) for x in cmd):
         raise ConfigError(
             f"{run.path} records no command to rerun (only `pitstop profile -- COMMAND` runs "
             "do); make both runs that way, or follow the alternating recipe in docs/compare.md"
         )
-    cwd = run.summary.get("command_cwd")
+    cwd = run.summary.extra.get("command_cwd")
     return cmd, cwd if isinstance(cwd, str) else None
 
 
@@ -51,7 +51,7 @@ def rerun_pairs(
         made = []
         for side, cmd, cwd, src in (("a", ca, wa, ra), ("b", cb, wb, rb)):
             dest = (out / f"{i}-{side}").resolve()
-            warm = (src.summary.get("profile") or {}).get("warmup_steps")
+            warm = (src.summary.profile or {}).get("warmup_steps")
             rc = run_command(cmd, dest, warmup_steps=int(warm or 1), cwd=cwd)
             if rc != 0:
                 raise DataError(f"rerun {i} of {side.upper()} ({' '.join(cmd)}) exited with {rc}")

@@ -105,8 +105,8 @@ class Watch:
     # --- results ------------------------------------------------------------------------
 
     @property
-    def summary(self) -> dict[str, Any] | None:
-        """summary.json's content once stopped (None before)."""
+    def summary(self) -> Any:
+        """summary.json's content once stopped, a `pitstop.run_record.RunSummary` (None before)."""
         return None if self._recorder is None else self._recorder.summary
 
     @property
@@ -165,10 +165,11 @@ class Watch:
         self._patched = (DataLoader, original)
         return self
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self) -> Any:
         """Remove the hooks; on rank 0 write the run (when `output` is set) and print the report.
 
-        Returns summary.json's content, or None when no optimizer step ran or on other ranks.
+        Returns summary.json's content (a RunSummary), or None when no optimizer step ran
+        or on other ranks.
         """
         if not self._started:
             return self.summary

@@ -20,27 +20,28 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
-from pitstop.atomic import write_cache_entry, write_json_atomic
+from pitstop import log, run_record
+from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
+from pitstop.errors import DataError
+from pitstop.run_record import ChoiceRecord, read_choices, write_choices
 
 __all__ = [
     "RUN_CHOICES",
     "MeasuredChoices",
     "choice_key",
-    "load_measured",
+    "load_cached",
     "read_run_choices",
     "resolve_measured",
     "save_measured",
     "write_run_choices",
 ]
 
-RUN_CHOICES = run_files.CHOICES  # in the run directory
+RUN_CHOICES = run_record.CHOICES  # in the run directory
 FORMAT = 1  # bump when the meaning of a stored choice changes: old entries are then ignored
 
 # Run settings a measurement depends on: they change the micro-batches timed (the step
@@ -53,39 +54,9 @@ KEY_SETTINGS = (
 )  # fmt: skip
 
 
-@dataclass
-class MeasuredChoices:
-    """Resolved values (e.g. {"batching": "bucket"}), why, and the measurements behind them."""
-
-    key: str
-    key_fields: dict[str, Any]
-    measured_at: str  # ISO 8601, UTC
-    values: dict[str, Any]
-    reasons: dict[str, str]
-    measurements: dict[str, Any] = field(default_factory=dict)
-    source: str = "measured"  # measured | reused (from the cache) | run (the run directory)
-
-    def describe(self, name: str) -> str:
-        """The banner's reason for `name`: how it was decided, when, and the numbers."""
-        when = _human_time(self.measured_at)
-        how = {
-            "measured": f"measured {when}",
-            "reused": f"reused, measured {when} (--remeasure measures again)",
-            "run": f"kept from this run, measured {when} (a resumed run never re-measures)",
-        }[self.source]
-        return f"{how}: {self.reasons.get(name, '')}".rstrip(": ")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def merged(self, other: MeasuredChoices, name: str) -> MeasuredChoices:
-        """One record of both (the run directory keeps one `choices.json`): `other`'s values
-        and reasons join these, its measurements go under `name`."""
-        return MeasuredChoices(
-            key=self.key, key_fields=self.key_fields, measured_at=self.measured_at,
-            values={**self.values, **other.values}, reasons={**self.reasons, **other.reasons},
-            measurements={**self.measurements, name: other.measurements}, source=self.source,
-        )  # fmt: skip
+# One type for a measured choice, wherever it is kept (the cache, the run's choices.json):
+# the run record's, which validates its shape when read.
+MeasuredChoices = ChoiceRecord
 
 
 def choice_key(
@@ -133,13 +104,22 @@ def _cache_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / "choices" / f"{key}.json"
 
 
-def load_measured(cache_dir: str | Path, key: str) -> MeasuredChoices | None:
-    """The stored choice under `key`, or None (absent, unreadable or of another format)."""
+def load_cached(cache_dir: str | Path, key: str) -> MeasuredChoices | None:
+    """The stored choice under `key`, or None (absent, of another format, or damaged).
+
+    A damaged entry (unreadable, or a field of the wrong type) is never trusted: a one-line
+    warning, and the caller measures again (and overwrites it)."""
+    path = _cache_path(cache_dir, key)
+    if not path.is_file():
+        return None
     try:
-        d = json.loads(_cache_path(cache_dir, key).read_text(encoding="utf-8"))
-        mc = MeasuredChoices(**{**d, "source": "reused"})
-    except (OSError, ValueError, TypeError):
-        return None  # a damaged entry only costs a new measurement
+        mc = read_choices(path, source="reused")
+    except DataError as e:
+        first = str(e).splitlines()[-1].strip(" -")
+        log.warning(
+            f"pitstop: ignoring a damaged measured-choices cache entry ({first}); measuring again"
+        )
+        return None
     if mc.key != key or mc.key_fields.get("format") != FORMAT:
         return None
     return mc
@@ -147,21 +127,23 @@ def load_measured(cache_dir: str | Path, key: str) -> MeasuredChoices | None:
 
 def save_measured(cache_dir: str | Path, mc: MeasuredChoices) -> bool:
     """Store `mc` (best effort: an unwritable cache only means measuring next time)."""
-    text = json.dumps({**mc.to_dict(), "source": "measured"}, indent=1, default=str) + "\n"
+    text = json.dumps({**mc.to_json(), "source": "measured"}, indent=1, default=str) + "\n"
     return write_cache_entry(_cache_path(cache_dir, mc.key), text)
 
 
 def read_run_choices(out: str | Path) -> MeasuredChoices | None:
-    """The choices a run directory recorded at its start, or None."""
-    try:
-        d = json.loads((Path(out) / RUN_CHOICES).read_text(encoding="utf-8"))
-        return MeasuredChoices(**{**d, "source": "run"})
-    except (OSError, ValueError, TypeError):
+    """The choices a run directory recorded at its start; None when it recorded none.
+
+    A damaged choices.json is a DataError naming the file and the field: a resumed run
+    must continue with the choices it started with, never silently with others."""
+    path = Path(out) / RUN_CHOICES
+    if not path.exists():
         return None
+    return read_choices(path, source="run")
 
 
 def write_run_choices(out: str | Path, mc: MeasuredChoices) -> None:
-    write_json_atomic(Path(out) / RUN_CHOICES, mc.to_dict())
+    write_choices(Path(out) / RUN_CHOICES, mc)
 
 
 def resolve_measured(
@@ -187,7 +169,7 @@ def resolve_measured(
         if kept is not None:
             return kept
     if not remeasure:
-        cached = load_measured(cache_dir, key)
+        cached = load_cached(cache_dir, key)
         if cached is not None:
             return cached
     values, reasons, measurements = measure()
@@ -202,11 +184,3 @@ def resolve_measured(
     if store_result:
         save_measured(cache_dir, mc)
     return mc
-
-
-def _human_time(iso: str) -> str:
-    try:
-        t = datetime.fromisoformat(iso).astimezone(timezone.utc)
-    except ValueError:
-        return iso
-    return t.strftime("%Y-%m-%d %H:%M UTC")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pitstop.commands.paths import require_outputs
 from pitstop.demo import run_demo
 
 
@@ -22,4 +23,5 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_outputs(dirs={"--output": args.output})
     return run_demo(output=args.output, max_steps=args.max_steps)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pitstop import log
 from pitstop.cache_layout import cache_root
+from pitstop.commands.paths import require_outputs
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.errors import ConfigError
 from pitstop.measure.schema import load_profile
@@ -95,6 +96,7 @@ def _load_config(path: str) -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     # Deferred: pitstop.advise probes the environment with torch, which `pitstop --help`
     # and the other commands must not pay for (about 25 s cold on the 2-core dev box).
+    require_outputs(dirs={"--output": args.output})
     from pitstop.advise.doctor import doctor
     from pitstop.advise.environment import format_environment
     from pitstop.advise.finding import format_findings

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pitstop.commands.paths import require_outputs
 from pitstop.errors import ConfigError
 
 
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
             "pitstop export writes a merged model: pass --merge (a full fine-tune's final/ "
             "already is a plain Hugging Face model directory)"
         )
+    require_outputs(dirs={"--output": args.output})
     from pitstop.train.export import merge_adapter  # imports torch and transformers
 
     dest = merge_adapter(Path(args.run), Path(args.output) if args.output else None, args.dtype)

@@ -25,6 +25,7 @@ from typing import Any
 
 from pitstop import log
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError
 
 DEFAULT_STEPS = 20
@@ -108,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         problems.append(f"--steps must be at least 1, got {args.steps}")
     if args.warmup < 0:
         problems.append(f"--warmup must be 0 or more, got {args.warmup}")
+    problems += check_outputs(
+        files={"--output": (args.profile_output, "profile.json")}, dirs={"--trace": args.trace}
+    )
     cfg = config_from_args(args, "profile")  # raises every config problem at once
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from pitstop.commands.flags import price_flag
+from pitstop.commands.paths import require_outputs
 from pitstop.report.html import write_report
 
 
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     price = price_flag(args)
+    require_outputs(files={"--output": (args.output, "report.html")})
     out = write_report(args.runs, args.output, price=price)
     print(f"report written to {out}")
     return 0

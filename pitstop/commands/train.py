@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, run_files
+from pitstop import log, run_record
 from pitstop.commands.flags import add_config_flags, config_from_args
 from pitstop.errors import PitstopError
 from pitstop.report.html import write_report
@@ -40,7 +40,7 @@ def _write_report(output: str | None) -> None:
     """The run itself is done, so a report that cannot be written is a warning, never a
     failed run."""
     try:
-        path = write_report(output, Path(str(output)) / run_files.REPORT)
+        path = write_report(output, Path(str(output)) / run_record.REPORT)
     except (OSError, PitstopError) as e:
         log.warning(f"pitstop: report.html not written ({e}); run `pitstop report {output}`")
         return

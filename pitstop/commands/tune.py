@@ -15,6 +15,7 @@ from typing import Any
 
 from pitstop import log
 from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError
 from pitstop.tune.space import KNOBS
 from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS, format_report, tune, write_tuned_config
@@ -101,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
         problems.append(f"--memory-cap-gb must be positive, got {args.memory_cap_gb}")
     if args.trial_warmup < 0 or args.trial_steps < 1:
         problems.append("--trial-warmup must be 0 or more and --trial-steps at least 1")
+    problems += check_outputs(
+        files={"--output": (args.tuned_output, "tuned.yaml")},
+        dirs={"--run-output": args.run_output},
+    )
     cfg = config_from_args(args, "tune")
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")

@@ -32,6 +32,7 @@ from typing import Any
 
 from pitstop.errors import DataError
 from pitstop.measure.timeline import PHASES
+from pitstop.run_record import check_fields
 
 SCHEMA = "pitstop.profile/1"
 REQUIRED = ("steps", "step_seconds", "phases")
@@ -84,16 +85,24 @@ def make_profile(
     }
 
 
+# The kind of each field a reader relies on (pitstop.run_record.check_fields names the wrong ones).
+FIELD_KINDS = {
+    "schema": "str", "source": "str", "steps": "int", "warmup": "int", "step_seconds": "num_list",
+    "phases": "num_map", "events": "num_map", "tokens_per_second": "num", "tokens_per_step": "num",
+    "mfu": "num", "peak_memory_bytes": "num", "device": "dict_or_str", "choices": "dict",
+    "config": "dict", "utilisation": "dict", "notes": "list", "machine": "dict",
+}  # fmt: skip
+
+
 def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
-    """Validate the parts of a profile the verdict and the doctor rely on; return it."""
+    """Validate the shape of a profile (every field the verdict and the doctor read); return it."""
     if not isinstance(profile, dict):
         raise DataError(f"{where}: a profile must be a JSON object, got {type(profile).__name__}")
     problems = [f"{where}: missing key {k!r}" for k in REQUIRED if k not in profile]
-    if not problems:
-        if not isinstance(profile["phases"], dict):
-            problems.append(f"{where}: 'phases' must map phase names to seconds")
-        if not isinstance(profile["step_seconds"], list):
-            problems.append(f"{where}: 'step_seconds' must be a list of per-step seconds")
+    try:
+        check_fields(profile, FIELD_KINDS, where)
+    except DataError as e:
+        problems += e.problems
     if problems:
         raise DataError(
             [*problems, "write profiles with `pitstop profile` or pitstop.hf.PitstopCallback"],

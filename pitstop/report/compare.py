@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop.report.runs import Run, breakdown, flat_settings, load_run
+from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
 from pitstop.report.steady import Steady, band, steady
+from pitstop.run_record import RunSummary
 
 
 @dataclass(frozen=True)
@@ -68,37 +69,35 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def gpu_count(summary: dict[str, Any]) -> int:
-    for key in ("world_size", "n_gpus", "gpus"):
-        v = _num(summary.get(key))
-        if v:
-            return int(v)
-    cfg = summary.get("config") or {}
-    return int(cfg.get("nproc") or 1) if isinstance(cfg, dict) else 1
+def gpu_count(summary: RunSummary) -> int:
+    """GPUs the run paid for: its world size, else the config's process count, else 1."""
+    if summary.world_size:
+        return summary.world_size
+    nproc = _num(summary.config.get("nproc"))  # a RunConfig field, not a summary one
+    return int(nproc) if nproc and nproc >= 1 else 1
 
 
 def run_metrics(
-    run: Run, price: float | None = None, st: Steady | None = None
+    run: LoadedRun, price: float | None = None, st: Steady | None = None
 ) -> dict[str, float | None]:
     """The compared figures of one run (None where the run did not record what is needed).
 
     Speeds are steady medians when the run has enough steady steps (`st`), else whole-run.
     """
     s = run.summary
-    train = _num(s.get("train_seconds"))
-    wall = _num(s.get("wall_seconds"))
-    trained = _num(s.get("trained_tokens"))
-    tps = _num(s.get("tokens_per_second"))
+    train, wall = _num(s.train_seconds), _num(s.wall_seconds)
+    trained = _num(s.trained_tokens)
+    tps = _num(s.tokens_per_second)
     if tps is None and train and trained:
         tps = trained / train
-    steps = _num(s.get("optimizer_steps"))
+    steps = _num(s.optimizer_steps)
     its = steps / train if steps and train else None
     if st is not None:
         its = 1.0 / st.step_seconds
         tps = st.tokens_per_second if st.tokens_per_second is not None else tps
     tb = breakdown(s)
     total = sum(tb.values())
-    seen, padded = _num(s.get("seen_tokens")), _num(s.get("padded_tokens"))
+    seen, padded = _num(s.seen_tokens), _num(s.padded_tokens)
     secs_paid = wall or train
     cost = secs_paid / 3600 * gpu_count(s) * price if (price is not None and secs_paid) else None
     return {
@@ -110,11 +109,11 @@ def run_metrics(
         "train_seconds": train,
         "wall_seconds": wall,
         "cost": cost,
-        "mfu": _num(s.get("mfu")),
-        "peak_memory_bytes": _num(s.get("peak_memory_bytes")),
+        "mfu": _num(s.mfu),
+        "peak_memory_bytes": _num(s.peak_memory_bytes),
         "data_wait_share": tb.get("data_wait", 0.0) / total if total else None,
         "padding_waste": 1 - seen / padded if (seen is not None and padded) else None,
-        "final_loss": _num(s.get("final_loss")),
+        "final_loss": _num(s.final_loss),
     }
 
 
@@ -152,7 +151,7 @@ def judge(
     return ratio, "better" if better else "worse", better
 
 
-def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
+def setting_differences(a: LoadedRun, b: LoadedRun) -> list[tuple[str, Any, Any]]:
     sa, sb = flat_settings(a.summary), flat_settings(b.summary)
     # Where files went is not a setting (pitstop's names, then TrainingArguments').
     skip = {"output", "cache_dir", "overwrite", "resume", "output_dir", "logging_dir", "run_name"}
@@ -165,11 +164,13 @@ def setting_differences(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def compare(a: str | Path | Run, b: str | Path | Run, price: float | None = None) -> dict[str, Any]:
+def compare(
+    a: str | Path | LoadedRun, b: str | Path | LoadedRun, price: float | None = None
+) -> dict[str, Any]:
     """The comparison as data: per metric A, B, B/A, its noise band and verdict; each run's
     steady-state basis and noise; the settings that differ."""
-    ra = a if isinstance(a, Run) else load_run(a)
-    rb = b if isinstance(b, Run) else load_run(b)
+    ra = a if isinstance(a, LoadedRun) else load_run(a)
+    rb = b if isinstance(b, LoadedRun) else load_run(b)
     sa, sb = steady(ra), steady(rb)
     ma, mb = run_metrics(ra, price, sa), run_metrics(rb, price, sb)
     half = band(sa, sb)
@@ -245,8 +246,8 @@ def noise_cells(result: dict[str, Any]) -> tuple[str, str]:
 def _notes(
     ma: dict[str, float | None],
     mb: dict[str, float | None],
-    ra: Run,
-    rb: Run,
+    ra: LoadedRun,
+    rb: LoadedRun,
     sa: Steady | None,
     sb: Steady | None,
     same_work: bool,
@@ -276,7 +277,7 @@ def _notes(
             "widened; to settle a close call, rerun both alternately (docs/compare.md)"
         )
     for r in (ra, rb):
-        status = str(r.summary.get("status") or "")
+        status = r.summary.status or ""
         if status.startswith("incomplete"):
             out.append(f"{r.path}: {status}")
     return out

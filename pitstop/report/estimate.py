@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
@@ -49,7 +49,7 @@ from pitstop.report.memory import (
     sharded,
 )
 from pitstop.report.runs import load_run
-from pitstop.train.summary import read_metrics
+from pitstop.run_record import check_fields, read_steps, read_summary
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
 # fine-tuning figure for bf16 on A100/H100-class GPUs (PaLM reports 46% at scale;
@@ -152,35 +152,48 @@ class Estimate:
         }
 
 
+# The fields of a profile.json or summary.json the estimate reads, and their kinds.
+_MEASURED_FIELDS = {
+    "tokens_per_second": "num", "tokens_per_step": "num", "step_seconds": "num_list",
+    "phases": "num_map", "warmup": "int", "wall_seconds": "num", "train_seconds": "num",
+    "mfu": "num", "time_breakdown": "num_map", "device": "dict_or_str", "machine": "dict",
+    "config": "dict",
+}  # fmt: skip
+
+
 def load_measured(path: str | Path) -> dict[str, Any]:
     """The measured throughput of a profile.json, a run's summary.json, or a run directory
     holding summary.json (only `tokens_per_second` is required; `pitstop.measure.schema.
-    load_profile` reads a full profile for the doctor)."""
+    load_profile` reads a full profile for the doctor). Summaries and step lines are read
+    through the typed run record; a field of the wrong type is a DataError naming it."""
     p = Path(path)
     if p.is_dir():
-        for name in (run_files.SUMMARY, run_files.PROFILE):
+        for name in (run_record.SUMMARY, run_record.PROFILE):
             if (p / name).is_file():
                 p = p / name
                 break
         else:
-            if not (p / "metrics.jsonl").is_file():
+            if not (p / run_record.METRICS).is_file():
                 raise DataError(
                     f"{path} holds neither summary.json, profile.json nor metrics.jsonl; give a "
                     "run directory (`pitstop train`, or a Trainer run with PitstopCallback)"
                 )
             # A killed run: its summary rebuilt from the step lines (steady_rate reads them too).
-            prof = load_run(p).summary
-            prof["_path"] = str(p / "metrics.jsonl")
-            if not prof.get("tokens_per_second"):
-                raise DataError(f"{p / 'metrics.jsonl'} records no trained tokens per step")
-            return prof
+            summary = load_run(p).summary
+            if not summary.tokens_per_second:
+                raise DataError(f"{p / run_record.METRICS} records no trained tokens per step")
+            return {**summary.to_json(), "_path": str(p / run_record.METRICS)}
     if not p.is_file():
         raise DataError(f"--from-profile {path} does not exist")
-    try:
-        prof = json.loads(p.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{p} is not valid JSON ({e})") from None
-    if not isinstance(prof, dict) or not prof.get("tokens_per_second"):
+    if p.name == run_record.SUMMARY:
+        prof = read_summary(p).to_json()
+    else:
+        try:
+            prof = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DataError(f"{p} is not valid JSON ({e})") from None
+    check_fields(prof, _MEASURED_FIELDS, str(p))
+    if not prof.get("tokens_per_second"):
         raise DataError(
             f"{p} has no tokens_per_second; give a profile.json from `pitstop profile` or a "
             "run directory / summary.json from `pitstop train`"
@@ -278,21 +291,24 @@ def steady_rate(prof: dict[str, Any]) -> SteadyRate | None:
         median, tokens = statistics.median(secs), float(prof["tokens_per_step"])
         warm_extra, left_out = 0.0, int(prof.get("warmup") or 0)
     else:
-        lines = read_metrics(Path(prof.get("_path", "")).with_name(run_files.METRICS))
         lines = sorted(
-            (r for r in lines if r.get("step_seconds") and "step_trained_tokens" in r),
-            key=lambda r: r["step"],
+            (
+                r
+                for r in read_steps(Path(prof.get("_path", "")).with_name(run_record.METRICS))
+                if r.step_seconds and r.step_trained_tokens is not None
+            ),
+            key=lambda r: r.step,
         )
         if len(lines) < 3:
             return None
         left_out = RUN_WARMUP_STEPS if len(lines) >= RUN_WARMUP_STEPS + 3 else 1
         warm, steady = lines[:left_out], lines[left_out:]
-        pauses = [float(r.get("checkpoint_s") or 0) + float(r.get("eval_s") or 0) for r in steady]
-        secs = [float(r["step_seconds"]) for r in steady]
+        pauses = [r.pause_s for r in steady]
+        secs = [float(r.step_seconds or 0.0) for r in steady]
         median = statistics.median(t - q for t, q in zip(secs, pauses))
         pause = statistics.fmean(pauses)
-        tokens = statistics.fmean(float(r["step_trained_tokens"]) for r in steady)
-        warm_extra = max(0.0, sum(float(r["step_seconds"]) for r in warm) - left_out * median)
+        tokens = statistics.fmean(float(r.step_trained_tokens or 0.0) for r in steady)
+        warm_extra = max(0.0, sum(float(r.step_seconds or 0.0) for r in warm) - left_out * median)
     step = median + pause
     if step <= 0 or tokens <= 0:
         return None

@@ -13,6 +13,7 @@ import html
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,15 @@ from pitstop.report.compare import (
     verdict_text,
 )
 from pitstop.report.runs import (
-    Run,
+    LoadedRun,
     breakdown,
     load_run,
     memory_series,
     ordered_phases,
     series,
-    step_phases,
     tokens_per_second_series,
 )
+from pitstop.run_record import RunSummary
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 PHASE_COLORS = {
@@ -64,7 +65,7 @@ svg.chart{background:#fafbfc;border:1px solid #e3e6ea}
 def text(x: Any) -> str:
     """`x` as HTML (or SVG) text content: every value a report shows goes through here.
 
-    Run names, phase keys, settings and findings come from files anyone can craft;
+    LoadedRun names, phase keys, settings and findings come from files anyone can craft;
     escaping `&`, `<` and `>` keeps them from opening an element.
     """
     return html.escape(str(x), quote=False)
@@ -275,7 +276,7 @@ def _empty(name: str, title: str, w: int, h: int) -> str:
     )
 
 
-def _summary_table(runs: list[Run], price: float | None) -> str:
+def _summary_table(runs: list[LoadedRun], price: float | None) -> str:
     head = "".join(f"<th>{text(r.name)}</th>" for r in runs)
     rows = []
     metrics = [run_metrics(r, price) for r in runs]
@@ -286,13 +287,13 @@ def _summary_table(runs: list[Run], price: float | None) -> str:
             f'<td class="num">{text(fmt_value(m.key, mm[m.key]))}</td>' for mm in metrics
         )
         rows.append(f"<tr><th>{text(m.label)}</th>{cells}</tr>")
-    extra = [
-        ("trained tokens", "trained_tokens"),
-        ("optimizer steps", "optimizer_steps"),
-        ("device", "device"),
+    extra: list[tuple[str, Callable[[RunSummary], Any]]] = [
+        ("trained tokens", lambda s: s.trained_tokens),
+        ("optimizer steps", lambda s: s.optimizer_steps),
+        ("device", lambda s: s.device_name if s.device else None),
     ]
-    for label, key in extra:
-        cells = "".join(f'<td class="num">{text(_show(r.summary.get(key)))}</td>' for r in runs)
+    for label, value in extra:
+        cells = "".join(f'<td class="num">{text(_show(value(r.summary)))}</td>' for r in runs)
         rows.append(f"<tr><th>{text(label)}</th>{cells}</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
 
@@ -300,8 +301,6 @@ def _summary_table(runs: list[Run], price: float | None) -> str:
 def _show(v: Any) -> str:
     if v is None:
         return "-"
-    if isinstance(v, dict):
-        return str(v.get("name") or v.get("type") or v)
     if isinstance(v, float):
         return f"{v:,.4g}"
     if isinstance(v, int):
@@ -309,7 +308,7 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-def _cost_section(runs: list[Run], price: float | None) -> str:
+def _cost_section(runs: list[LoadedRun], price: float | None) -> str:
     if price is None:
         return (
             '<p class="muted">No price given: pass <code>--price-per-gpu-hour</code> to '
@@ -330,7 +329,7 @@ def _cost_section(runs: list[Run], price: float | None) -> str:
     return f"<p>At {text(price)} USD per GPU-hour (wall time × GPUs × price):</p><ul>{''.join(items)}</ul>"
 
 
-def _findings(run: Run) -> str:
+def _findings(run: LoadedRun) -> str:
     if not run.findings:
         return f'<p class="muted">{text(run.name)}: no findings.json (run <code>pitstop doctor</code>).</p>'
     rows = []
@@ -348,7 +347,7 @@ def _findings(run: Run) -> str:
     )
 
 
-def _comparison(runs: list[Run], price: float | None) -> str:
+def _comparison(runs: list[LoadedRun], price: float | None) -> str:
     base = runs[0]
     parts = []
     for other in runs[1:]:
@@ -385,7 +384,7 @@ def _comparison(runs: list[Run], price: float | None) -> str:
     return "".join(parts)
 
 
-def render(runs: list[Run], price: float | None = None, title: str | None = None) -> str:
+def render(runs: list[LoadedRun], price: float | None = None, title: str | None = None) -> str:
     """The report as one HTML string."""
     names = ", ".join(r.name for r in runs)
     title = title or f"pitstop report: {names}"
@@ -412,14 +411,14 @@ def render(runs: list[Run], price: float | None = None, title: str | None = None
     else:
         mem = ""
     peaks = [
-        (r.name, float(r.summary["peak_memory_bytes"]))
+        (r.name, float(r.summary.peak_memory_bytes))
         for r in runs
-        if isinstance(r.summary.get("peak_memory_bytes"), (int, float))
+        if r.summary.peak_memory_bytes is not None
     ]
     mem += hbars("peak_memory", "peak memory per run", peaks, "bytes")
     breakdowns = []
     for r in runs:
-        steps = [(float(s["step"]), step_phases(s)) for s in r.steps]
+        steps = [(float(s.step), s.phases) for s in r.steps]
         steps = [(s, ph) for s, ph in steps if ph]
         breakdowns.append(
             stacked_bars(f"breakdown-{r.name}", f"step time by phase: {r.name}", steps)

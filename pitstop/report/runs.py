@@ -1,15 +1,9 @@
-"""Reading a run directory (summary.json + metrics.jsonl), tolerantly.
+"""Reading a run directory (summary.json + metrics.jsonl) into typed records.
 
 Both writers produce it: `pitstop train`, and a Hugging Face Trainer with
 `pitstop.hf.PitstopCallback`. A run without summary.json (killed) is read from its
-metrics.jsonl alone.
-
-The contract (DESIGN.md): summary.json holds trained/seen/padded tokens,
-optimizer_steps, train/wall seconds, tokens_per_second, mfu, peak_memory_bytes,
-final_loss, time_breakdown (seconds per phase), device, choices (value + reason);
-metrics.jsonl holds one JSON object per optimizer step. Step records are read
-whatever their exact keys: phases may be a nested "phases" dict or flat
-"<phase>_s" keys; the step number may be "step" or the line index.
+metrics.jsonl alone. The records and their validation are `pitstop.run_record`; the
+contract, field by field, is docs/run-directory.md.
 """
 
 from __future__ import annotations
@@ -19,20 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_files
+from pitstop import run_record
 from pitstop.errors import DataError
 from pitstop.measure.timeline import PHASES
+from pitstop.run_record import RunSummary, StepLine, read_steps, read_summary
+
+__all__ = ["LoadedRun", "load_run", "read_steps", "summary_from_steps"]
 
 PHASE_ORDER = PHASES  # the trainer's phase names, in its order
-# Flat keys ending in _s that are not phases.
-_NOT_PHASES = {"step", "elapsed", "time", "wall", "train", "step_time", "total", "eta"}
 
 
 @dataclass
-class Run:
+class LoadedRun:
+    """A run directory as the report reads it: its summary, its step lines, the doctor's findings."""
+
     path: Path
-    summary: dict[str, Any]
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    summary: RunSummary
+    steps: list[StepLine] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -40,24 +37,18 @@ class Run:
         return self.path.name or str(self.path)
 
 
-def load_run(path: str | Path) -> Run:
-    """Read a run directory; DataError when it is not one.
+def load_run(path: str | Path) -> LoadedRun:
+    """Read a run directory; DataError when it is not one, or a file in it is damaged.
 
     A run without summary.json (killed, or still running) is read from its metrics.jsonl:
-    the summary is rebuilt from the step lines and says so in its "status".
+    the summary is rebuilt from the step lines and says so in its `status`.
     """
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{p} is not a directory; give the --output directory of `pitstop train`")
-    sp, mp = p / run_files.SUMMARY, p / run_files.METRICS
-    steps = read_steps(mp) if mp.is_file() else []
-    if sp.is_file():
-        try:
-            summary = json.loads(sp.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise DataError(f"{sp} is not valid JSON ({e})") from None
-        if not isinstance(summary, dict):
-            raise DataError(f"{sp} is not a JSON object")
+    steps = read_steps(p / run_record.METRICS)
+    if (p / run_record.SUMMARY).is_file():
+        summary = read_summary(p / run_record.SUMMARY)
     elif steps:
         summary = summary_from_steps(steps)
     else:
@@ -66,102 +57,54 @@ def load_run(path: str | Path) -> Run:
             "give the --output directory of `pitstop train`, or the output_dir of a Hugging Face "
             "Trainer run with pitstop.hf.PitstopCallback"
         )
-    findings: list[dict[str, Any]] = []
-    fp = p / run_files.FINDINGS
-    if fp.is_file():
-        try:
-            data = json.loads(fp.read_text(encoding="utf-8"))
-            raw = data.get("findings", []) if isinstance(data, dict) else data
-            findings = [x for x in raw if isinstance(x, dict)]
-        except (ValueError, UnicodeDecodeError):
-            findings = []
-    return Run(p, summary, steps, findings)
+    return LoadedRun(p, summary, steps, _findings(p / run_record.FINDINGS))
 
 
-def read_steps(path: Path) -> list[dict[str, Any]]:
-    """The step records of a metrics.jsonl.
-
-    The last line may be cut short by a crash (the writer appends whole lines, so only
-    the last one can be torn) and is skipped; any other line that is not a JSON object is
-    a DataError naming the file and the line.
-    """
+def _findings(path: Path) -> list[dict[str, Any]]:
+    """The doctor's findings beside a run; unreadable ones are left out (they only annotate)."""
+    if not path.is_file():
+        return []
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path} is not UTF-8 text ({e}); it is not a pitstop metrics file"
-        ) from None
-    # The piece after the last newline is "" or a crash's half-written line: dropped.
-    lines = text.split("\n")[:-1]
-    steps = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise DataError(
-                f"{path} line {i} is not valid JSON ({e}): {line[:80]!r}; remove or repair that "
-                "line (each line is one optimizer step)"
-            ) from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{path} line {i} is not a JSON object; each line is one step's record")
-        rec.setdefault("step", i)
-        steps.append(rec)
-    return steps
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    raw = data.get("findings", []) if isinstance(data, dict) else data
+    return [x for x in raw if isinstance(x, dict)] if isinstance(raw, list) else []
 
 
-def _last_number(steps: list[dict[str, Any]], key: str) -> float | None:
+def _last(steps: list[StepLine], key: str) -> float | None:
     for r in reversed(steps):
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            return float(v)
+        v = r.number(key)
+        if v is not None:
+            return v
     return None
 
 
-def summary_from_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """A summary.json's figures rebuilt from metrics.jsonl lines (a run without one)."""
+def summary_from_steps(steps: list[StepLine]) -> RunSummary:
+    """A summary rebuilt from metrics.jsonl lines (a run without summary.json)."""
     phases: dict[str, float] = {}
     seconds = 0.0
     for r in steps:
-        ph = step_phases(r)
-        for k, v in ph.items():
+        for k, v in r.phases.items():
             phases[k] = phases.get(k, 0.0) + v
-        secs = r.get("step_seconds")
-        seconds += float(secs) if isinstance(secs, (int, float)) else sum(ph.values())
-    trained = _last_number(steps, "trained_tokens")  # cumulative in both writers
+        seconds += r.seconds or 0.0
+    trained = _last(steps, "trained_tokens")  # cumulative in both writers
     if trained is None:
-        per_step = [r.get("step_trained_tokens") for r in steps]
-        trained = float(sum(t for t in per_step if isinstance(t, (int, float)))) or None
-    last_step = _last_number(steps, "step")
-    return {
-        "status": "incomplete: no summary.json (killed or still running); read from metrics.jsonl",
-        "optimizer_steps": int(last_step) if last_step is not None else len(steps),
-        "trained_tokens": trained,
-        "seen_tokens": _last_number(steps, "seen_tokens"),
-        "padded_tokens": _last_number(steps, "padded_tokens"),
-        "train_seconds": seconds or None,
-        "tokens_per_second": trained / seconds if trained and seconds else None,
-        "final_loss": _last_number(steps, "loss"),
-        "time_breakdown": phases,
-    }
-
-
-def step_phases(rec: dict[str, Any]) -> dict[str, float]:
-    """Seconds per phase of one metrics.jsonl record (nested "phases" or flat "<phase>_s")."""
-    out: dict[str, float] = {}
-    nested = rec.get("phases") or rec.get("time_breakdown")
-    if isinstance(nested, dict):
-        for k, v in nested.items():
-            if isinstance(v, (int, float)):
-                out[k.removesuffix("_s")] = float(v)
-        return out
-    for k, v in rec.items():
-        if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool):
-            name = k[:-2]
-            if name not in _NOT_PHASES:
-                out[name] = float(v)
-    return out
+        per_step = [r.step_trained_tokens for r in steps if r.step_trained_tokens is not None]
+        trained = float(sum(per_step)) or None
+    last_step = _last(steps, "step")
+    return RunSummary(
+        status="incomplete: no summary.json (killed or still running); read from metrics.jsonl",
+        optimizer_steps=int(last_step) if last_step is not None else len(steps),
+        trained_tokens=trained,
+        seen_tokens=_last(steps, "seen_tokens"),
+        padded_tokens=_last(steps, "padded_tokens"),
+        train_seconds=seconds or None,
+        tokens_per_second=trained / seconds if trained and seconds else None,
+        final_loss=_last(steps, "loss"),
+        time_breakdown=phases,
+        schema_version=0,
+    )
 
 
 def ordered_phases(names: set[str]) -> list[str]:
@@ -169,60 +112,48 @@ def ordered_phases(names: set[str]) -> list[str]:
     return known + sorted(names - set(known))
 
 
-def series(run: Run, key: str) -> list[tuple[float, float]]:
-    """(step, value) pairs of a numeric metric across the run's steps."""
+def series(run: LoadedRun, key: str) -> list[tuple[float, float]]:
+    """(step, value) pairs of a numeric metric (a StepLine field or extra key) across the run."""
     pts = []
     for r in run.steps:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:  # not NaN
-            pts.append((float(r["step"]), float(v)))
+        v = r.number(key)
+        if v is not None:
+            pts.append((float(r.step), v))
     return pts
 
 
-def tokens_per_second_series(run: Run) -> list[tuple[float, float]]:
-    """Throughput per logged step: the record's own figure, else tokens ÷ step time."""
+def tokens_per_second_series(run: LoadedRun) -> list[tuple[float, float]]:
+    """Throughput per logged step: the line's own figure, else its tokens ÷ its time."""
     pts = series(run, "tokens_per_second")
     if pts:
         return pts
     out = []
     for r in run.steps:
-        toks = r.get("step_trained_tokens")  # "trained_tokens" is cumulative in the trainer
-        secs = r.get("step_seconds") or r.get("step_s") or sum(step_phases(r).values())
-        if isinstance(toks, (int, float)) and secs:
-            out.append((float(r["step"]), float(toks) / float(secs)))
+        toks, secs = r.step_trained_tokens, r.seconds  # "trained_tokens" is cumulative
+        if toks is not None and secs:
+            out.append((float(r.step), float(toks) / secs))
     return out
 
 
-def memory_series(run: Run) -> list[tuple[float, float]]:
+def memory_series(run: LoadedRun) -> list[tuple[float, float]]:
+    """Peak memory per step in bytes (a foreign writer's byte counts; GiB lines converted)."""
     for key in ("peak_memory_bytes", "memory_bytes", "memory_allocated_bytes", "rss_bytes"):
         pts = series(run, key)
         if pts:
             return pts
-    return []
+    return [(s, v * 2**30) for s, v in series(run, "peak_memory_gib")]
 
 
-def breakdown(summary: dict[str, Any]) -> dict[str, float]:
-    tb = summary.get("time_breakdown") or {}
-    return {
-        k.removesuffix("_s"): float(v)
-        for k, v in tb.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+def breakdown(summary: RunSummary) -> dict[str, float]:
+    """Seconds per phase (a "<phase>_s" key is read as "<phase>")."""
+    return {k.removesuffix("_s"): float(v) for k, v in summary.time_breakdown.items()}
 
 
-def flat_settings(summary: dict[str, Any]) -> dict[str, Any]:
+def flat_settings(summary: RunSummary) -> dict[str, Any]:
     """The settings of a run: its config, then each choice's value (choice.<name>)."""
-    out: dict[str, Any] = {}
-    cfg = summary.get("config") or {}
-    if isinstance(cfg, dict):
-        for k, v in cfg.items():
-            out[k] = v
-    choices = summary.get("choices") or {}
-    if isinstance(choices, dict):
-        for k, v in choices.items():
-            out[f"choice.{k}"] = v.get("value") if isinstance(v, dict) else v
-    requested = summary.get("requested") or {}  # PitstopCallback(requested=...)
-    if isinstance(requested, dict):
-        for k, v in requested.items():
-            out[f"requested.{k}"] = v
+    out: dict[str, Any] = dict(summary.config)
+    for k, v in summary.choice_values().items():
+        out[f"choice.{k}"] = v
+    for k, v in (summary.requested or {}).items():  # PitstopCallback(requested=...)
+        out[f"requested.{k}"] = v
     return out

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.report.runs import Run, step_phases
+from pitstop.report.runs import LoadedRun
 
 DEFAULT_WARMUP = 1  # steps left out when the run does not mark its warm-up
 MIN_STEADY_STEPS = 3  # fewer steady steps than this: no medians, no band
@@ -62,29 +62,27 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def step_table(run: Run) -> list[tuple[bool, float, float | None]]:
+def step_table(run: LoadedRun) -> list[tuple[bool, float, float | None]]:
     """(warm-up?, seconds, trained tokens or None) of each step line with a duration."""
     out = []
     prev_cum: float | None = 0.0
     for r in run.steps:
-        secs = _num(r.get("step_seconds"))
-        if secs is None:
-            secs = sum(step_phases(r).values()) or None
-        toks = _num(r.get("step_trained_tokens"))
-        cum = _num(r.get("trained_tokens"))
+        secs = _num(r.seconds)
+        toks = _num(r.step_trained_tokens)
+        cum = _num(r.trained_tokens)
         if toks is None and cum is not None and prev_cum is not None:
             toks = cum - prev_cum
         prev_cum = cum
         if secs is None or secs <= 0:
             continue
-        rate = _num(r.get("tokens_per_second"))
+        rate = _num(r.tokens_per_second)
         if toks is None and rate is not None:
             toks = rate * secs
-        out.append((r.get("warmup") is True, secs, toks))
+        out.append((r.warmup is True, secs, toks))
     return out
 
 
-def steady(run: Run) -> Steady | None:
+def steady(run: LoadedRun) -> Steady | None:
     """The run's steady figures, or None with fewer than MIN_STEADY_STEPS steady steps."""
     table = step_table(run)
     marked = sum(1 for w, _, _ in table if w)
@@ -102,12 +100,12 @@ def steady(run: Run) -> Steady | None:
     return Steady(len(rest), warm, med, tps, spread, rel_se, noise_reasons(run, spread))
 
 
-def noise_reasons(run: Run, spread: float) -> list[str]:
+def noise_reasons(run: LoadedRun, spread: float) -> list[str]:
     """Why a run's timings are noisy: its step spread, the machine's load, the doctor's flag."""
     out = []
     if spread > NOISY_SPREAD:
         out.append(f"step spread {spread:.0%}")
-    machine = run.summary.get("machine") or {}
+    machine = run.summary.machine or {}
     load, cores = _num(machine.get("load_average_1m")), _num(machine.get("cpu_cores"))
     if load is not None and cores and load > cores:
         out.append(f"load {load:.1f} on {cores:.0f} cores")

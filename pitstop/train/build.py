@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pitstop import log, probe, run_files
+from pitstop import log, probe, run_record
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
@@ -292,7 +292,7 @@ def build_run(
     )  # fmt: skip
 
     writer = ckpt.CheckpointWriter(
-        out / run_files.CHECKPOINTS,
+        out / run_record.CHECKPOINTS,
         keep=cfg.save_total_limit,
         save_model=lambda dest, state: model_io.save_model_dir(model, tokenizer, dest, state),
         enabled=env.rank == 0,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, run_files
+from pitstop import log, run_record
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
@@ -86,7 +86,7 @@ def saved_strategy(out: Path) -> str | None:
 
     from pitstop.train.checkpoint import latest_checkpoint
 
-    ck = latest_checkpoint(out / run_files.CHECKPOINTS)
+    ck = latest_checkpoint(out / run_record.CHECKPOINTS)
     if ck is None or not (ck / "loader_state.json").is_file():
         return None
     return json.loads((ck / "loader_state.json").read_text(encoding="utf-8")).get("strategy")

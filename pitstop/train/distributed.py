@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from pitstop import log, run_files
+from pitstop import log, run_record
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
@@ -296,7 +296,6 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     The config travels as a YAML file rather than re-quoted flags, so a run started from
     Python (`pitstop.train.run(cfg)`) relaunches exactly like one started from the CLI.
     """
-    import json
 
     from pitstop.runlock import HELD_ENV
 
@@ -329,4 +328,4 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             f"the {cfg.nproc} training processes stopped with exit code {rc} (their messages are above)",
             exit_code=rc if 0 < rc < 256 else 1,
         )
-    return json.loads((out / run_files.SUMMARY).read_text(encoding="utf-8"))
+    return run_record.read_summary(out).to_json()  # rank 0's, validated

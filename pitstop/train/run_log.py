@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, run_files
+from pitstop import log, run_record
 from pitstop.atomic import write_text_atomic
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import PHASES
@@ -68,8 +68,8 @@ def open_tensorboard(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str
         )
         return NullWriter(), "tensorboard not installed"
     return SummaryWriter(
-        log_dir=str(out / run_files.TENSORBOARD)
-    ), f"events in {out / run_files.TENSORBOARD}"
+        log_dir=str(out / run_record.TENSORBOARD)
+    ), f"events in {out / run_record.TENSORBOARD}"
 
 
 def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
@@ -107,7 +107,7 @@ def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
 def wandb_run_id(out: Path) -> str:
     """The wandb run id of the run in `out`: the one recorded there (a resumed run continues
     the same wandb run), else a new one, recorded before wandb starts."""
-    path = out / run_files.WANDB_ID
+    path = out / run_record.WANDB_ID
     if path.is_file():
         kept = path.read_text(encoding="utf-8").strip()
         if kept.isalnum() and 0 < len(kept) <= 64:
@@ -161,7 +161,7 @@ class RunLog:
     """
 
     def __init__(self, cfg: RunConfig, out: Path, *, enabled: bool, total_steps: int) -> None:
-        self.metrics_path = out / run_files.METRICS
+        self.metrics_path = out / run_record.METRICS
         self.enabled = enabled
         self.total_steps = total_steps
         self.tb, tb_note = open_tensorboard(cfg, out, enabled)

@@ -1,5 +1,8 @@
 """The run's outputs others read: summary.json and metrics.jsonl, written safely.
 
+`trainer_summary` builds the trainer's `RunSummary` (pitstop.run_record), which
+`run_record.write_summary` writes: the one summary writer every run uses.
+
 summary.json is replaced atomically (temporary file + os.replace). metrics.jsonl
 grows by whole lines, each batch of lines in one write() on an O_APPEND file, so a
 reader sees complete lines (a crash can at worst cut the last one, which readers
@@ -13,10 +16,16 @@ import json
 import math
 import os
 import resource
+import time
 from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_text_atomic
+from pitstop.measure import flops as flops_mod
+from pitstop.measure.machine import machine_load
+from pitstop.probe import Choice, DeviceInfo
+from pitstop.run_record import FINAL, ChoiceRecord, RunSummary
+from pitstop.train.state import RunState
 
 
 def _clean(v: Any) -> Any:
@@ -72,3 +81,89 @@ def peak_memory_bytes(device_type: str) -> int:
     # ru_maxrss is KiB on Linux (bytes on macOS).
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if os.uname().sysname == "Darwin" else rss * 1024)
+
+
+def trainer_summary(
+    status: str,
+    *,
+    state: RunState,
+    total_steps: int,
+    world_size: int,
+    device: DeviceInfo,
+    device_type: str,
+    choices: dict[str, Choice],
+    measured: ChoiceRecord | None,
+    planned_efficiency: float | None,
+    flops_per_token: float | None,
+    peak_flops: float | None,
+    peak_source: str | None,
+    checkpoints: Any,
+    t_process: float,
+    out: Path,
+    config: dict[str, Any],
+    resumed_from: str | None,
+) -> RunSummary:
+    """The `pitstop train` run's summary.json so far. `checkpoints` is the run's checkpoint
+    writer (its best checkpoint, write seconds and host buffer); `t_process` the
+    time.time() this process started (wall_seconds adds the runs before a resume)."""
+    import torch  # the trainer has it loaded; torch-free readers never call this
+
+    ts = state.train_seconds
+    mfu = flops_mod.mfu(state.padded_tokens / ts, flops_per_token, peak_flops) if ts > 0 else None
+    eff = state.seen_tokens / state.padded_tokens if state.padded_tokens else None  # measured
+    ev = state.last_eval
+    return RunSummary(
+        status=status,
+        source="pitstop",
+        optimizer_steps=state.step,
+        total_steps=total_steps,
+        epochs=state.epoch_float,
+        trained_tokens=state.trained_tokens,
+        seen_tokens=state.seen_tokens,
+        padded_tokens=state.padded_tokens,
+        train_seconds=ts,
+        wall_seconds=state.wall_before + time.time() - t_process,
+        tokens_per_second=state.trained_tokens / ts if ts > 0 else None,
+        seen_tokens_per_second=state.seen_tokens / ts if ts > 0 else None,
+        mfu=mfu,
+        flops_per_token=flops_per_token,
+        peak_flops=peak_flops,
+        peak_flops_source=peak_source,
+        peak_memory_bytes=peak_memory_bytes(device_type),
+        final_loss=state.last_loss,
+        final_loss_step=state.last_loss_step,
+        eval_loss=ev["eval_loss"] if ev else None,
+        eval_ppl=ev["eval_ppl"] if ev else None,
+        eval=ev,
+        best_checkpoint=checkpoints.best,
+        world_size=world_size,
+        time_breakdown=dict(state.phase_totals),
+        checkpoint_pause_seconds=state.ckpt_pause,
+        checkpoint_write_seconds=checkpoints.write_seconds,
+        checkpoint_host_buffer_bytes=checkpoints.staging.nbytes,
+        skipped_steps=state.skipped_steps,
+        packing_efficiency=eff,
+        padding_waste=1 - eff if eff is not None else None,
+        planned_efficiency=planned_efficiency,  # epoch 0 plan, before running
+        device={**device.to_dict(), "torch": torch.__version__},
+        machine=machine_load(),  # the load its figures were measured under
+        choices={k: c.to_dict() for k, c in choices.items()},
+        measured_choices=measured.to_dict() if measured else None,
+        resumed_from=str(resumed_from) if resumed_from else None,
+        final_model=str(out / FINAL) if status == "completed" else None,
+        config=config,
+    )
+
+
+def result_line(s: RunSummary) -> str:
+    """The one line a finished run prints."""
+    mfu = f", MFU {100 * s.mfu:.1f}%" if s.mfu is not None else ""
+    loss = f"{s.final_loss:.4f}" if s.final_loss is not None else "n/a"
+    at = s.final_loss_step
+    if at is not None and at != s.optimizer_steps:  # the last steps were skipped
+        loss += f" (step {at}, the last finite one)"
+    return (
+        f"pitstop: {s.optimizer_steps} steps, {s.trained_tokens or 0:,} trained tokens in "
+        f"{s.train_seconds or 0:.1f} s ({(s.tokens_per_second or 0):,.0f} tokens/s{mfu}); "
+        f"final loss {loss}; model in {s.final_model}"
+    )

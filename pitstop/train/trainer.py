@@ -44,17 +44,17 @@ from typing import Any
 
 import torch
 
-from pitstop import log, run_files
+from pitstop import log, run_record
 from pitstop import runlock as run_lock
-from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.atomic import write_text_atomic
 from pitstop.batching.choices import write_run_choices
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.errors import PitstopError
 from pitstop.measure import flops as flops_mod
-from pitstop.measure.machine import machine_load
 from pitstop.measure.timeline import StepRecord, Timeline
 from pitstop.probe import Choice, DeviceInfo
+from pitstop.run_record import RunSummary, write_summary
 from pitstop.train import checkpoint as ckpt
 from pitstop.train import distributed as dist_mod
 from pitstop.train import guard, model_io, oom
@@ -65,10 +65,7 @@ from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
 from pitstop.train.state import RunState
-from pitstop.train.summary import (
-    peak_memory_bytes,
-    truncate_metrics,
-)
+from pitstop.train.summary import peak_memory_bytes, result_line, trainer_summary, truncate_metrics
 
 
 class RunInterrupted(PitstopError):
@@ -87,9 +84,9 @@ class TrainingDiverged(PitstopError):
 
 def _clear_run(out: Path) -> None:
     """--overwrite: remove only what a pitstop run writes (never the user's other files)."""
-    for name in run_files.RUN_FILES:
+    for name in run_record.RUN_FILES:
         (out / name).unlink(missing_ok=True)
-    for name in run_files.RUN_DIRS:
+    for name in run_record.RUN_DIRS:
         if (out / name).exists():
             shutil.rmtree(out / name)
 
@@ -173,7 +170,7 @@ class Trainer:
         if self.cfg.overwrite and self.is_main:
             _clear_run(out)
         out.mkdir(parents=True, exist_ok=True)
-        root = out / run_files.CHECKPOINTS
+        root = out / run_record.CHECKPOINTS
         if self.is_main:
             ckpt.remove_debris(root)
         # Refuses (touching nothing) when checkpoints exist and none is complete.
@@ -185,7 +182,7 @@ class Trainer:
         if latest is not None:
             self._restore(latest)
         if self.is_main:
-            truncate_metrics(out / run_files.METRICS, self.state.step)
+            truncate_metrics(out / run_record.METRICS, self.state.step)
             saved = RunConfig(**{
                 **self.cfg.to_dict(), "resume": False, "overwrite": False,
                 "resume_with_changes": False,
@@ -196,7 +193,7 @@ class Trainer:
                     f"pitstop: the configuration differs from the run's; the previous one is "
                     f"kept in {kept}"
                 )
-            write_text_atomic(out / run_files.CONFIG, saved)
+            write_text_atomic(out / run_record.CONFIG, saved)
             if self.geometry.measured is not None:  # before step 1: --resume reads it back
                 write_run_choices(out, self.geometry.measured)
         dist_mod.barrier(self.env)  # rank 0 has cleared/created what the others will write to
@@ -433,13 +430,13 @@ class Trainer:
             raise
         summary = self.summary(status)
         if self.is_main:
-            write_json_atomic(self.out / run_files.SUMMARY, summary)
-            log.info(_result_line(summary))
+            write_summary(self.out, summary)
+            log.info(result_line(summary))
         self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
         dist_mod.barrier(self.env)
-        return summary
+        return summary.to_json()
 
     def _out_of_memory(self, e: BaseException) -> oom.TrainingOutOfMemory:
         try:  # a checkpoint on its way to disk: let it land before naming it
@@ -782,11 +779,11 @@ class Trainer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        model_io.publish_dir(tmp, self.out / run_files.FINAL)
+        model_io.publish_dir(tmp, self.out / run_record.FINAL)
         if self.cfg.merge_lora and model_io.is_peft(self.model):
             from pitstop.train.export import merge_adapter  # loads a second copy of the base
 
-            merge_adapter(self.out / run_files.FINAL, self.out / run_files.MERGED)
+            merge_adapter(self.out / run_record.FINAL, self.out / run_record.MERGED)
         self.final_save_seconds = time.perf_counter() - t0
 
     def _finish_quietly(self, status: str) -> None:
@@ -796,7 +793,7 @@ class Trainer:
         except ckpt.CheckpointError as e:
             log.warning(f"pitstop: {e}")
         if self.is_main:
-            write_json_atomic(self.out / run_files.SUMMARY, self.summary(status))
+            write_summary(self.out, self.summary(status))
         self.run_log.close()
 
     # --- signals ------------------------------------------------------------------
@@ -826,7 +823,7 @@ class Trainer:
 
     def _interrupted(self) -> RunInterrupted:
         signum = self._stop_signal or signal.SIGTERM
-        cmd = f"pitstop train --config {self.out / run_files.CONFIG} --resume"
+        cmd = f"pitstop train --config {self.out / run_record.CONFIG} --resume"
         return RunInterrupted(
             f"stopped by {signal.Signals(signum).name} after step {self.state.step} of {self.total_steps}; "
             f"checkpoint saved in {self.writer.last_written}. Resume with:\n  {cmd}",
@@ -851,68 +848,13 @@ class Trainer:
         }  # fmt: skip
         return format_banner(self.dev.name, facts, self.choices)
 
-    def summary(self, status: str) -> dict[str, Any]:
-        ts = self.state.train_seconds
-        mfu = (
-            flops_mod.mfu(self.state.padded_tokens / ts, self.flops_per_token, self.peak_flops)
-            if ts > 0
-            else None
-        )
-        eff = (
-            self.state.seen_tokens / self.state.padded_tokens if self.state.padded_tokens else None
-        )  # measured
-        return {
-            "status": status,
-            "optimizer_steps": self.state.step,
-            "total_steps": self.total_steps,
-            "epochs": self.state.epoch_float,
-            "trained_tokens": self.state.trained_tokens,
-            "seen_tokens": self.state.seen_tokens,
-            "padded_tokens": self.state.padded_tokens,
-            "train_seconds": ts,
-            "wall_seconds": self.state.wall_before + time.time() - self.t_process,
-            "tokens_per_second": self.state.trained_tokens / ts if ts > 0 else None,
-            "seen_tokens_per_second": self.state.seen_tokens / ts if ts > 0 else None,
-            "mfu": mfu,
-            "flops_per_token": self.flops_per_token,
-            "peak_flops": self.peak_flops,
-            "peak_flops_source": self.peak_source,
-            "peak_memory_bytes": peak_memory_bytes(self.device.type),
-            "final_loss": self.state.last_loss,
-            "final_loss_step": self.state.last_loss_step,
-            "eval_loss": self.state.last_eval["eval_loss"] if self.state.last_eval else None,
-            "eval_ppl": self.state.last_eval["eval_ppl"] if self.state.last_eval else None,
-            "eval": self.state.last_eval,
-            "best_checkpoint": self.writer.best,
-            "world_size": self.world_size,
-            "time_breakdown": dict(self.state.phase_totals),
-            "checkpoint_pause_seconds": self.state.ckpt_pause,
-            "checkpoint_write_seconds": self.writer.write_seconds,
-            "checkpoint_host_buffer_bytes": self.writer.staging.nbytes,
-            "skipped_steps": self.state.skipped_steps,
-            "packing_efficiency": eff,
-            "padding_waste": 1 - eff if eff is not None else None,
-            "planned_efficiency": self.geometry.efficiency,  # epoch 0 plan, before running
-            "device": {**self.dev.to_dict(), "torch": torch.__version__},
-            "machine": machine_load(),  # the load its figures were measured under
-            "choices": {k: c.to_dict() for k, c in self.choices.items()},
-            "measured_choices": self.geometry.measured.to_dict()
-            if self.geometry.measured
-            else None,
-            "resumed_from": self.resumed_from,
-            "final_model": str(self.out / run_files.FINAL) if status == "completed" else None,
-            "config": self.cfg.to_dict(),
-        }
-
-
-def _result_line(s: dict[str, Any]) -> str:
-    mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
-    loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
-    at = s.get("final_loss_step")
-    if at is not None and at != s["optimizer_steps"]:  # the last steps were skipped
-        loss += f" (step {at}, the last finite one)"
-    return (
-        f"pitstop: {s['optimizer_steps']} steps, {s['trained_tokens']:,} trained tokens in "
-        f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "
-        f"final loss {loss}; model in {s['final_model']}"
-    )
+    def summary(self, status: str) -> RunSummary:
+        """The run's summary.json so far (built in pitstop.train.summary)."""
+        return trainer_summary(
+            status, state=self.state, total_steps=self.total_steps, world_size=self.world_size,
+            device=self.dev, device_type=self.device.type, choices=self.choices,
+            measured=self.geometry.measured, planned_efficiency=self.geometry.efficiency,
+            flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,
+            peak_source=self.peak_source, checkpoints=self.writer, t_process=self.t_process,
+            out=self.out, config=self.cfg.to_dict(), resumed_from=self.resumed_from,
+        )  # fmt: skip

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop import probe
+from pitstop import probe, run_record
 from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.profiling import (
@@ -48,7 +48,7 @@ from pitstop.profiling import (
     peak_memory,
     reset_peak_memory,
 )
-from pitstop.train.summary import read_metrics
+from pitstop.run_record import RunSummary, read_steps
 from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
 from pitstop.version import __version__
@@ -139,13 +139,13 @@ class TrialRunner:
                 kwargs = {"device": self.device} if self.device is not None else {}
                 clock = StepClock(on_step_start=self._stop_when_stable)
                 trainer = measured_trainer(run_cfg, clock, **kwargs)
-                summary = trainer.fit()
+                summary = RunSummary.from_json(trainer.fit())
             peak = peak_memory(trainer.device.type)
             setup = clock.starts[0] - t_start if clock.starts else 0.0
             tps_math = int(trainer.geometry.tokens_per_step)
             steps_per_epoch = int(trainer.steps_per_epoch)
 
-            lines = sorted(read_metrics(tmp / "run" / "metrics.jsonl"), key=lambda r: r["step"])
+            lines = sorted(read_steps(tmp / "run" / run_record.METRICS), key=lambda r: r.step)
         finally:
             compiled = bool(getattr(trainer, "_compiled", False))
             del trainer
@@ -154,21 +154,21 @@ class TrialRunner:
                 _reset_compile()
             free_memory()
 
-        resolved = settings_from_choices(trial_cfg, summary.get("choices") or {})
-        measured = [r for r in lines if int(r["step"]) > self.warmup]
-        warm = [r for r in lines if int(r["step"]) <= self.warmup]
-        secs = [float(r["step_seconds"]) for r in measured]
-        tokens = [int(r.get("step_trained_tokens") or 0) for r in measured]
+        resolved = settings_from_choices(trial_cfg, summary.choices)
+        measured = [r for r in lines if r.step > self.warmup]
+        warm = [r for r in lines if r.step <= self.warmup]
+        secs = [r.seconds or 0.0 for r in measured]
+        tokens = [int(r.step_trained_tokens or 0) for r in measured]
         result = TrialResult(
             settings if settings is not None else resolved,
             peak_memory_bytes=peak,
             tokens_per_step=tps_math,
             setup_seconds=setup,
-            warmup_seconds=sum(float(r["step_seconds"]) for r in warm),
+            warmup_seconds=sum(r.seconds or 0.0 for r in warm),
             extra={
                 "steps_per_epoch": steps_per_epoch,
-                "flops_per_token": summary.get("flops_per_token"),
-                "peak_flops": summary.get("peak_flops"),
+                "flops_per_token": summary.flops_per_token,
+                "peak_flops": summary.peak_flops,
             },
         )
         if not secs:
@@ -186,7 +186,7 @@ class TrialRunner:
                 0.0, result.warmup_seconds - len(warm) * result.step_seconds
             )
         if asked_compile and not resolved.compile:
-            reason = ((summary.get("choices") or {}).get("compile") or {}).get("reason", "")
+            reason = summary.choice_reason("compile")
             result.status, result.error = COMPILE_FAILED, reason or "torch.compile did not run"
         result.seconds = time.perf_counter() - t_start
         return result
