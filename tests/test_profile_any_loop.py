@@ -78,6 +78,8 @@ def test_fixed_loader_compares_faster_and_report_renders_both(loops: dict) -> No
     assert rows["data_wait_share"]["verdict"] == "better"
     tps = rows["tokens_per_second"]
     assert tps["ratio"] > 1 and tps["verdict"] != "worse"
+    diffs = {d["setting"]: (d["a"], d["b"]) for d in res["settings_differ"]}
+    assert f"--sleep {SLEEP_S}" in diffs["command"][0] and "--sleep 0.0" in diffs["command"][1]
     # Faster beyond the noise band, unless another job made a run's steps erratic (the
     # 2-core dev box shared by several test runs: then the band says so, and that is right).
     if not (res["steady"]["a"]["noisy"] or res["steady"]["b"]["noisy"]):
