@@ -159,3 +159,5 @@ def test_profile_command_errors(tmp_path: Path) -> None:
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "summary.json").write_text("{}")
     assert cli.main(["profile", "--output", str(tmp_path / "done"), "--", sys.executable]) == 2
+    (tmp_path / "file").write_text("")
+    assert cli.main(["profile", "--output", str(tmp_path / "file"), "--", sys.executable]) == 2

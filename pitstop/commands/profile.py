@@ -152,6 +152,7 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     warmup = DEFAULT_SCRIPT_WARMUP if args.warmup is None else args.warmup
     if warmup < 0:
         problems.append(f"--warmup must be 0 or more, got {warmup}")
+    problems += check_outputs(dirs={"--output": args.profile_output})  # a run directory here
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
     # Deferred: the launcher's module loads torch and transformers.
