@@ -70,6 +70,20 @@ def test_slow_loader_is_input_bound(loops: dict) -> None:
 
 
 @pytest.mark.slow
+def test_doctor_and_estimate_read_the_profiled_run(
+    loops: dict, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pitstop import cli
+
+    run, _ = loops["slow"]
+    assert cli.main(["doctor", "--profile", str(run / "pitstop_profile.json")]) == 0
+    assert "input-bound" in capsys.readouterr().out
+    argv = ["estimate", "--from-profile", str(run), "--model", str(tiny_model_dir)]
+    assert cli.main([*argv, "--tokens", "100000"]) == 0
+    assert "measured" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_fixed_loader_compares_faster_and_report_renders_both(loops: dict) -> None:
     (slow, _), (fixed, stdout) = loops["slow"], loops["fixed"]
     assert "input-bound" not in stdout.split("verdict:")[1].splitlines()[0]
@@ -77,13 +91,14 @@ def test_fixed_loader_compares_faster_and_report_renders_both(loops: dict) -> No
     rows = {r["metric"]: r for r in res["metrics"]}
     assert rows["data_wait_share"]["verdict"] == "better"
     tps = rows["tokens_per_second"]
-    assert tps["ratio"] > 1 and tps["verdict"] != "worse"
     diffs = {d["setting"]: (d["a"], d["b"]) for d in res["settings_differ"]}
     assert f"--sleep {SLEEP_S}" in diffs["command"][0] and "--sleep 0.0" in diffs["command"][1]
-    # Faster beyond the noise band, unless another job made a run's steps erratic (the
-    # 2-core dev box shared by several test runs: then the band says so, and that is right).
+    # Faster beyond the noise band. Unless another job loaded the machine during one of the
+    # runs (the 2-core dev box shared by several test runs, where a tiny model's step has
+    # been seen to take 5x longer for a whole run): the table then flags it NOISY, and a
+    # timing verdict is not a property of the code (docs/compare.md: settle with --rerun).
     if not (res["steady"]["a"]["noisy"] or res["steady"]["b"]["noisy"]):
-        assert tps["verdict"] == "better", res["noise_band"]
+        assert tps["ratio"] > 1 and tps["verdict"] == "better", res["noise_band"]
     res = pitstop_cli("compare", str(slow), str(fixed), cwd=loops["dir"])
     assert res.returncode == 0 and "better" in res.stdout
     html = loops["dir"] / "report.html"

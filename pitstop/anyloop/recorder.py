@@ -38,6 +38,17 @@ class LoopRecorder(PitstopCallback):
             summary.status = "incomplete: the training script exited with an error"
         return summary
 
+    def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
+        profile = super()._build_profile(args, model)
+        precision = profile["choices"].get("precision")
+        if isinstance(precision, dict):  # the callback's reason names TrainingArguments
+            precision["reason"] = "observed: the autocast dtype, else the parameters' dtype"
+        profile["notes"].append(
+            "a custom loop timed by pitstop.watch / `pitstop profile -- COMMAND`: its settings "
+            "were observed and are written as the TrainingArguments fields the rules read"
+        )
+        return profile
+
     def _step_records(self) -> list[dict[str, Any]]:
         for s in self._steps:  # the losses were kept as tensors: reading them per step would sync
             losses = s.pop("loss_t", None)
