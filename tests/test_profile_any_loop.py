@@ -84,7 +84,11 @@ def test_doctor_and_estimate_read_the_profiled_run(
 
 
 @pytest.mark.slow
-def test_fixed_loader_compares_faster_and_report_renders_both(loops: dict) -> None:
+def test_fixed_loader_compares_faster_and_report_renders_both(
+    loops: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pitstop import cli
+
     (slow, _), (fixed, stdout) = loops["slow"], loops["fixed"]
     assert "input-bound" not in stdout.split("verdict:")[1].splitlines()[0]
     res = compare(slow, fixed)
@@ -99,11 +103,10 @@ def test_fixed_loader_compares_faster_and_report_renders_both(loops: dict) -> No
     # timing verdict is not a property of the code (docs/compare.md: settle with --rerun).
     if not (res["steady"]["a"]["noisy"] or res["steady"]["b"]["noisy"]):
         assert tps["ratio"] > 1 and tps["verdict"] == "better", res["noise_band"]
-    res = pitstop_cli("compare", str(slow), str(fixed), cwd=loops["dir"])
-    assert res.returncode == 0 and "better" in res.stdout
+    assert cli.main(["compare", str(slow), str(fixed)]) == 0
+    assert "better" in capsys.readouterr().out
     html = loops["dir"] / "report.html"
-    res = pitstop_cli("report", str(slow), str(fixed), "--output", str(html), cwd=loops["dir"])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert cli.main(["report", str(slow), str(fixed), "--output", str(html)]) == 0
     text = html.read_text()
     assert "slow" in text and "fixed" in text
     assert "tokens/s (steady median)" in text and "noise (step spread)" in text
