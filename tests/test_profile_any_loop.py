@@ -168,11 +168,14 @@ def test_watch_accumulates_micro_batches_into_one_step(tiny_model_dir: Path) -> 
     assert s.trained_tokens == 8 * 9  # tuple batches: the second int tensor is the labels
 
 
-def test_profile_command_errors(tmp_path: Path) -> None:
+def test_profile_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pitstop import cli
 
     assert cli.main(["profile", "--lr", "0.1", "--", sys.executable, "x.py"]) == 2
     assert cli.main(["profile", "--"]) == 2
+    # Without `--`, leftover words are the config form's: a misspelt flag is still named.
+    assert cli.main(["profile", "--modle", "x"]) == 2
+    assert "did you mean --model?" in capsys.readouterr().err
     assert cli.main(["profile", "--", "no-such-program-pitstop"]) == 2
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "summary.json").write_text("{}")

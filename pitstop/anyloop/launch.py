@@ -70,7 +70,9 @@ def check_command(command: list[str], output: Path) -> None:
             "directory (a profile never overwrites a run)"
         )
     if problems:
-        raise ConfigError(problems, header=f"pitstop profile: {len(problems)} problem(s):")
+        raise ConfigError(
+            problems, header=f"cannot profile the command ({len(problems)} problem(s)):"
+        )
 
 
 def run_command(

@@ -41,13 +41,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "profile",
         allow_abbrev=False,
         conflict_handler="resolve",
-        help="run a few steps of a config: step-time breakdown and bottleneck verdict",
+        help="step-time breakdown and bottleneck verdict: a few steps of a config, or any "
+        "training command after --",
         description=(
             "Run W warm-up + K optimizer steps of a training config through the real trainer "
             "(in a temporary directory), then print seconds and share per phase, tokens/s, the "
             "step-time spread, MFU, peak memory, device utilisation and the bottleneck verdict "
             "with its evidence, and write profile.json (schema pitstop.profile/1, warm-up steps "
-            "left out) for `pitstop doctor --profile`."
+            "left out) for `pitstop doctor --profile`. Or, after `--`, run any training "
+            "command unchanged with the step timer attached (docs/profile-any-loop.md)."
         ),
     )
     add_config_flags(p, "profile")
@@ -97,11 +99,17 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the profile runs the trainer (torch), which `pitstop --help` must not load.
     from pitstop.profiling import format_profile, run_profile
 
-    command = list(args.script_command or [])
-    if command and command[0] == "--":
-        command = command[1:]
-    if command or args.script_command:
-        return run_script(args, command)
+    rest = list(args.script_command or [])
+    if rest and rest[0] == "--":
+        return run_script(args, rest[1:])
+    # Without `--`, words argparse left over belong to the config form's flags (e.g. the
+    # value of a misspelt flag): reported with the configuration's problems.
+    args.unknown = list(getattr(args, "unknown", None) or []) + rest
+    if rest and not rest[0].startswith("-"):
+        log.warning(
+            f"pitstop profile: to profile a command, put it after --: "
+            f"`pitstop profile -- {' '.join(rest)}`"
+        )
     if args.warmup is None:
         args.warmup = DEFAULT_WARMUP
     problems = []
