@@ -1,7 +1,8 @@
 """pitstop: fast, cheap and explainable LLM training runs.
 
 `pitstop.train.run(cfg)` trains, `pitstop.prepare_data(cfg)` prepares, and
-`pitstop.PitstopCallback` instruments a Hugging Face Trainer. The public API is what
+`pitstop.PitstopCallback` instruments a Hugging Face Trainer; `pitstop.watch()`
+times any PyTorch loop. The public API is what
 `__all__` lists (locked by tests/test_public_api.py); every other module may move.
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "load_yaml",
     "prepare_data",
     "train",
+    "watch",
 ]
 
 # The package's one deferred import (PEP 562): these names load torch or transformers
@@ -36,6 +38,7 @@ _DEFERRED = {
     "prepare_data": ("pitstop.data.prepare", "prepare_data"),
     "doctor": ("pitstop.advise.doctor", "doctor"),
     "PitstopCallback": ("pitstop.hf", "PitstopCallback"),
+    "watch": ("pitstop.anyloop", "watch"),
 }
 
 

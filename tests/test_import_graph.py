@@ -48,7 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train", "tiny"),
     ("profiling",),
     ("advise", "report", "tune", "hf"),
-    ("demo", "fs_errors"),
+    ("demo", "fs_errors", "anyloop"),
     ("commands", "cli", "__main__", ""),  # "" is the package root, pitstop/__init__.py
 ]
 # Upward imports allowed in the whole package. The issue allows one; the code has none,

@@ -19,6 +19,7 @@ EXPECTED = {
     "load_yaml",
     "prepare_data",
     "train",
+    "watch",
 }
 
 

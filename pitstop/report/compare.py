@@ -1,13 +1,18 @@
 """`pitstop compare`: a before/after table of two runs, and the settings that differ.
 
-Every figure comes from the runs' summary.json (the `pitstop train` contract):
-tokens/s = trained_tokens / train_seconds; it/s = optimizer_steps / train_seconds;
-cost = wall_seconds × GPUs × price per GPU-hour (you pay for the whole process);
-data-wait share = time_breakdown.data_wait / sum(time_breakdown);
-padding waste = 1 − seen_tokens / padded_tokens; trained tokens per step =
-trained_tokens / optimizer_steps. Ratios are B / A. Steps/s and tokens/s stand side by
-side: when the two runs' steps hold different numbers of trained tokens, a faster
-step is not a speed-up, and the comparison says so.
+Speed figures are steady per-step medians (pitstop.report.steady): warm-up steps left
+out, the median step time and the median of per-step trained tokens/s, so one slow
+warm-up step or a burst of load does not decide the comparison. Each timing ratio B/A
+carries a noise band from both runs' step-time spread; inside it the verdict is "no
+measurable difference", never better or worse. Each run's noise (its step spread, the
+machine's load, the doctor's `noisy-machine` finding) is a row of the table.
+
+Totals (train time, wall time, cost) come from summary.json: cost = wall_seconds × GPUs ×
+price per GPU-hour (you pay for the whole process). A total is judged only when both runs
+trained the same number of tokens (within TOKENS_TOLERANCE); otherwise the per-token rows
+(cost per 1M trained tokens, tokens/s) carry the verdict. data-wait share =
+time_breakdown.data_wait / sum(time_breakdown); padding waste = 1 − seen / padded tokens.
+Ratios are B / A.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
+from pitstop.report.steady import Steady, band, steady
 from pitstop.run_record import RunSummary
 
 
@@ -27,21 +33,34 @@ class Metric:
     label: str
     unit: str
     higher_is_better: bool | None  # None: neither (e.g. loss at different settings)
+    # how a difference is judged: "timing" (the noise band), "total" (the band, and only for
+    # equal trained tokens), "per_step" (the band, and only for equal tokens per step),
+    # "exact" (a deterministic figure: 0.5% threshold), "share" (2 percentage points), "none"
+    kind: str = "exact"
 
 
 METRICS = [
-    Metric("tokens_per_second", "tokens/s", "tok/s", True),
-    Metric("iterations_per_second", "optimizer steps/s", "it/s", True),
-    Metric("trained_tokens_per_step", "trained tokens/step", "tok", None),
-    Metric("train_seconds", "train time", "s", False),
-    Metric("wall_seconds", "wall time", "s", False),
-    Metric("cost", "cost", "USD", False),
-    Metric("mfu", "MFU", "", True),
-    Metric("peak_memory_bytes", "peak memory", "bytes", False),
-    Metric("data_wait_share", "data-wait share", "", False),
-    Metric("padding_waste", "padding waste", "", False),
-    Metric("final_loss", "final loss", "", None),
+    Metric("tokens_per_second", "tokens/s (steady median)", "tok/s", True, "timing"),
+    Metric("iterations_per_second", "optimizer steps/s (steady)", "it/s", True, "per_step"),
+    Metric("trained_tokens_per_step", "trained tokens/step", "tok", None, "none"),
+    Metric("trained_tokens", "trained tokens", "tok", None, "none"),
+    Metric("cost_per_mtok", "cost per 1M trained tokens", "USD", False, "timing"),
+    Metric("train_seconds", "train time (total)", "s", False, "total"),
+    Metric("wall_seconds", "wall time (total)", "s", False, "total"),
+    Metric("cost", "cost (total)", "USD", False, "total"),
+    Metric("mfu", "MFU", "", True, "timing"),
+    Metric("peak_memory_bytes", "peak memory", "bytes", False, "exact"),
+    Metric("data_wait_share", "data-wait share", "", False, "share"),
+    Metric("padding_waste", "padding waste", "", False, "exact"),
+    Metric("final_loss", "final loss", "", None, "none"),
 ]
+# Trained tokens (per step, or in all) that differ by more than this are different work.
+TOKENS_TOLERANCE = 0.02
+EXACT_THRESHOLD = 0.005  # a deterministic figure (memory, padding) differs beyond 0.5%
+SHARE_THRESHOLD = 0.02  # a share (data wait) differs beyond 2 percentage points
+
+NO_DIFFERENCE = "no measurable difference"
+DIFFERENT_WORK = "not comparable: different trained tokens"
 
 
 def _num(v: Any) -> float | None:
@@ -58,8 +77,13 @@ def gpu_count(summary: RunSummary) -> int:
     return int(nproc) if nproc and nproc >= 1 else 1
 
 
-def run_metrics(run: LoadedRun, price: float | None = None) -> dict[str, float | None]:
-    """The compared figures of one run (None where the run did not record what is needed)."""
+def run_metrics(
+    run: LoadedRun, price: float | None = None, st: Steady | None = None
+) -> dict[str, float | None]:
+    """The compared figures of one run (None where the run did not record what is needed).
+
+    Speeds are steady medians when the run has enough steady steps (`st`), else whole-run.
+    """
     s = run.summary
     train, wall = _num(s.train_seconds), _num(s.wall_seconds)
     trained = _num(s.trained_tokens)
@@ -67,25 +91,64 @@ def run_metrics(run: LoadedRun, price: float | None = None) -> dict[str, float |
     if tps is None and train and trained:
         tps = trained / train
     steps = _num(s.optimizer_steps)
+    its = steps / train if steps and train else None
+    if st is not None:
+        its = 1.0 / st.step_seconds
+        tps = st.tokens_per_second if st.tokens_per_second is not None else tps
     tb = breakdown(s)
     total = sum(tb.values())
     seen, padded = _num(s.seen_tokens), _num(s.padded_tokens)
     secs_paid = wall or train
+    cost = secs_paid / 3600 * gpu_count(s) * price if (price is not None and secs_paid) else None
     return {
         "tokens_per_second": tps,
-        "iterations_per_second": steps / train if steps and train else None,
+        "iterations_per_second": its,
         "trained_tokens_per_step": trained / steps if steps and trained else None,
+        "trained_tokens": trained,
+        "cost_per_mtok": cost / trained * 1e6 if (cost is not None and trained) else None,
         "train_seconds": train,
         "wall_seconds": wall,
-        "cost": secs_paid / 3600 * gpu_count(s) * price
-        if (price is not None and secs_paid)
-        else None,
+        "cost": cost,
         "mfu": _num(s.mfu),
         "peak_memory_bytes": _num(s.peak_memory_bytes),
         "data_wait_share": tb.get("data_wait", 0.0) / total if total else None,
         "padding_waste": 1 - seen / padded if (seen is not None and padded) else None,
         "final_loss": _num(s.final_loss),
     }
+
+
+def _same(x: float | None, y: float | None) -> bool:
+    return bool(x and y) and abs(y / x - 1) <= TOKENS_TOLERANCE  # type: ignore[operator]
+
+
+def judge(
+    m: Metric,
+    va: float | None,
+    vb: float | None,
+    half: float | None,
+    same_work: bool,
+    same_step: bool,
+) -> tuple[float | None, str | None, bool | None]:
+    """(ratio B/A, verdict, b_better) of one metric; see the module docstring."""
+    ratio = vb / va if (va is not None and vb is not None and va != 0) else None
+    if ratio is None or m.higher_is_better is None or m.kind == "none":
+        return ratio, None, None
+    if m.kind == "total" and not same_work:
+        return ratio, DIFFERENT_WORK, None
+    if m.kind == "per_step" and not same_step:
+        return ratio, "not comparable: different tokens per step", None
+    if m.kind == "share":
+        moved = abs(vb - va) > SHARE_THRESHOLD  # type: ignore[operator]
+    elif m.kind == "exact":
+        moved = abs(ratio - 1) > EXACT_THRESHOLD
+    else:
+        moved = half is not None and abs(ratio - 1) > half
+        if half is None:
+            return ratio, "no noise band (too few steps)", None
+    if not moved:
+        return ratio, NO_DIFFERENCE if m.kind != "exact" else "same", None
+    better = ((vb > va) if m.kind == "share" else (ratio > 1)) == m.higher_is_better  # type: ignore[operator]
+    return ratio, "better" if better else "worse", better
 
 
 def setting_differences(a: LoadedRun, b: LoadedRun) -> list[tuple[str, Any, Any]]:
@@ -98,54 +161,128 @@ def setting_differences(a: LoadedRun, b: LoadedRun) -> list[tuple[str, Any, Any]
             continue
         if sa.get(k) != sb.get(k):
             out.append((k, sa.get(k, "-"), sb.get(k, "-")))
+    # A run of `pitstop profile -- COMMAND` is set up by its command line.
+    ca, cb = a.summary.extra.get("command"), b.summary.extra.get("command")
+    if (ca or cb) and ca != cb:
+        out.append(("command", _command_text(ca), _command_text(cb)))
     return out
+
+
+def _command_text(cmd: Any) -> str:
+    return " ".join(str(x) for x in cmd) if isinstance(cmd, list) else "-"
 
 
 def compare(
     a: str | Path | LoadedRun, b: str | Path | LoadedRun, price: float | None = None
 ) -> dict[str, Any]:
-    """The comparison as data: per metric A, B and B/A; the settings that differ."""
+    """The comparison as data: per metric A, B, B/A, its noise band and verdict; each run's
+    steady-state basis and noise; the settings that differ."""
     ra = a if isinstance(a, LoadedRun) else load_run(a)
     rb = b if isinstance(b, LoadedRun) else load_run(b)
-    ma, mb = run_metrics(ra, price), run_metrics(rb, price)
+    sa, sb = steady(ra), steady(rb)
+    ma, mb = run_metrics(ra, price, sa), run_metrics(rb, price, sb)
+    half = band(sa, sb)
+    same_work = _same(ma["trained_tokens"], mb["trained_tokens"])
+    same_step = _same(ma["trained_tokens_per_step"], mb["trained_tokens_per_step"])
     rows = []
     for m in METRICS:
         va, vb = ma[m.key], mb[m.key]
-        ratio = vb / va if (va is not None and vb is not None and va != 0) else None
-        better = None
-        if ratio is not None and m.higher_is_better is not None and abs(ratio - 1) > 0.005:
-            better = (ratio > 1) == m.higher_is_better
-        row = {"metric": m.key, "label": m.label, "unit": m.unit}
-        rows.append({**row, "a": va, "b": vb, "ratio": ratio, "b_better": better})
+        ratio, verdict, better = judge(m, va, vb, half, same_work, same_step)
+        banded = m.kind in ("timing", "total", "per_step") and half is not None
+        rows.append({
+            "metric": m.key, "label": m.label, "unit": m.unit, "a": va, "b": vb,
+            "ratio": ratio, "band": [1 - half, 1 + half] if banded else None,  # type: ignore[operator]
+            "verdict": verdict, "b_better": better,
+        })  # fmt: skip
     return {
         "a": str(ra.path),
         "b": str(rb.path),
         "price_per_gpu_hour": price,
+        "steady": {"a": _steady_dict(sa), "b": _steady_dict(sb)},
+        "noise_band": half,
         "metrics": rows,
-        "notes": _notes(ma, mb, ra, rb),
+        "notes": _notes(ma, mb, ra, rb, sa, sb, same_work),
         "settings_differ": [
             {"setting": k, "a": x, "b": y} for k, x, y in setting_differences(ra, rb)
         ],
     }
 
 
-# Trained tokens per step that differ by more than this are a different training step.
-TOKENS_PER_STEP_TOLERANCE = 0.02
+def _steady_dict(st: Steady | None) -> dict[str, Any] | None:
+    if st is None:
+        return None
+    return {
+        "steps": st.steps, "warmup_steps": st.warmup, "median_step_seconds": st.step_seconds,
+        "tokens_per_second": st.tokens_per_second, "step_spread": st.spread, "noisy": st.noisy,
+    }  # fmt: skip
+
+
+def basis_line(result: dict[str, Any]) -> str:
+    """Where the speed figures come from, and how wide the noise band is."""
+    parts = []
+    for side in ("a", "b"):
+        st = result["steady"][side]
+        if st is None:
+            parts.append(f"{side.upper()}: whole-run means (too few steps for steady medians)")
+        else:
+            parts.append(
+                f"{side.upper()}: median of {st['steps']} steady steps "
+                f"({st['warmup_steps']} warm-up step(s) left out)"
+            )
+    half = result.get("noise_band")
+    band_txt = (
+        f"noise band ±{half:.1%} (both runs' step-time spread; inside it: {NO_DIFFERENCE})"
+        if half is not None
+        else "no noise band"
+    )
+    return "\n".join(["speed: " + "; ".join(parts), band_txt])
+
+
+def noise_cells(result: dict[str, Any]) -> tuple[str, str]:
+    """The table's noise row: each run's step spread and what flags it noisy."""
+    out = []
+    for side in ("a", "b"):
+        st = result["steady"][side]
+        if st is None:
+            out.append("-")
+            continue
+        txt = f"spread {st['step_spread']:.0%}"
+        out.append(txt + (" NOISY: " + ", ".join(st["noisy"]) if st["noisy"] else ", quiet"))
+    return out[0], out[1]
 
 
 def _notes(
-    ma: dict[str, float | None], mb: dict[str, float | None], ra: LoadedRun, rb: LoadedRun
+    ma: dict[str, float | None],
+    mb: dict[str, float | None],
+    ra: LoadedRun,
+    rb: LoadedRun,
+    sa: Steady | None,
+    sb: Steady | None,
+    same_work: bool,
 ) -> list[str]:
     """What a reader must know before taking a ratio as a speed-up."""
     out = []
     ta, tb = ma["trained_tokens_per_step"], mb["trained_tokens_per_step"]
-    if ta and tb and abs(tb / ta - 1) > TOKENS_PER_STEP_TOLERANCE:
+    if ta and tb and abs(tb / ta - 1) > TOKENS_TOLERANCE:
         fewer = "fewer" if tb < ta else "more"
         out.append(
             f"B's optimizer step holds {fewer} trained tokens than A's ({tb:,.0f} vs {ta:,.0f}, "
             f"{tb / ta:.2f}x): a faster step is not a speed-up when the step holds fewer tokens. "
             "Compare trained tokens/s; the runs also learn differently (another effective "
             "batch: retune the learning rate, or keep tokens per step equal)"
+        )
+    xa, xb = ma["trained_tokens"], mb["trained_tokens"]
+    if xa and xb and not same_work:
+        out.append(
+            f"the runs trained different numbers of tokens ({xa:,.0f} vs {xb:,.0f}): total time "
+            "and cost are not judged; compare the per-token rows (tokens/s, cost per 1M "
+            "trained tokens)"
+        )
+    noisy = [(r, st) for r, st in ((ra, sa), (rb, sb)) if st is not None and st.noisy]
+    for r, st in noisy:
+        out.append(
+            f"{r.path} was measured on a noisy machine ({', '.join(st.noisy)}): the band is "
+            "widened; to settle a close call, rerun both alternately (docs/compare.md)"
         )
     for r in (ra, rb):
         status = r.summary.status or ""
@@ -163,8 +300,8 @@ def fmt_value(key: str, v: float | None) -> str:
         return f"{v:.1%}"
     if key in ("train_seconds", "wall_seconds"):
         return f"{v:,.1f} s"
-    if key == "cost":
-        return f"{v:,.2f} USD"
+    if key in ("cost", "cost_per_mtok"):
+        return f"{v:,.4f} USD" if v < 1 else f"{v:,.2f} USD"
     if key == "final_loss":
         return f"{v:.4f}"
     if key == "iterations_per_second":
@@ -177,21 +314,35 @@ def fmt_value(key: str, v: float | None) -> str:
 def _ratio(r: dict[str, Any]) -> str:
     if r["ratio"] is None:
         return "-"
-    mark = {True: " (better)", False: " (worse)", None: ""}[r["b_better"]]
-    return f"{r['ratio']:.2f}x{mark}"
+    return f"{r['ratio']:.2f}x"
+
+
+def verdict_text(r: dict[str, Any]) -> str:
+    """A row's verdict, with its noise band where it has one."""
+    v = r.get("verdict") or ""
+    if r.get("band") and v in ("better", "worse", NO_DIFFERENCE):
+        v += f" (band {r['band'][0]:.2f}-{r['band'][1]:.2f}x)"
+    return v or "-"
 
 
 def format_compare(result: dict[str, Any], markdown: bool = False) -> str:
     """A plain-text (or Markdown) table of `compare`'s result."""
-    head = ["metric", "A", "B", "B/A"]
+    head = ["metric", "A", "B", "B/A", "verdict"]
     body = [
-        [r["label"], fmt_value(r["metric"], r["a"]), fmt_value(r["metric"], r["b"]), _ratio(r)]
+        [
+            r["label"],
+            fmt_value(r["metric"], r["a"]),
+            fmt_value(r["metric"], r["b"]),
+            _ratio(r),
+            verdict_text(r),
+        ]
         for r in result["metrics"]
     ]
+    body.append(["noise (step spread)", *noise_cells(result), "", ""])
     diffs = [
         [d["setting"], json.dumps(d["a"]), json.dumps(d["b"])] for d in result["settings_differ"]
     ]
-    out = [f"A: {result['a']}", f"B: {result['b']}"]
+    out = [f"A: {result['a']}", f"B: {result['b']}", basis_line(result)]
     if result["price_per_gpu_hour"] is None:
         out.append("(cost: give --price-per-gpu-hour)")
     out.append("")

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pitstop.report.compare import METRICS, compare, fmt_value, run_metrics
+from pitstop.report.compare import (
+    METRICS,
+    basis_line,
+    compare,
+    fmt_value,
+    noise_cells,
+    run_metrics,
+    verdict_text,
+)
 from pitstop.report.runs import (
     LoadedRun,
     breakdown,
@@ -352,8 +360,13 @@ def _comparison(runs: list[LoadedRun], price: float | None) -> str:
             ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
             rows.append(
                 f'<tr><th>{text(r["label"])}</th><td class="num">{text(fmt_value(r["metric"], r["a"]))}</td>'
-                f'<td class="num">{text(fmt_value(r["metric"], r["b"]))}</td><td class="num {cls}">{ratio}</td></tr>'
+                f'<td class="num">{text(fmt_value(r["metric"], r["b"]))}</td><td class="num {cls}">{ratio}</td>'
+                f'<td class="{cls}">{text(verdict_text(r))}</td></tr>'
             )
+        na, nb = noise_cells(res)
+        rows.append(
+            f"<tr><th>noise (step spread)</th><td>{text(na)}</td><td>{text(nb)}</td><td></td><td></td></tr>"
+        )
         diffs = (
             "".join(
                 f"<tr><td>{text(d['setting'])}</td><td>{text(d['a'])}</td><td>{text(d['b'])}</td></tr>"
@@ -363,7 +376,8 @@ def _comparison(runs: list[LoadedRun], price: float | None) -> str:
         )
         parts.append(
             f"<h3>{text(base.name)} (A) → {text(other.name)} (B)</h3>"
-            f"<table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th></tr>{''.join(rows)}</table>"
+            f'<p class="muted">{text(basis_line(res))}</p>'
+            f"<table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th><th>verdict</th></tr>{''.join(rows)}</table>"
             + "".join(f"<p><b>Note:</b> {text(n)}</p>" for n in res.get("notes") or [])
             + f"<p>Settings that differ:</p><table><tr><th>setting</th><th>A</th><th>B</th></tr>{diffs}</table>"
         )

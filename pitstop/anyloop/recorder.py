@@ -1,0 +1,78 @@
+"""PitstopCallback's step bookkeeping and result writing, reused for any training loop.
+
+`pitstop.anyloop.timer.Watch` feeds it from torch's global hooks; subclassing the
+callback keeps one copy of the step records, the profile, the doctor call and the run
+writer (summary.json, metrics.jsonl, findings.json, pitstop_profile.json).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pitstop.hf import PitstopCallback
+from pitstop.run_record import RunSummary
+
+# What the run's summary says produced it (`pitstop compare` lists it with the settings).
+SOURCE = "script"
+
+
+class LoopRecorder(PitstopCallback):
+    """PitstopCallback's step bookkeeping and result writing, driven by torch's global hooks."""
+
+    def __init__(self, owner: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._owner = owner
+
+    def _count_batch(self, batch: Any) -> None:
+        super()._count_batch(_as_mapping(batch))
+
+    def _build_summary(self) -> RunSummary:
+        summary = super()._build_summary()
+        summary.source = SOURCE
+        if self._owner.command:
+            # Not RunSummary fields (only this writer has them): kept in `extra` on disk.
+            summary.extra["command"] = list(self._owner.command)  # `compare --rerun` reruns it
+            summary.extra["command_cwd"] = os.getcwd()
+        if self._owner.failed:
+            summary.status = "incomplete: the training script exited with an error"
+        return summary
+
+    def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
+        profile = super()._build_profile(args, model)
+        precision = profile["choices"].get("precision")
+        if isinstance(precision, dict):  # the callback's reason names TrainingArguments
+            precision["reason"] = "observed: the autocast dtype, else the parameters' dtype"
+        profile["notes"].append(
+            "a custom loop timed by pitstop.watch / `pitstop profile -- COMMAND`: its settings "
+            "were observed and are written as the TrainingArguments fields the rules read"
+        )
+        return profile
+
+    def _step_records(self) -> list[dict[str, Any]]:
+        for s in self._steps:  # the losses were kept as tensors: reading them per step would sync
+            losses = s.pop("loss_t", None)
+            if losses:
+                s["loss"] = sum(float(x) for x in losses) / len(losses)
+        return super()._step_records()
+
+
+def _as_mapping(batch: Any) -> Any:
+    """A batch in the shape PitstopCallback counts: {"input_ids", "labels"?, "attention_mask"?}."""
+    if hasattr(batch, "get"):
+        return batch
+    import torch
+
+    def ints(x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() >= 1
+
+    if ints(batch):
+        return {"input_ids": batch}
+    if isinstance(batch, (tuple, list)):
+        tensors = [x for x in batch if ints(x)]
+        if tensors:
+            out = {"input_ids": tensors[0]}
+            if len(tensors) > 1 and tensors[1].shape == tensors[0].shape:
+                out["labels"] = tensors[1]
+            return out
+    return batch

@@ -1,0 +1,440 @@
+"""`Watch`: pitstop's step timeline for any PyTorch training loop, through torch's global hooks.
+
+No change to the loop is needed; while a `Watch` is started:
+
+- step boundaries and the optimizer phase come from
+  `torch.optim.optimizer.register_optimizer_step_pre_hook` / `..._post_hook`: a step ends
+  when the (first) optimizer that steps finishes `step()`;
+- forward: `torch.nn.modules.module.register_module_forward_pre_hook` / `..._forward_hook`
+  time the calls of the model, the first module with parameters called at the outermost
+  level with gradients enabled (so layers re-run by gradient checkpointing inside
+  backward, a parameter-free loss module, or an evaluation pass do not count as forward);
+- data_wait: `torch.utils.data.DataLoader.__iter__` is wrapped at the class level; every
+  `next()` on its iterator (and `iter()` itself, where workers start) is charged to the
+  step. A fetch with gradients disabled is an evaluation loop's: charged to "eval", its
+  batches are not counted as trained tokens;
+- backward: whatever the step spends before the optimizer's `step()` that no phase above
+  explains (input transfer, loss, backward, gradient clipping), as in `PitstopCallback`;
+- other: the rest of the step (zero_grad, scheduler, logging), so phases add up.
+
+Tokens are counted from the DataLoader's batches: a mapping with `input_ids` (seen tokens
+from `attention_mask` where present; trained tokens are `labels != -100`, or the mask's
+positions after the first of each row), a tuple whose first integer tensor is the ids and
+second integer tensor of the same shape the labels, or a bare integer tensor of ids.
+
+Results are written by `PitstopCallback`'s own code (subclassed in recorder.py), so a watched
+loop, `pitstop train` and a Hugging Face run write one run format (summary.json,
+metrics.jsonl, findings.json, pitstop_profile.json) that compare, report, doctor and
+estimate read.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace, TracebackType
+from typing import Any
+
+from pitstop.errors import ConfigError
+from pitstop.measure.flops import flops_model
+
+
+class Watch:
+    """Times every optimizer step of the training loop that runs while it is started.
+
+    Use `pitstop.watch(...)` (a started-on-enter context manager) or `start()` / `stop()`.
+    Only one Watch can be started in a process at a time (the hooks are global).
+    """
+
+    _active: Watch | None = None
+
+    def __init__(
+        self,
+        output: str | os.PathLike[str] | None = None,
+        *,
+        warmup_steps: int = 1,
+        doctor: bool = True,
+        print_report: bool = True,
+        cuda_sync: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        command: list[str] | None = None,
+    ) -> None:
+        self.output = Path(output) if output is not None else None
+        self.command = list(command or [])
+        self.failed = False
+        self._options = {
+            "warmup_steps": warmup_steps,
+            "cuda_sync": cuda_sync,
+            "doctor": doctor,
+            "print_report": print_report,
+            "cache_dir": cache_dir,
+        }
+        self._recorder: Any = None  # made at the first event: see `_rec`
+        self._handles: list[Any] = []
+        self._patched: tuple[type, Any] | None = None
+        self._pid = os.getpid()
+        self._started = False
+        self._root: Any = None  # the model: see the module docstring
+        self._depth = 0
+        self._fwd_t0: float | None = None
+        self._step_optimizer: int | None = None  # id() of the optimizer whose step ends a step
+        self._opt_t0: float | None = None
+        self._loader: Any = None
+        self._micro: list[int] = []  # forward calls of the model per optimizer step
+        self._settings: dict[str, Any] = {}
+        self._exit_registered = False
+
+    @property
+    def _rec(self) -> Any:
+        """The step bookkeeping (pitstop.anyloop.recorder), made at the first event it records.
+
+        Made lazily because it loads transformers (seconds): a process that never trains
+        (a torchrun launcher, a DataLoader worker) or a loop without transformers pays it
+        once, before the first timed interval, not at start-up.
+        """
+        if self._recorder is None:
+            from pitstop.anyloop.recorder import LoopRecorder
+
+            self._recorder = LoopRecorder(self, **self._options)
+            self._recorder._mark = time.perf_counter()
+        return self._recorder
+
+    # --- results ------------------------------------------------------------------------
+
+    @property
+    def summary(self) -> Any:
+        """summary.json's content once stopped, a `pitstop.run_record.RunSummary` (None before)."""
+        return None if self._recorder is None else self._recorder.summary
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        """The profile (schema pitstop.profile/1) once stopped."""
+        return None if self._recorder is None else self._recorder.profile
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The doctor's report once stopped (None with doctor=False)."""
+        return None if self._recorder is None else self._recorder.report
+
+    def format(self) -> str:
+        """The breakdown, the verdict and the doctor's findings, as printed at the end."""
+        return self._rec.format()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> Watch:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is not None and not issubclass(et, (KeyboardInterrupt, SystemExit)):
+            self.failed = True
+        self.stop()
+
+    def start(self) -> Watch:
+        """Install the global hooks; the next DataLoader fetch or model call opens step 1."""
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+        from torch.utils.data import DataLoader
+
+        if Watch._active is not None:
+            raise ConfigError(
+                "a pitstop watch is already running in this process (the hooks are global); "
+                "stop it first, or use one watch around the whole loop"
+            )
+        Watch._active = self
+        self._started = True
+        self._handles = [
+            optim_module.register_optimizer_step_pre_hook(self._opt_pre),
+            optim_module.register_optimizer_step_post_hook(self._opt_post),
+            nn_module.register_module_forward_pre_hook(self._fwd_pre),
+            nn_module.register_module_forward_hook(self._fwd_post, always_call=True),
+        ]
+        original = DataLoader.__iter__
+        watch = self
+
+        def __iter__(loader: Any) -> Any:
+            it = original(loader)
+            return watch._wrap(loader, it) if Watch._active is watch else it
+
+        DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+        self._patched = (DataLoader, original)
+        return self
+
+    def stop(self) -> Any:
+        """Remove the hooks; on rank 0 write the run (when `output` is set) and print the report.
+
+        Returns summary.json's content (a RunSummary), or None when no optimizer step ran
+        or on other ranks.
+        """
+        if not self._started:
+            return self.summary
+        self._started = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._patched is not None:
+            cls, original = self._patched
+            cls.__iter__ = original
+            self._patched = None
+        if Watch._active is self:
+            Watch._active = None
+        if os.getpid() != self._pid or self._step_optimizer is None:
+            return None  # a forked worker, or no optimizer stepped: nothing to say
+        rank0 = os.environ.get("RANK", "0") == "0"
+        args = self._args()
+        self._rec.on_train_end(args, SimpleNamespace(is_world_process_zero=rank0), None)
+        return self._rec.summary
+
+    def stop_at_exit(self) -> None:
+        """Stop (and write) when the interpreter exits, if not stopped before."""
+        if not self._exit_registered:
+            self._exit_registered = True
+            atexit.register(self.stop)
+
+    # --- the hooks ----------------------------------------------------------------------
+
+    def _wrap(self, loader: Any, it: Any) -> Any:
+        self._rec  # noqa: B018  (made now, before any timed fetch)
+        if self._loader is None and _grad_enabled():
+            self._loader = loader
+            self._rec._dataset = getattr(loader, "dataset", None)
+        return _TimedIterator(it, self)
+
+    def _open_if_needed(self, at: float | None = None) -> None:
+        """Open a step (at `at`, default now) unless one is open; the previous one ends there."""
+        rec = self._rec
+        if rec._after_step_end or rec._cur is None:
+            now = time.perf_counter() if at is None else at
+            rec._close(now)
+            rec._open(now)
+            self._micro.append(0)
+
+    def _fwd_pre(self, module: Any, args: Any) -> None:
+        if self._depth == 0 and self._is_root(module):
+            self._rec  # noqa: B018  (made before the step's clock starts)
+            self._open_if_needed()
+            self._micro[-1] += 1
+            self._fwd_t0 = time.perf_counter()
+        self._depth += 1
+
+    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self._fwd_t0 is not None and module is self._root:
+            self._rec._sync()
+            self._rec._add("forward", time.perf_counter() - self._fwd_t0)
+            self._fwd_t0 = None
+            loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
+            cur = self._rec._cur
+            if cur is not None and hasattr(loss, "detach") and loss.numel() == 1:
+                cur.setdefault("loss_t", []).append(loss.detach())
+
+    def _is_root(self, module: Any) -> bool:
+        if not _grad_enabled():
+            return False
+        if self._root is None:
+            params = list(module.parameters())
+            if not params:
+                return False
+            self._root = module
+            self._observe_model(module, params[0])
+        return module is self._root
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._rec  # noqa: B018  (made before the clock is read)
+        if self._step_optimizer is None:
+            self._step_optimizer = id(optimizer)
+            self._observe_optimizer(optimizer)
+            self.stop_at_exit()  # registered now, so it runs before torch's own exit handlers
+        self._open_if_needed()
+        rec = self._rec
+        rec._sync()
+        now = time.perf_counter()
+        if id(optimizer) == self._step_optimizer and rec._cur is not None:
+            cur = rec._cur
+            named = sum(v for k, v in cur["phases"].items() if k != "other")
+            rec._add("backward", max(0.0, now - cur["t0"] - named))
+        self._opt_t0 = now
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec = self._rec
+        rec._sync()
+        now = time.perf_counter()
+        if self._opt_t0 is not None:
+            rec._add("optimizer", now - self._opt_t0)
+            self._opt_t0 = None
+        if id(optimizer) == self._step_optimizer:
+            rec._mark = now
+            rec._after_step_end = True
+
+    # --- what the loop's settings were (for the doctor and `compare`) -------------------
+
+    def _observe_model(self, model: Any, param: Any) -> None:
+        import torch
+
+        rec = self._rec  # made here, at the model's first call, before its forward is timed
+        dev = param.device
+        rec._cuda = dev.type == "cuda"
+        try:
+            rec._flops_model = flops_model(model)
+        except Exception:  # an exotic model without the embeddings API: no MFU
+            rec._flops_model = None
+        amp = torch.is_autocast_enabled(dev.type) if dev.type in ("cpu", "cuda") else False
+        dtype = torch.get_autocast_dtype(dev.type) if amp else param.dtype
+        self._settings.update(
+            device=dev,
+            bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16,
+            gradient_checkpointing=_checkpointing(model),
+            model_class=type(model).__name__,
+        )
+
+    def _observe_optimizer(self, optimizer: Any) -> None:
+        self._settings["optimizer"] = type(optimizer).__name__
+
+    def _args(self) -> SimpleNamespace:
+        """The loop's settings, as the TrainingArguments fields the doctor reads."""
+        import torch
+
+        s = self._settings
+        loader = self._loader
+        micro = sorted(self._micro[1:] or self._micro) or [1]
+        hf: dict[str, Any] = {
+            "bf16": bool(s.get("bf16")),
+            "fp16": bool(s.get("fp16")),
+            "gradient_checkpointing": bool(s.get("gradient_checkpointing")),
+            "gradient_accumulation_steps": max(1, micro[len(micro) // 2]),
+            "max_steps": len(self._rec._steps) + (self._rec._cur is not None),
+            "report_to": [],
+        }
+        if loader is not None:
+            hf.update(
+                per_device_train_batch_size=getattr(loader, "batch_size", None) or 1,
+                dataloader_num_workers=int(getattr(loader, "num_workers", 0)),
+                dataloader_pin_memory=bool(getattr(loader, "pin_memory", False)),
+                dataloader_persistent_workers=bool(getattr(loader, "persistent_workers", False)),
+            )
+            if getattr(loader, "prefetch_factor", None) is not None:
+                hf["dataloader_prefetch_factor"] = loader.prefetch_factor
+        return SimpleNamespace(
+            device=s.get("device") or torch.device("cpu"),
+            bf16=hf["bf16"],
+            fp16=hf["fp16"],
+            torch_compile=False,
+            output_dir=str(self.output) if self.output is not None else None,
+            to_dict=lambda: dict(hf),
+        )
+
+
+class _TimedIterator:
+    """A DataLoader iterator whose `next()` is charged to the watched step."""
+
+    def __init__(self, it: Any, watch: Watch) -> None:
+        self._it = it
+        self._watch = watch
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __next__(self) -> Any:
+        w = self._watch
+        if not _grad_enabled():  # an evaluation loop's fetch: eval time, no trained tokens
+            t = time.perf_counter()
+            try:
+                return next(self._it)
+            finally:
+                now = time.perf_counter()
+                w._rec._add("eval", now - t)
+                if w._rec._after_step_end:  # between steps: the last step ends after it
+                    w._rec._mark = now
+        t = time.perf_counter()
+        try:
+            batch = next(self._it)
+        except StopIteration:  # the epoch's end opens no step; its wait stays with the last
+            w._rec._add("data_wait", time.perf_counter() - t)
+            raise
+        w._open_if_needed(at=t)
+        w._rec._add("data_wait", time.perf_counter() - t)
+        w._rec._count_batch(batch)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:  # anything else a loop asks the iterator
+        return getattr(self._it, name)
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether a transformers model recomputes activations (newer releases rename the flag)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the old name's deprecation warning is not the user's
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            value = getattr(model, name, None)
+            if isinstance(value, bool):
+                return value
+    return False
+
+
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def watch(
+    output: str | os.PathLike[str] | None = None,
+    *,
+    warmup_steps: int = 1,
+    doctor: bool = True,
+    print_report: bool = True,
+    cuda_sync: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Watch:
+    """Time the training loop in the `with` block (or between `start()` and `stop()`).
+
+        with pitstop.watch(output="runs/baseline"):
+            for batch in loader:
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    At the end it prints the step breakdown, the bottleneck verdict and the doctor's
+    findings, and (with `output`) writes the run format `pitstop train` writes, so
+    `pitstop compare`, `report`, `doctor --profile OUTPUT/pitstop_profile.json` and
+    `estimate --from-profile` read it. `warmup_steps` first optimizer steps are left out
+    of the profile (they are kept in metrics.jsonl, marked "warmup").
+    """
+    if warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be 0 or more, got {warmup_steps}")
+    return Watch(
+        output,
+        warmup_steps=warmup_steps,
+        doctor=doctor,
+        print_report=print_report,
+        cuda_sync=cuda_sync,
+        cache_dir=cache_dir,
+    )
+
+
+def mark_failed(watch_: Watch) -> None:
+    """Record that the script ended with an uncaught exception (summary status says so)."""
+    watch_.failed = True
+
+
+def install_excepthook(watch_: Watch) -> None:
+    """Mark the run incomplete when the script dies of an uncaught exception."""
+    previous = sys.excepthook
+
+    def hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> None:
+        mark_failed(watch_)
+        previous(et, ev, tb)
+
+    sys.excepthook = hook
