@@ -421,6 +421,9 @@ PACKED_ROWS = {
     "block is computed",
     "flex_attention": "packed rows get a block mask (documents x causal) that skips the "
     "blocks no query may see; no dense mask is built",
+    "sdpa_docs": "packed rows run causal SDPA over each document's own span (pitstop's "
+    "per-document kernel; documents of equal length share one call), so a row costs the sum "
+    "of its documents' squared lengths, not T x T, and no mask is built",
     "sdpa": "packed rows get a dense [B, 1, T, T] document mask, which rules out SDPA's flash "
     "kernel",
     "eager": "packed rows get a dense [B, 1, T, T] document mask and the T x T scores are kept",
@@ -433,18 +436,23 @@ def choose_attention(
     precision: str,
     measured: dict[str, float] | None = None,
 ) -> Choice:
-    """The attention kernel. `auto`: flash-attn where it runs; else `measured`'s fastest, if given.
+    """The attention kernel. `auto`: flash-attn where it runs; else `measured`'s fastest, if
+    given; else pitstop's per-document SDPA (`sdpa_docs`).
 
     `measured` maps kernels to trained tokens/s timed on this device (e.g. by `pitstop
     tune`, or `python -m bench.attention --gpu`); kernels that cannot run here are ignored.
-    Without it, `auto` keeps sdpa on a GPU without flash-attn: FlexAttention skips masked
-    blocks, but it compiles its kernel on first use, and nothing has measured that the
-    saving repays it on this device.
+    Without it, `auto` takes sdpa_docs where flash-attn cannot run: it computes what
+    flash-attn's varlen path computes (each document's causal attention alone) with SDPA's
+    own fused kernels, where plain sdpa computes every row's T x T scores under a dense
+    mask. FlexAttention also skips masked blocks, but compiles its kernel on first use and
+    is not chosen unmeasured.
     """
     if requested in ("flash_attention_2", "flex_attention"):
         problem = attention_problem(requested, dev, precision)
         if problem:
             raise ConfigError(problem)
+        return Choice(requested, f"asked for; {PACKED_ROWS[requested]}")
+    if requested == "sdpa_docs":
         return Choice(requested, f"asked for; {PACKED_ROWS[requested]}")
     if requested in ("sdpa", "eager"):
         return Choice(requested, "asked for")
@@ -452,7 +460,7 @@ def choose_attention(
     if ok:
         return Choice("flash_attention_2", f"{why}; {PACKED_ROWS['flash_attention_2']}")
     flex_ok, flex_why = flex_attention_status(dev)
-    runnable = {"sdpa": True, "eager": True, "flex_attention": flex_ok}
+    runnable = {"sdpa_docs": True, "sdpa": True, "eager": True, "flex_attention": flex_ok}
     rates = {k: v for k, v in (measured or {}).items() if runnable.get(k) and v > 0}
     if rates:
         best = max(rates, key=lambda k: rates[k])
@@ -461,12 +469,12 @@ def choose_attention(
             best, f"fastest measured on this device (trained tok/s: {table}); {PACKED_ROWS[best]}"
         )
     if not flex_ok:
-        return Choice("sdpa", f"PyTorch scaled-dot-product attention ({why}; {flex_why})")
+        return Choice("sdpa_docs", f"{why}; {flex_why}; {PACKED_ROWS['sdpa_docs']}")
     return Choice(
-        "sdpa",
-        f"PyTorch scaled-dot-product attention ({why}); {PACKED_ROWS['sdpa']}. "
-        "--attention flex_attention skips those blocks but compiles on first use; not chosen "
-        "unmeasured (pitstop tune, or python -m bench.attention --gpu, measures both here)",
+        "sdpa_docs",
+        f"{why}; {PACKED_ROWS['sdpa_docs']}. --attention flex_attention skips masked blocks "
+        "too but compiles on first use; not chosen unmeasured (pitstop tune, or python -m "
+        "bench.attention --gpu, measures both here)",
     )
 
 
