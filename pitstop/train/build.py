@@ -223,6 +223,10 @@ def build_run(
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work
 
+    # The kernel it runs: with per-document attention, `batching: auto` decides pack vs
+    # bucket from a cost model instead of timing them (pitstop.batching.auto).
+    timing_micro_batch.attention = attention.value  # type: ignore[attr-defined]
+
     # --- data (after the model: `batching: auto` times each strategy on it)
     eval_set: EvalSet | None = None
     data_key: str | None = None
