@@ -66,7 +66,7 @@ def test_auto_picks_the_fastest_measured_strategy(store):
     assert choose_batching(store, cfg, slow_pack.run, clock=slow_pack.clock).strategy == "bucket"
 
 
-def test_with_per_document_attention_the_cost_model_picks_pack_untimed(store):
+def test_with_per_document_attention_the_cost_model_picks_the_leanest_untimed(store):
     cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
     dev = FakeDevice(1e-6, packed_penalty=2.0)  # would make bucket win if it were timed
 
@@ -80,6 +80,11 @@ def test_with_per_document_attention_the_cost_model_picks_pack_untimed(store):
     assert (
         "pack" in choice.reason and "% real" in choice.reason and "pad not timed" in choice.reason
     )
+    # Micro-batches of one row leave bucket no padding: the leanest, so bucket, untimed.
+    one_row = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL, micro_batch_size=1)
+    lean = choose_batching(store, one_row, run, clock=dev.clock)
+    table = lean.reason.split("is the cheapest: ")[1]
+    assert lean.strategy == "bucket" and dev.calls == 0 and table.startswith("bucket")
     # A dense-mask kernel: measured, and the measurement decides.
     run.attention = "sdpa"
     assert choose_batching(store, cfg, run, clock=dev.clock).strategy == "bucket"

@@ -9,9 +9,11 @@ a first run must not pay a start-up tax):
   positions, with the same kernels. pad is not timed.
 - with a per-document attention kernel (`PER_DOCUMENT_ATTENTION`: flash-attn's varlen
   path, pitstop's sdpa_docs), a packed row's attention costs the sum of its documents'
-  squared lengths, no more than bucket's one-document rows (whose padding joins the
-  document); everything else costs per position. So when pack computes the fewest
-  positions, pack is chosen without timing, and the banner says so with the positions.
+  squared lengths, the same as each document in a row of its own; only padding (which
+  a one-document row's attention includes) differs, and everything else costs per
+  position. So the layout computing the fewest positions is the cheapest, and is chosen
+  without timing; the banner says so with the positions. (With full rows that is pack,
+  unless micro-batches of one row leave bucket no padding at all.)
 
 Otherwise (a kernel that gives packed rows a dense mask, e.g. --attention sdpa), the
 layouts are timed as below.
@@ -173,10 +175,7 @@ def choose_batching(
         )
         del prepared["pad"]
     kernel = getattr(run_micro_batch, "attention", None)
-    leanest_is_pack = "pack" in prepared and positions["pack"] <= min(
-        positions[k] for k in prepared
-    )
-    if kernel in PER_DOCUMENT_ATTENTION and leanest_is_pack:
+    if kernel in PER_DOCUMENT_ATTENTION:
         choice = _cost_model_choice(store, prepared, positions, skipped, kernel)
         return rank0_choice(choice, world_size) if broadcast else choice
 
@@ -254,7 +253,7 @@ def _cost_model_choice(
     skipped: dict[str, str],
     kernel: str,
 ) -> AutoChoice:
-    """pack, decided without timing: per-document attention and the fewest positions."""
+    """The layout with the fewest positions, decided without timing (per-document attention)."""
     real = {
         k: sum(_seen_tokens(store.offsets, s) for s in specs) / max(1, positions[k])
         for k, (specs, _) in prepared.items()
@@ -263,13 +262,14 @@ def _cost_model_choice(
         f"{k} {positions[k]:,} positions ({real[k]:.1%} real)"
         for k in sorted(prepared, key=lambda k: positions[k])
     )
+    best = _leanest({k: positions[k] for k in prepared})
     reason = (
         f"cost model, not timed: with per-document attention ({kernel}) a packed row's "
-        "attention costs the sum of its documents' squared lengths, no more than bucket's "
-        f"one-document rows, and pack computes the fewest positions: {table}"
+        "attention costs the sum of its documents' squared lengths, as rows of one document "
+        f"do, so the fewest positions computed is the cheapest: {table}"
         + "".join(f"; {k} {v}" for k, v in skipped.items())
     )
-    return AutoChoice("pack", reason, {}, skipped, 0.0, 0)
+    return AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
 
 
 def _stratum_weights(specs: list[Any], strata: list[np.ndarray]) -> np.ndarray:
