@@ -14,6 +14,10 @@ and the same number of *trained tokens per optimizer step* (≈), by:
 2. ``hf_dynamic`` – ``Trainer`` with the data tokenized up front (``datasets.map``),
    dynamic padding (``DataCollatorForLanguageModeling(mlm=False)``, no
    pad_to_multiple_of), length-grouped sampling and 2 dataloader workers.
+   ``hf_bf16`` – the same with ``bf16=True, use_cpu=True`` (CPU bf16 autocast, fp32
+   master weights): a fair peer wherever the CPU has native bf16 (``avx512_bf16`` or
+   ``amx_bf16`` in its flags, ``pitstop.probe.cpu_has_bf16``); CPU mode runs it only there
+   and reports it "n/a" elsewhere (issue 23).
 3. ``trl`` – TRL ``SFTTrainer`` with ``packing=True, packing_strategy="bfd",
    padding_free=True``. TRL's SFT defaults that would change the comparison are
    set back: ``gradient_checkpointing=False`` (no other system recomputes) and
@@ -25,7 +29,9 @@ and the same number of *trained tokens per optimizer step* (≈), by:
    setting on CPU) and gradient accumulation (several rows per micro-batch when
    flash-attn is installed).
 4. ``pitstop`` – the real CLI, ``python -m pitstop train`` with its defaults
-   (plus the shared math flags), read back through ``OUT/summary.json``;
+   (plus the shared math flags), read back through ``OUT/summary.json``; a first run
+   with an empty cache (its ``--cache-dir`` is made fresh), so its whole-process time
+   includes every start-up measurement and the tokenizing;
    ``pitstop_tuned`` – ``pitstop tune`` then ``pitstop train --config tuned.yaml``,
    when ``pitstop tune`` exists. Either is reported "n/a" with the reason when the
    command fails, so this benchmark runs before the trainer exists.
@@ -122,7 +128,7 @@ from bench.common import (
     write_result,
 )
 
-PEERS = ("hf_slow", "hf_dynamic", "trl")
+PEERS = ("hf_slow", "hf_dynamic", "hf_bf16", "trl")
 SYSTEMS = (*PEERS, "pitstop", "pitstop_mb", "pitstop_tuned", "ceiling")
 # GPU mode leaves out hf_slow (padding every row to max length and tokenizing in
 # __getitem__ is no setting a competent GPU user picks); --systems can still ask for it.
@@ -130,6 +136,7 @@ GPU_SYSTEMS = ("hf_dynamic", "trl", "pitstop", "ceiling")
 LABELS = {
     "hf_slow": "HF Trainer, pad to max, tokenize in __getitem__",
     "hf_dynamic": "HF Trainer, dynamic padding + group_by_length + workers",
+    "hf_bf16": "HF Trainer, the same + bf16=True, use_cpu=True (bf16 autocast)",
     "trl": "TRL SFTTrainer, packing bfd + padding_free",
     "pitstop": "pitstop train (defaults)",
     "pitstop_mb": "pitstop train --micro-batch-size (swept)",
@@ -449,8 +456,11 @@ def _load_model(setup: Setup) -> Any:
     )
 
 
-def _common_args(setup: Setup, outdir: Path, micro: int, accum: int) -> dict[str, Any]:
-    """TrainingArguments shared by the HF and TRL systems: the same math as pitstop's defaults."""
+def _common_args(
+    setup: Setup, outdir: Path, micro: int, accum: int, bf16: bool = False
+) -> dict[str, Any]:
+    """TrainingArguments shared by the HF and TRL systems: the same math as pitstop's defaults.
+    `bf16`: bf16 autocast on the CPU too (hf_bf16)."""
     gpu = setup.mode == "gpu"
     return {
         "output_dir": str(outdir / "trainer"),
@@ -471,7 +481,7 @@ def _common_args(setup: Setup, outdir: Path, micro: int, accum: int) -> dict[str
         "report_to": "none",
         "seed": setup.seed,
         "data_seed": setup.seed,
-        "bf16": gpu,
+        "bf16": gpu or bf16,
         "use_cpu": not gpu,
         "dataloader_pin_memory": gpu,
         # What a competent GPU user sets (pitstop and the ceiling use fused AdamW too).
@@ -636,7 +646,7 @@ def run_hf(setup: Setup, system: str, outdir: Path, micro: int | None = None) ->
     else:
         from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-        kw = _common_args(setup, outdir, hf_micro, hf_accum)
+        kw = _common_args(setup, outdir, hf_micro, hf_accum, bf16=system == "hf_bf16")
         if system == "hf_slow":
             dataset: Any = _PadToMaxDataset(texts, tok, setup.max_len)
             collator = None  # default_data_collator stacks the fixed-size rows
@@ -657,6 +667,7 @@ def run_hf(setup: Setup, system: str, outdir: Path, micro: int | None = None) ->
                 kw["train_sampling_strategy"] = "group_by_length"
             config = (
                 f"{hf_micro} docs × {hf_accum} accum, dynamic padding, {setup.hf_workers} workers"
+                + (", bf16 autocast" if system == "hf_bf16" else "")
             )
         args = TrainingArguments(**_known_fields(TrainingArguments, kw))
         trainer = _instrument(Trainer, tok.pad_token_id)(
@@ -1291,6 +1302,13 @@ HEADERS = [
 ]
 
 
+def _cpu_bf16() -> bool:
+    """Whether this CPU has native bf16 (the condition for the hf_bf16 peer)."""
+    from pitstop.probe import cpu_has_bf16
+
+    return cpu_has_bf16()
+
+
 def parent_main(args: argparse.Namespace) -> int:
     sizes = GPU_FULL if args.gpu else (CPU_QUICK if args.quick else CPU_FULL)
     if args.vocab:
@@ -1304,6 +1322,8 @@ def parent_main(args: argparse.Namespace) -> int:
                   "use --dry-run to print the GPU plan here", file=sys.stderr)  # fmt: skip
             return 2
     default = GPU_SYSTEMS if args.gpu else tuple(s for s in SYSTEMS if s != "pitstop_mb")
+    if not args.gpu and not _cpu_bf16():
+        default = tuple(s for s in default if s != "hf_bf16")
     systems = args.systems.split(",") if args.systems else list(default)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
@@ -1336,6 +1356,9 @@ def parent_main(args: argparse.Namespace) -> int:
             res = run_sweep(setup, workdir, system)
         elif system == "pitstop_mb":
             res = {"system": system, "status": "n/a", "reason": "no sweep in this mode"}
+        elif system == "hf_bf16" and (args.gpu or not _cpu_bf16()):
+            why = "GPU mode: hf_dynamic is bf16 already" if args.gpu else "no native CPU bf16"
+            res = {"system": system, "status": "n/a", "reason": why}
         elif system in ("pitstop", "pitstop_tuned"):
             res = run_pitstop(setup, workdir, tuned=system == "pitstop_tuned")
         else:

@@ -4,8 +4,9 @@
 
 The same `pitstop train` command (default settings: `batching: auto`, default tokens
 per step and micro-batch) is run twice as a subprocess with one fresh cache: the
-first start measures the batching layouts, the second reuses that measurement
-("reused, measured ..." in its banner). The token store is prepared beforehand, so
+first start decides the batching layout (a cost model with per-document attention, else
+timed) and measures the CPU peaks and precision, the second reuses them ("reused, measured
+..." in its banner). The token store is prepared beforehand, so
 both starts read the same cached store and the difference is the measured choice.
 Time to the first step = the moment the `step 1/N` line appears (log every step)
 minus step 1's own duration from metrics.jsonl. Model: the headline's tiny Llama
@@ -82,10 +83,11 @@ def main() -> None:
         ["start", "batching auto", "layout", "time to first step (s)", "whole process (s)"], rows
     )
     body += (
-        f"\n\nThe second start begins training {gain:.1f} s sooner: it reuses the first start's "
-        "measured choice instead of timing the layouts again (`--remeasure` forces a new "
-        "measurement), and the CPU peak for MFU, which the first start measured once (a few "
-        f"seconds). Max length {args.max_seq_len}, {args.docs} corpus chapters, "
+        f"\n\nThe second start begins training {gain:.1f} s sooner. The first start decides "
+        "the layout (from a cost model, untimed, with per-document attention; by timing the "
+        "layouts with a dense-mask kernel) and measures the CPU peaks and the CPU precision "
+        "(a fraction of a second); the second reuses all of them (`--remeasure` forces a new "
+        f"measurement). Max length {args.max_seq_len}, {args.docs} corpus chapters, "
         f"{args.steps} steps, default settings otherwise.\n"
     )
     path = write_result("startup", "Start-up: first start vs a rerun of the same config", body)

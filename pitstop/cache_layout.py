@@ -2,7 +2,8 @@
 
 The root is `--cache-dir`, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop. Under it:
 `stores/<key>/` (token stores, pitstop.data.cache), `fingerprints/` (memoised file
-digests), `cpu_peak.json` (the measured CPU peak for MFU) and `compile_check.json`.
+digests), `cpu_peak.json` / `cpu_peak_bf16.json` (the measured CPU peaks for MFU),
+`cpu_precision.json` (fp32 against bf16 autocast at a model's shapes) and `compile_check.json`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 STORES = "stores"
 FINGERPRINTS = "fingerprints"
 CPU_PEAK = "cpu_peak.json"
+CPU_PEAK_BF16 = "cpu_peak_bf16.json"
+CPU_PRECISION = "cpu_precision.json"
 COMPILE_CHECK = "compile_check.json"
 
 

@@ -31,7 +31,7 @@ Batching = Literal["auto", "pack", "bucket", "pad"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 OnOffAuto = Literal["auto", "on", "off"]
 Device = Literal["auto", "cpu", "cuda"]
-Attention = Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"]
+Attention = Literal["auto", "flash_attention_2", "flex_attention", "sdpa_docs", "sdpa", "eager"]
 
 PREPARE = "prepare"
 TRAIN = "train"

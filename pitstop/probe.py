@@ -34,13 +34,17 @@ ASSUMED_MFU_FOR_ESTIMATE = 0.3
 
 @dataclass(frozen=True)
 class Choice:
-    """One decision and why it was made."""
+    """One decision and why it was made (`measured`: the measurement it rests on, if any)."""
 
     value: Any
     reason: str
+    measured: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "reason": self.reason}
+        d: dict[str, Any] = {"value": self.value, "reason": self.reason}
+        if self.measured is not None:
+            d["measured"] = self.measured
+        return d
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,29 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+# CPU flags (Linux /proc/cpuinfo names) of native bf16 matrix instructions: AVX-512 BF16
+# (dot products) and AMX (tile matrix multiply). Without either, CPU bf16 is emulated.
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (from /proc/cpuinfo; empty where it does not exist)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (CPU_BF16_FLAGS; `flags` defaults to this CPU's)."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in CPU_BF16_FLAGS)
+
+
 def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInfo, Choice]:
     """Find the device to train on; `requested` is cfg.device (auto, cpu, cuda)."""
     import torch
@@ -91,7 +118,7 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> tuple[DeviceInf
             if requested == "cpu"
             else "no CUDA device visible to torch"
         )
-        info = DeviceInfo(type="cpu", name=cpu_name(), bf16=False, cpu_count=cpus)
+        info = DeviceInfo(type="cpu", name=cpu_name(), bf16=cpu_has_bf16(), cpu_count=cpus)
         return info, Choice("cpu", why)
     props = torch.cuda.get_device_properties(index)
     cap = (props.major, props.minor)
@@ -122,11 +149,16 @@ def no_cuda_problem() -> str:
 
 def precision_problem(requested: str, dev: DeviceInfo) -> str | None:
     """Why `--precision requested` cannot run on `dev`, or None."""
-    if dev.type == "cpu" and requested in ("bf16", "fp16"):
+    if dev.type == "cpu" and requested == "fp16":
         return (
-            f"--precision {requested} needs a CUDA GPU; this run is on the CPU, where pitstop "
-            "trains in fp32 (CPU autocast is slower than fp32 on most CPUs); "
-            "use --precision fp32 or auto"
+            "--precision fp16 needs a CUDA GPU; this run is on the CPU, where pitstop trains "
+            "in fp32 or, on a CPU with native bf16, bf16 autocast; use --precision fp32 or auto"
+        )
+    if dev.type == "cpu" and requested == "bf16" and not dev.bf16:
+        return (
+            f"--precision bf16 needs a CUDA GPU or a CPU with native bf16 instructions "
+            f"({' or '.join(CPU_BF16_FLAGS)} in its flags); {dev.name} has neither, so bf16 "
+            "would be emulated and slower than fp32; use --precision fp32 or auto"
         )
     if dev.type == "cuda" and requested == "bf16" and not dev.bf16:
         return (
@@ -136,18 +168,65 @@ def precision_problem(requested: str, dev: DeviceInfo) -> str | None:
     return None
 
 
-def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
-    """bf16 autocast where the GPU has it, fp16 + GradScaler on older GPUs, fp32 on CPU."""
+# bf16 autocast on the CPU is chosen only when it measured at least this much faster than
+# fp32 at the model's shapes: a tie is not worth bf16's rounding, and a shared machine's
+# timings move by a few percent between runs.
+CPU_BF16_MIN_GAIN = 1.10
+
+
+@dataclass(frozen=True)
+class PrecisionSpeed:
+    """A timing of fp32 against bf16 autocast on this CPU (pitstop.measure.peak measures it).
+
+    `fp32_s` / `bf16_s`: the fastest forward+backward of linear layers at `shapes`
+    ((tokens, in, out) each), the model's matmuls; `source` says measured or cached.
+    """
+
+    fp32_s: float
+    bf16_s: float
+    shapes: tuple[tuple[int, int, int], ...]
+    source: str
+
+    @property
+    def gain(self) -> float:
+        return self.fp32_s / self.bf16_s if self.bf16_s > 0 else 0.0
+
+    def describe(self) -> str:
+        dims = ", ".join("x".join(str(d) for d in shape) for shape in self.shapes)
+        return (
+            f"{self.source}: linear forward+backward at the model's shapes ({dims}) took "
+            f"{self.fp32_s * 1e3:.1f} ms in fp32 and {self.bf16_s * 1e3:.1f} ms under bf16 "
+            f"autocast ({self.gain:.2f}x)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fp32_seconds": self.fp32_s,
+            "bf16_seconds": self.bf16_s,
+            "bf16_speedup": round(self.gain, 4),
+            "shapes": [list(s) for s in self.shapes],
+            "source": self.source,
+        }
+
+
+def cpu_bf16_candidate(requested: str, dev: DeviceInfo) -> bool:
+    """Whether `choose_precision` would weigh bf16 on this CPU (so it is worth measuring)."""
+    return dev.type == "cpu" and requested == "auto" and dev.bf16
+
+
+def choose_precision(
+    requested: str, dev: DeviceInfo, measured: PrecisionSpeed | None = None
+) -> Choice:
+    """bf16 autocast where the GPU has it, fp16 + GradScaler on older GPUs; on a CPU, bf16
+    autocast where the CPU has native bf16 and `measured` says it is faster, else fp32.
+
+    bf16 autocast keeps fp32 master weights, an fp32 loss and fp32 optimizer state.
+    """
     problem = precision_problem(requested, dev)
     if problem:
         raise ConfigError(problem)
     if dev.type == "cpu":
-        why = (
-            "asked for"
-            if requested == "fp32"
-            else "CPU: fp32 (reduced-precision autocast is not faster on CPUs)"
-        )
-        return Choice("fp32", why)
+        return _choose_cpu_precision(requested, dev, measured)
     if requested == "bf16":
         return Choice("bf16", "asked for; the GPU supports bf16")
     if requested == "fp16":
@@ -160,6 +239,40 @@ def choose_precision(requested: str, dev: DeviceInfo) -> Choice:
         "fp16",
         f"{dev.name} (compute capability {dev.capability}) has no bf16: "
         "fp16 autocast with a GradScaler",
+    )
+
+
+def _choose_cpu_precision(
+    requested: str, dev: DeviceInfo, measured: PrecisionSpeed | None
+) -> Choice:
+    if requested == "fp32":
+        return Choice("fp32", "asked for")
+    if requested == "bf16":
+        return Choice(
+            "bf16",
+            "asked for; the CPU has native bf16: autocast with fp32 master weights, "
+            "fp32 loss and optimizer state",
+        )
+    if not dev.bf16:
+        return Choice(
+            "fp32",
+            f"CPU without native bf16 ({' / '.join(CPU_BF16_FLAGS)} not in its flags): "
+            "bf16 would be emulated, slower than fp32",
+        )
+    if measured is None:
+        return Choice("fp32", "the CPU has native bf16, but its speed was not measured here")
+    if measured.gain >= CPU_BF16_MIN_GAIN:
+        return Choice(
+            "bf16",
+            f"CPU with native bf16, measured faster: {measured.describe()}; autocast with "
+            "fp32 master weights, fp32 loss and optimizer state (--precision fp32 to opt out)",
+            measured.to_dict(),
+        )
+    return Choice(
+        "fp32",
+        f"CPU with native bf16, but not measured {CPU_BF16_MIN_GAIN:.2f}x faster: "
+        f"{measured.describe()}",
+        measured.to_dict(),
     )
 
 
@@ -311,6 +424,9 @@ PACKED_ROWS = {
     "block is computed",
     "flex_attention": "packed rows get a block mask (documents x causal) that skips the "
     "blocks no query may see; no dense mask is built",
+    "sdpa_docs": "packed rows run causal SDPA over each document's own span (pitstop's "
+    "per-document kernel; documents of equal length share one call), so a row costs the sum "
+    "of its documents' squared lengths, not T x T, and no mask is built",
     "sdpa": "packed rows get a dense [B, 1, T, T] document mask, which rules out SDPA's flash "
     "kernel",
     "eager": "packed rows get a dense [B, 1, T, T] document mask and the T x T scores are kept",
@@ -323,18 +439,23 @@ def choose_attention(
     precision: str,
     measured: dict[str, float] | None = None,
 ) -> Choice:
-    """The attention kernel. `auto`: flash-attn where it runs; else `measured`'s fastest, if given.
+    """The attention kernel. `auto`: flash-attn where it runs; else `measured`'s fastest, if
+    given; else pitstop's per-document SDPA (`sdpa_docs`).
 
     `measured` maps kernels to trained tokens/s timed on this device (e.g. by `pitstop
     tune`, or `python -m bench.attention --gpu`); kernels that cannot run here are ignored.
-    Without it, `auto` keeps sdpa on a GPU without flash-attn: FlexAttention skips masked
-    blocks, but it compiles its kernel on first use, and nothing has measured that the
-    saving repays it on this device.
+    Without it, `auto` takes sdpa_docs where flash-attn cannot run: it computes what
+    flash-attn's varlen path computes (each document's causal attention alone) with SDPA's
+    own fused kernels, where plain sdpa computes every row's T x T scores under a dense
+    mask. FlexAttention also skips masked blocks, but compiles its kernel on first use and
+    is not chosen unmeasured.
     """
     if requested in ("flash_attention_2", "flex_attention"):
         problem = attention_problem(requested, dev, precision)
         if problem:
             raise ConfigError(problem)
+        return Choice(requested, f"asked for; {PACKED_ROWS[requested]}")
+    if requested == "sdpa_docs":
         return Choice(requested, f"asked for; {PACKED_ROWS[requested]}")
     if requested in ("sdpa", "eager"):
         return Choice(requested, "asked for")
@@ -342,7 +463,7 @@ def choose_attention(
     if ok:
         return Choice("flash_attention_2", f"{why}; {PACKED_ROWS['flash_attention_2']}")
     flex_ok, flex_why = flex_attention_status(dev)
-    runnable = {"sdpa": True, "eager": True, "flex_attention": flex_ok}
+    runnable = {"sdpa_docs": True, "sdpa": True, "eager": True, "flex_attention": flex_ok}
     rates = {k: v for k, v in (measured or {}).items() if runnable.get(k) and v > 0}
     if rates:
         best = max(rates, key=lambda k: rates[k])
@@ -351,12 +472,12 @@ def choose_attention(
             best, f"fastest measured on this device (trained tok/s: {table}); {PACKED_ROWS[best]}"
         )
     if not flex_ok:
-        return Choice("sdpa", f"PyTorch scaled-dot-product attention ({why}; {flex_why})")
+        return Choice("sdpa_docs", f"{why}; {flex_why}; {PACKED_ROWS['sdpa_docs']}")
     return Choice(
-        "sdpa",
-        f"PyTorch scaled-dot-product attention ({why}); {PACKED_ROWS['sdpa']}. "
-        "--attention flex_attention skips those blocks but compiles on first use; not chosen "
-        "unmeasured (pitstop tune, or python -m bench.attention --gpu, measures both here)",
+        "sdpa_docs",
+        f"{why}; {PACKED_ROWS['sdpa_docs']}. --attention flex_attention skips masked blocks "
+        "too but compiles on first use; not chosen unmeasured (pitstop tune, or python -m "
+        "bench.attention --gpu, measures both here)",
     )
 
 

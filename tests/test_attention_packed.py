@@ -133,9 +133,10 @@ def test_flex_attention_is_refused_where_it_cannot_train() -> None:
     with pytest.raises(ConfigError, match=no_cpu_backward + r".*use sdpa or auto"):
         probe.choose_attention("flex_attention", CPU_DEV, "fp32")
     auto = probe.choose_attention("auto", CPU_DEV, "fp32")
-    assert auto.value == "sdpa" and "no backward on the CPU" in auto.reason
+    assert auto.value == "sdpa_docs" and "no backward on the CPU" in auto.reason
     # A timing that says flex is fastest cannot pick it where it cannot train.
-    assert probe.choose_attention("auto", CPU_DEV, "fp32", {"flex_attention": 9e9}).value == "sdpa"
+    fastest = probe.choose_attention("auto", CPU_DEV, "fp32", {"flex_attention": 9e9})
+    assert fastest.value == "sdpa_docs"
 
 
 def test_attention_auto_on_a_gpu_without_flash_attn(monkeypatch) -> None:
@@ -143,9 +144,10 @@ def test_attention_auto_on_a_gpu_without_flash_attn(monkeypatch) -> None:
     asked = probe.choose_attention("flex_attention", A100, "bf16")
     assert asked.value == "flex_attention" and "block mask" in asked.reason
     auto = probe.choose_attention("auto", A100, "bf16")
-    # Unmeasured, auto keeps sdpa and says what flex would change and how to measure it.
-    assert auto.value == "sdpa"
-    assert "dense [B, 1, T, T]" in auto.reason and "bench.attention --gpu" in auto.reason
+    # Unmeasured, auto takes per-document SDPA (no dense mask) and says what flex would
+    # change and how to measure it.
+    assert auto.value == "sdpa_docs"
+    assert "each document's own span" in auto.reason and "bench.attention --gpu" in auto.reason
     fast_flex = probe.choose_attention("auto", A100, "bf16", {"sdpa": 30e3, "flex_attention": 36e3})
     assert fast_flex.value == "flex_attention" and "flex_attention 36,000" in fast_flex.reason
     slow_flex = probe.choose_attention("auto", A100, "bf16", {"sdpa": 30e3, "flex_attention": 20e3})

@@ -51,18 +51,44 @@ def test_auto_picks_the_fastest_measured_strategy(store):
     dev = FakeDevice(1e-6)
     choice = choose_batching(store, cfg, dev.run, clock=dev.clock)
     assert choice.strategy == "pack"  # cost ∝ positions: least padding wins
-    assert set(choice.timings) == {"pack", "bucket", "pad"}
+    # pad is never timed where bucket exists (the same rows, padded more)
+    assert set(choice.timings) == {"pack", "bucket"} and "cannot win" in choice.skipped["pad"]
     # warm-up + 3 interleaved rounds over 4 strata: a noiseless clock ranks alike every round
-    assert dev.calls == 3 * (1 + 3 * 4) and choice.rounds == 3 and choice.noise < 1e-9
+    assert dev.calls == 2 * (1 + 3 * 4) and choice.rounds == 3 and choice.noise < 1e-9
     t = choice.timings
-    assert t["pack"].tokens_per_second > t["bucket"].tokens_per_second > t["pad"].tokens_per_second
-    assert t["pad"].packing_efficiency < t["bucket"].packing_efficiency
+    assert t["pack"].tokens_per_second > t["bucket"].tokens_per_second
+    assert t["pack"].packing_efficiency > t["bucket"].packing_efficiency
     assert "pack" in choice.reason and "trained tok/s" in choice.reason
     assert "fewest positions" in choice.reason and "noise ±0.0%" in choice.reason
     # If packed rows were much slower per position (e.g. a mask that blocks a fast kernel),
     # bucketing would win: the choice follows the measurement, not a rule.
     slow_pack = FakeDevice(1e-6, packed_penalty=2.0)
     assert choose_batching(store, cfg, slow_pack.run, clock=slow_pack.clock).strategy == "bucket"
+
+
+def test_with_per_document_attention_the_cost_model_picks_the_leanest_untimed(store):
+    cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
+    dev = FakeDevice(1e-6, packed_penalty=2.0)  # would make bucket win if it were timed
+
+    def run(batch):
+        dev.run(batch)
+
+    run.attention = "sdpa_docs"
+    choice = choose_batching(store, cfg, run, clock=dev.clock)
+    assert choice.strategy == "pack" and dev.calls == 0 and choice.rounds == 0
+    assert choice.reason.startswith("cost model, not timed: with per-document attention")
+    assert (
+        "pack" in choice.reason and "% real" in choice.reason and "pad not timed" in choice.reason
+    )
+    # Micro-batches of one row leave bucket no padding: the leanest, so bucket, untimed.
+    one_row = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL, micro_batch_size=1)
+    lean = choose_batching(store, one_row, run, clock=dev.clock)
+    table = lean.reason.split("is the cheapest: ")[1]
+    assert lean.strategy == "bucket" and dev.calls == 0 and table.startswith("bucket")
+    # A dense-mask kernel: measured, and the measurement decides.
+    run.attention = "sdpa"
+    assert choose_batching(store, cfg, run, clock=dev.clock).strategy == "bucket"
+    assert dev.calls > 0
 
 
 def test_auto_skips_pack_when_steps_are_not_whole_rows(store):
@@ -138,31 +164,31 @@ class Jittery(FakeDevice):
 
 def test_a_layout_with_more_positions_needs_an_advantage_beyond_the_noise(store):
     cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
-    # pad computes far more positions; make its positions so cheap that its epoch is only
+    # bucket computes more positions; make its positions so cheap that its epoch is only
     # ~3% faster than pack's: within MIN_ADVANTAGE, so the leanest layout (pack) stays.
     base = choose_batching(store, cfg, FakeDevice(1e-6).run, clock=FakeDevice(1e-6).clock)
     pos = {k: t.positions for k, t in base.timings.items()}
-    assert pos["pack"] < pos["bucket"] < pos["pad"]
-    near = {"pad": 0.97 * pos["pack"] / pos["pad"]}
+    assert pos["pack"] < pos["bucket"]
+    near = {"bucket": 0.97 * pos["pack"] / pos["bucket"]}
     dev = Jittery(0.0, near)
     choice = choose_batching(store, cfg, dev.run, clock=dev.clock)
-    assert choice.timings["pad"].epoch_seconds < choice.timings["pack"].epoch_seconds
+    assert choice.timings["bucket"].epoch_seconds < choice.timings["pack"].epoch_seconds
     assert choice.strategy == "pack" and "not ahead by more than the noise" in choice.reason
-    # Clearly faster (30%): pad wins on the measurement.
-    far = {"pad": 0.7 * pos["pack"] / pos["pad"]}
+    # Clearly faster (30%): bucket wins on the measurement.
+    far = {"bucket": 0.7 * pos["pack"] / pos["bucket"]}
     dev = Jittery(0.0, far)
-    assert choose_batching(store, cfg, dev.run, clock=dev.clock).strategy == "pad"
+    assert choose_batching(store, cfg, dev.run, clock=dev.clock).strategy == "bucket"
     # A 12% advantage measured with ±20% jitter per micro-batch: repeated rounds, the
     # noise is reported, and the layout with the fewest positions keeps its place
     # unless the advantage beats the measured noise.
-    mid = {"pad": 0.88 * pos["pack"] / pos["pad"]}
+    mid = {"bucket": 0.88 * pos["pack"] / pos["bucket"]}
     for seed in range(3):
         dev = Jittery(0.4, mid, seed=seed)
         choice = choose_batching(store, cfg, dev.run, clock=dev.clock)
         assert choice.noise > 0 and f"noise ±{choice.noise:.1%}" in choice.reason
         t = choice.timings
-        beats = t["pad"].epoch_seconds < t["pack"].epoch_seconds * (1 - max(choice.noise, 0.05))
-        assert choice.strategy == ("pad" if beats else "pack"), (seed, choice.reason)
+        beats = t["bucket"].epoch_seconds < t["pack"].epoch_seconds * (1 - max(choice.noise, 0.05))
+        assert choice.strategy == ("bucket" if beats else "pack"), (seed, choice.reason)
         assert 3 <= choice.rounds <= 8
 
 

@@ -7,6 +7,7 @@ import pytest
 from test_batching_support import long_tailed_lengths
 
 from pitstop.batching.plan import (
+    STEP_BAND,
     build_plan,
     measure_efficiency,
     plan_efficiency,
@@ -39,7 +40,9 @@ def test_every_sequence_exactly_once_per_epoch(strategy):
         assert np.array_equal(np.sort(p.seqs), np.arange(len(LENGTHS)))
         assert (p.row_tokens <= MSL).all()
         real = np.diff(np.r_[0, np.cumsum(p.row_tokens)][p.step_bounds])
-        assert (real <= TPS).all()  # greedy fill never exceeds the step budget
+        # Every step but the last within the budget ± half a row (the plan's STEP_BAND).
+        assert (np.abs(real[:-1] - TPS) <= STEP_BAND * MSL).all()
+        assert 0 < real[-1] <= TPS + STEP_BAND * MSL
         assert np.mean(real) > 0.9 * TPS
         if strategy != "pack":
             assert (np.diff(p.row_bounds) == 1).all()  # one sequence per row
@@ -72,7 +75,8 @@ def test_the_budget_counts_trained_tokens():
         trained=trained,
     )  # fmt: skip
     per_step = p.per_step_sums(trained)
-    assert (per_step <= TPS).all() and np.mean(per_step) > 0.9 * TPS
+    assert (np.abs(per_step[:-1] - TPS) <= STEP_BAND * MSL).all()
+    assert np.mean(per_step) > 0.9 * TPS
     assert p.n_steps < plan_of("pack").n_steps * 0.6  # about twice the tokens per step
 
 

@@ -93,12 +93,37 @@ def test_every_layout_and_micro_batch_size_trains_the_same_steps(
 DEFAULTS = {"batching": "auto", "micro_batch_size": None, "tokens_per_step": None, "max_steps": 4}
 
 
-def test_two_default_runs_end_bit_identical_and_the_second_reuses(
+# A dense-mask kernel, so `batching: auto` times the layouts (with the default per-document
+# kernel a cost model decides untimed: the next test).
+TIMED = {**DEFAULTS, "attention": "sdpa"}
+
+
+def test_default_runs_decide_the_layout_untimed_and_the_second_reuses(
     tiny_model_dir, store, tmp_path, capsys
 ):
     s1 = _fit(tiny_model_dir, store, tmp_path / "a", **DEFAULTS)
     err1 = capsys.readouterr().err
     s2 = _fit(tiny_model_dir, store, tmp_path / "b", **DEFAULTS)
+    err2 = capsys.readouterr().err
+    assert "measuring batching layouts" not in err1 + err2
+    assert s1["choices"]["attention"]["value"] == "sdpa_docs"
+    assert s1["choices"]["batching"]["value"] == "pack"
+    assert ": cost model, not timed" in s1["choices"]["batching"]["reason"]
+    m1, m2 = s1["measured_choices"], s2["measured_choices"]
+    assert (m1["source"], m2["source"]) == ("measured", "reused")
+    assert m1["measurements"]["rounds"] == 0 and m1["measurements"]["timings"] == {}
+    assert [r["loss"] for r in _metrics(tmp_path / "a")] == [
+        r["loss"] for r in _metrics(tmp_path / "b")
+    ]
+    assert _same_weights(tmp_path / "a", tmp_path / "b")
+
+
+def test_two_timed_runs_end_bit_identical_and_the_second_reuses(
+    tiny_model_dir, store, tmp_path, capsys
+):
+    s1 = _fit(tiny_model_dir, store, tmp_path / "a", **TIMED)
+    err1 = capsys.readouterr().err
+    s2 = _fit(tiny_model_dir, store, tmp_path / "b", **TIMED)
     err2 = capsys.readouterr().err
     assert "measuring batching layouts: round 1" in err1 and "measured 20" in err1
     assert "measuring batching layouts" not in err2 and "reused, measured 20" in err2
@@ -113,7 +138,7 @@ def test_two_default_runs_end_bit_identical_and_the_second_reuses(
     # The run directory records what it resolved; --remeasure measures again.
     rec = json.loads((tmp_path / "b" / "choices.json").read_text())
     assert rec["values"] == m1["values"]
-    s3 = _fit(tiny_model_dir, store, tmp_path / "c", remeasure=True, **DEFAULTS)
+    s3 = _fit(tiny_model_dir, store, tmp_path / "c", remeasure=True, **TIMED)
     assert s3["measured_choices"]["source"] == "measured"
     assert "measuring batching layouts: round 1" in capsys.readouterr().err
 

@@ -133,7 +133,7 @@ def test_probe_precision_tf32_attention_compile():
         choose_precision("bf16", V100)
     assert choose_tf32(A100, "bf16").value is True and choose_tf32(CPU, "fp32").value is False
     att = choose_attention("auto", CPU, "fp32")
-    assert att.value == "sdpa" and "CUDA" in att.reason
+    assert att.value == "sdpa_docs" and "CUDA" in att.reason
     with pytest.raises(ConfigError):
         choose_attention("flash_attention_2", CPU, "fp32")
     short = choose_compile("auto", CPU, 60.0)

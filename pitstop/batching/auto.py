@@ -1,4 +1,22 @@
-"""`batching: auto`: pick pack, bucket or pad by timing them on this device and model.
+"""`batching: auto`: pick pack, bucket or pad by a cost model where it is clear, else by
+timing them on this device and model.
+
+Where the answer follows from the layouts' shapes, no time is spent measuring (issue 23:
+a first run must not pay a start-up tax):
+
+- pad never wins where bucket exists: bucket holds the same one-document rows, padded
+  only to each micro-batch's longest instead of max_seq_len, so it never computes more
+  positions, with the same kernels. pad is not timed.
+- with a per-document attention kernel (`PER_DOCUMENT_ATTENTION`: flash-attn's varlen
+  path, pitstop's sdpa_docs), a packed row's attention costs the sum of its documents'
+  squared lengths, the same as each document in a row of its own; only padding (which
+  a one-document row's attention includes) differs, and everything else costs per
+  position. So the layout computing the fewest positions is the cheapest, and is chosen
+  without timing; the banner says so with the positions. (With full rows that is pack,
+  unless micro-batches of one row leave bucket no padding at all.)
+
+Otherwise (a kernel that gives packed rows a dense mask, e.g. --attention sdpa), the
+layouts are timed as below.
 
 Which layout trains fastest depends on things no rule of thumb captures: packing
 wastes no positions but makes transformers build a block-diagonal mask (on CPU SDPA
@@ -45,6 +63,9 @@ __all__ = ["AutoChoice", "StrategyTiming", "choose_batching"]
 
 _T = TypeVar("_T")
 
+
+# Kernels that compute each packed document's attention alone (the cost model above).
+PER_DOCUMENT_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
 
 # A handful of rounds can underestimate the noise; a margin this small flipped the
 # choice between runs of the same command on a busy 2-core machine (issue 16).
@@ -104,6 +125,9 @@ def choose_batching(
     `broadcast`), every rank returns rank 0's choice. All ranks time at once, so each
     measures under the same load as training. `indices` and `lockstep` are the
     loader's (held-out split, FSDP micro-batch padding).
+
+    `run_micro_batch.attention` (an optional attribute): the attention kernel it runs;
+    with one in PER_DOCUMENT_ATTENTION the cost model may decide without timing.
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)
@@ -143,6 +167,18 @@ def choose_batching(
             header="batching=auto found no strategy it could run:",
         )
 
+    positions = {k: sum(s.n_positions for s in prepared[k][0]) for k in prepared}
+    if "bucket" in prepared and "pad" in prepared:
+        skipped["pad"] = (
+            f"not timed: bucket holds the same rows padded less ({positions['bucket']:,} "
+            f"positions against {positions['pad']:,}) with the same kernels, so pad cannot win"
+        )
+        del prepared["pad"]
+    kernel = getattr(run_micro_batch, "attention", None)
+    if kernel in PER_DOCUMENT_ATTENTION:
+        choice = _cost_model_choice(store, prepared, positions, skipped, kernel)
+        return rank0_choice(choice, world_size) if broadcast else choice
+
     def run(spec: Any) -> float:
         batch = collate(store.tokens, store.mask, store.offsets, spec, pad_id)
         t0 = clock()
@@ -153,7 +189,6 @@ def choose_batching(
         for _ in range(warmup):
             run(specs[-1])  # the largest shape: allocator, kernels and autotuning warm up
     names = list(prepared)
-    positions = {k: sum(s.n_positions for s in prepared[k][0]) for k in names}
     weights = {k: _stratum_weights(*prepared[k]) for k in names}
     times: dict[str, list[list[float]]] = {k: [] for k in names}  # [round][stratum]
     ranking: list[str] = []
@@ -209,6 +244,32 @@ def choose_batching(
     )
     choice = AutoChoice(best, reason, timings, skipped, noise, rounds)  # type: ignore[arg-type]
     return rank0_choice(choice, world_size) if broadcast else choice
+
+
+def _cost_model_choice(
+    store: TokenStore,
+    prepared: dict[str, tuple[list[Any], list[np.ndarray]]],
+    positions: dict[str, int],
+    skipped: dict[str, str],
+    kernel: str,
+) -> AutoChoice:
+    """The layout with the fewest positions, decided without timing (per-document attention)."""
+    real = {
+        k: sum(_seen_tokens(store.offsets, s) for s in specs) / max(1, positions[k])
+        for k, (specs, _) in prepared.items()
+    }
+    table = ", ".join(
+        f"{k} {positions[k]:,} positions ({real[k]:.1%} real)"
+        for k in sorted(prepared, key=lambda k: positions[k])
+    )
+    best = _leanest({k: positions[k] for k in prepared})
+    reason = (
+        f"cost model, not timed: with per-document attention ({kernel}) a packed row's "
+        "attention costs the sum of its documents' squared lengths, as rows of one document "
+        f"do, so the fewest positions computed is the cheapest: {table}"
+        + "".join(f"; {k} {v}" for k, v in skipped.items())
+    )
+    return AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
 
 
 def _stratum_weights(specs: list[Any], strata: list[np.ndarray]) -> np.ndarray:

@@ -2,9 +2,14 @@
 
 GPUs: a table of dense (no structured sparsity) tensor-core peaks from NVIDIA's
 datasheets, by precision. CPUs: there is no reliable table, so the peak is
-measured once (the best of a few large fp32 matrix products through torch, i.e.
-what the BLAS actually reaches with this thread count) and cached in the cache
-directory, keyed by CPU model, thread count and torch version.
+measured once per precision (the best of a few 1024^3 matrix products through torch,
+fp32 or bf16, i.e. what the BLAS actually reaches with this thread count: tens of
+milliseconds) and cached in the cache directory, keyed by CPU model, thread count and
+torch version.
+
+Also here: the CPU precision measurement `choose_precision` decides with (fp32 against
+bf16 autocast, forward+backward of linear layers at the model's own matmul shapes),
+measured once per machine and shapes and cached the same way.
 """
 
 from __future__ import annotations
@@ -15,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop import log
 from pitstop.atomic import write_cache_entry
-from pitstop.cache_layout import CPU_PEAK
-from pitstop.probe import cpu_name
+from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION
+from pitstop.probe import PrecisionSpeed, cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
 # Matching is by substring of torch.cuda.get_device_name(), most specific first.
@@ -83,14 +87,16 @@ def _cpu_key() -> dict[str, Any]:
     return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
-def measure_cpu_peak(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s of `size`^3 matrix products on this CPU with torch's threads."""
+def measure_cpu_peak(size: int = 1024, repeats: int = 3, precision: str = "fp32") -> float:
+    """Best FLOP/s of `size`^3 matrix products on this CPU with torch's threads, in
+    `precision` (fp32, or bf16 inputs with the BLAS's fp32 accumulation)."""
     import torch
 
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=g)
-    b = torch.randn(size, size, generator=g)
-    torch.mm(a, b)  # warm-up: thread pool start, page faults
+    a = torch.randn(size, size, generator=g).to(dtype)
+    b = torch.randn(size, size, generator=g).to(dtype)
+    torch.mm(a, b)  # warm-up: thread pool start, page faults, the kernel's first dispatch
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -99,23 +105,102 @@ def measure_cpu_peak(size: int = 1024, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def cpu_peak(cache_dir: str | Path | None) -> tuple[float, str]:
-    """The measured CPU fp32 peak, cached under `cache_dir` (measured again if absent)."""
+def _read_cached(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("key") == key else None
+
+
+def cpu_peak(cache_dir: str | Path | None, precision: str = "fp32") -> tuple[float, str]:
+    """The measured CPU peak in `precision` (fp32 or bf16), cached under `cache_dir`."""
+    precision = "bf16" if precision == "bf16" else "fp32"
     key = _cpu_key()
-    path = Path(cache_dir) / CPU_PEAK if cache_dir else None
-    if path is not None and path.is_file():
-        try:
-            rec = json.loads(path.read_text(encoding="utf-8"))
-            if rec.get("key") == key:
-                return float(rec["flops"]), f"measured fp32 matmul peak (cached in {path})"
-        except (ValueError, KeyError, OSError):
-            pass
-    # Seconds of silence otherwise, before a first run's first step.
-    log.info("pitstop: measuring this CPU's fp32 matmul peak for MFU (once; then cached) ...")
-    flops = measure_cpu_peak()
+    name = CPU_PEAK_BF16 if precision == "bf16" else CPU_PEAK
+    path = Path(cache_dir) / name if cache_dir else None
+    rec = _read_cached(path, key)
+    if rec is not None and isinstance(rec.get("flops"), (int, float)):
+        return float(rec["flops"]), f"measured {precision} matmul peak (cached in {path})"
+    flops = measure_cpu_peak(precision=precision)
     if path is not None:
         write_cache_entry(path, json.dumps({"key": key, "flops": flops}))
-    return flops, "measured fp32 1024x1024 matmul peak on this CPU"
+    return flops, f"measured {precision} 1024x1024 matmul peak on this CPU"
+
+
+# The precision measurement's budget: FLOPs of one forward+backward over all shapes
+# (~20 ms in fp32 at 200 GFLOP/s), so measuring both precisions a few times stays well
+# under a second on any model size.
+_PRECISION_FLOPS_BUDGET = 4.0e9
+_PRECISION_REPEATS = 3
+
+
+def model_matmul_shapes(
+    model_config: dict[str, Any], tokens: int
+) -> tuple[tuple[int, int, int], ...]:
+    """(tokens, in, out) of a decoder's main matmuls, from its config.json: the MLP's
+    up projection and the LM head. Each dimension is capped at 2048 (the BLAS's speed ratio
+    between precisions has settled by then) and `tokens` is scaled down, so one
+    forward+backward of all of them stays within _PRECISION_FLOPS_BUDGET."""
+    d = int(model_config.get("hidden_size") or model_config.get("n_embd") or 256)
+    ffn = int(model_config.get("intermediate_size") or model_config.get("n_inner") or 4 * d)
+    vocab = int(model_config.get("vocab_size") or 32000)
+    dims = [(min(d, 2048), min(ffn, 2048)), (min(d, 2048), min(vocab, 2048))]
+    per_token = sum(6 * k * n for k, n in dims)
+    m = max(64, min(int(tokens), int(_PRECISION_FLOPS_BUDGET // per_token)))
+    return tuple((m, k, n) for k, n in dims)
+
+
+def measure_precision_speed(shapes: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
+    """(fp32 seconds, bf16-autocast seconds): the fastest of a few forward+backward passes of
+    linear layers at `shapes`, as a training step runs them (fp32 weights; autocast casts)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    layers = [
+        (torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).requires_grad_())
+        for m, k, n in shapes
+    ]
+
+    def once(bf16: bool) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            outs = [F.linear(x.requires_grad_(), w) for x, w in layers]
+        sum(o.float().sum() for o in outs).backward()
+        elapsed = time.perf_counter() - t0
+        for x, w in layers:
+            x.grad = w.grad = None
+        return elapsed
+
+    once(False), once(True)  # warm-up: thread pool, the bf16 kernels' first dispatch
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(_PRECISION_REPEATS):  # interleaved, so a busy moment hits both
+        for bf16 in (False, True):
+            best[bf16] = min(best[bf16], once(bf16))
+    return best[False], best[True]
+
+
+def cpu_precision_speed(
+    cache_dir: str | Path | None, shapes: tuple[tuple[int, int, int], ...]
+) -> PrecisionSpeed:
+    """fp32 against bf16 autocast at `shapes` on this CPU, measured once and cached."""
+    key = {**_cpu_key(), "shapes": [list(s) for s in shapes]}
+    path = Path(cache_dir) / CPU_PRECISION if cache_dir else None
+    rec = _read_cached(path, key)
+    if rec is not None:
+        try:
+            return PrecisionSpeed(
+                float(rec["fp32_s"]), float(rec["bf16_s"]), shapes, f"reused (cached in {path})"
+            )
+        except (KeyError, TypeError, ValueError):
+            pass
+    fp32_s, bf16_s = measure_precision_speed(shapes)
+    if path is not None:
+        write_cache_entry(path, json.dumps({"key": key, "fp32_s": fp32_s, "bf16_s": bf16_s}))
+    return PrecisionSpeed(fp32_s, bf16_s, shapes, "measured on this CPU")
 
 
 def device_peak(
@@ -123,6 +208,6 @@ def device_peak(
 ) -> tuple[float | None, str]:
     """Peak FLOP/s for MFU on the device described by a `pitstop.probe.DeviceInfo`."""
     if dev.type == "cpu":
-        return cpu_peak(cache_dir)
+        return cpu_peak(cache_dir, precision)
     prec = precision if precision in ("bf16", "fp16") else ("tf32" if tf32 else "fp32")
     return gpu_peak(dev.name, prec)

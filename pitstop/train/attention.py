@@ -16,6 +16,9 @@ document) and needs something different (checked against transformers 5.23's sou
   ``max_length_q/k`` (int), it runs ``flash_attn_varlen_func`` over every document of every
   row, as ``DataCollatorWithFlattening`` does for one row.
 
+- sdpa_docs (pitstop's, train/doc_attention.py): the same varlen kwargs; it runs causal
+  SDPA over each document's span, so a packed row costs the sum of its documents' squares.
+
 Other backends never receive the varlen kwargs: they cannot use them.
 """
 
@@ -25,8 +28,11 @@ from typing import Any
 
 import torch
 
-# Backends whose kernel reads document boundaries from the varlen kwargs.
-VARLEN_ATTENTION = frozenset({"flash_attention_2"})
+# Backends whose kernel reads document boundaries from the varlen kwargs: flash-attn's
+# varlen path, and pitstop's per-document SDPA (train/doc_attention.py).
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
+# Backends whose kernel reads the offsets on the device (flash-attn's varlen kernel).
+_DEVICE_OFFSETS = frozenset({"flash_attention_2"})
 VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
@@ -62,7 +68,10 @@ def attention_kwargs(
         cu, longest = doc_boundaries(mb["position_ids"])
     # Python ints, not tensors: flash-attn takes max_seqlen as an int, and a tensor would
     # cost a device-to-host sync per layer to read it.
-    cu = cu.to(device, dtype=torch.int32, non_blocking=device.type == "cuda")
+    # sdpa_docs reads the offsets on the host (to group documents by length): kept there,
+    # so a GPU run pays no device-to-host copy per layer for them.
+    host = attention not in _DEVICE_OFFSETS
+    cu = cu.to("cpu" if host else device, dtype=torch.int32, non_blocking=device.type == "cuda")
     return {
         "cu_seq_lens_q": cu,
         "cu_seq_lens_k": cu,

@@ -13,6 +13,7 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -30,7 +31,7 @@ from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
-from pitstop.measure.peak import device_peak
+from pitstop.measure.peak import cpu_precision_speed, device_peak, model_matmul_shapes
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint as ckpt
@@ -186,7 +187,10 @@ def build_run(
     fsdp = env.distributed and cfg.strategy == "fsdp"
     tdev = torch.device(device.torch_device)
     choices["device"] = dev_choice
-    prec = probe.choose_precision(cfg.precision, device)
+    # Several CPU processes would each time the CPU alone and might disagree: they keep
+    # the unmeasured answer (fp32) unless bf16 is asked for.
+    measured = None if env.distributed else _cpu_precision_speed(cfg, device)
+    prec = probe.choose_precision(cfg.precision, device, measured)
     choices["precision"] = prec
     precision = prec.value
     tf32 = probe.choose_tf32(device, precision)
@@ -233,6 +237,10 @@ def build_run(
         loss.backward()
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work
+
+    # The kernel it runs: with per-document attention, `batching: auto` decides pack vs
+    # bucket from a cost model instead of timing them (pitstop.batching.auto).
+    timing_micro_batch.attention = attention.value  # type: ignore[attr-defined]
 
     # --- data (after the model: `batching: auto` times each strategy on it)
     eval_set: EvalSet | None = None
@@ -386,8 +394,23 @@ def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: in
                 "documents together, so this run is not affected (--batching pack would be)"
             )
         return Choice("leaks (unused)", check.summary() + f"; not used by --batching {batching}")
-    kernels = ["sdpa", "eager", "flex_attention", "flash_attention_2"]
+    kernels = ["sdpa_docs", "sdpa", "eager", "flex_attention", "flash_attention_2"]
     raise packcheck.leak_error(check, batching=batching, attention_choices=kernels)
+
+
+def _cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionSpeed | None:
+    """fp32 against bf16 autocast at the model's matmul shapes, where the probe would weigh
+    bf16 on this CPU (measured once per machine and shapes, then cached); else None."""
+    if not probe.cpu_bf16_candidate(cfg.precision, device):
+        return None
+    try:  # the model directory is checked (with its own errors) when the model loads
+        model_config = json.loads((Path(cfg.model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        model_config = {}
+    if not isinstance(model_config, dict):
+        model_config = {}
+    shapes = model_matmul_shapes(model_config, cfg.max_seq_len)
+    return cpu_precision_speed(cache_root(cfg.cache_dir), shapes)
 
 
 def _custom_eval_set(

@@ -23,6 +23,8 @@ from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, four_bit_problem
 from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.train.checkpoint import CheckpointError
+from pitstop.train.doc_attention import DOC_ATTENTION
+from pitstop.train.doc_attention import register as register_doc_attention
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -133,6 +135,8 @@ def _from_pretrained(model_dir: Path, attn: str, kwargs: dict[str, Any]) -> Any:
     """AutoModelForCausalLM.from_pretrained, with the errors a user can act on as ConfigError."""
     from transformers import AutoModelForCausalLM
 
+    if attn == DOC_ATTENTION:
+        register_doc_attention()  # selected by name, like transformers' own kernels
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn, **kwargs)
     except ValueError as e:

@@ -181,7 +181,9 @@ def build_space(
     flash_ok, _ = probe.flash_attn_status(dev, probe.choose_precision(cfg.precision, dev).value)
     if flash_ok:
         attention.insert(0, "flash_attention_2")
-    elif probe.flex_attention_status(dev)[0]:
+    else:  # pitstop's per-document SDPA: what `auto` trains with where flash-attn cannot run
+        attention.insert(0, "sdpa_docs")
+    if not flash_ok and probe.flex_attention_status(dev)[0]:
         # A GPU without flash-attn: flex's block mask against sdpa's dense one, measured here.
         attention.insert(1, "flex_attention")
 
@@ -196,6 +198,6 @@ def build_space(
         loader_workers=keep("workers", workers, base.loader_workers if base else 0),
         prefetch_factor=keep("prefetch", (2, 4), base.prefetch_factor if base else 2),
         compile=keep("compile", compile_, base.compile if base else False),
-        attention=keep("attention", tuple(attention), base.attention if base else "sdpa"),
+        attention=keep("attention", tuple(attention), base.attention if base else attention[0]),
         tune_micro_batch="micro_batch" in knobs,
     )
