@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
         "corpus",
         "packing",
         "run_files",
+        "faults",
         "cache_layout",
         "yaml_load",
         "config_ranges",

@@ -29,6 +29,7 @@ from pitstop import log, probe, run_files
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
+from pitstop.faults import NO_FAULTS, Faults, from_env
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
@@ -77,6 +78,7 @@ class Run:
     sync_free_skip: bool
     writer: ckpt.CheckpointWriter
     data_key: str | None  # the token store's content key: a resume's data identity
+    faults: Faults = NO_FAULTS  # a test's fault points (pitstop/faults.py); none by default
 
     @property
     def fsdp(self) -> bool:
@@ -157,6 +159,8 @@ def build_run(
     `world_size` place the run in a process group the caller made (else torchrun's, if any).
     """
     t_process = _process_start()
+    faults = from_env()  # the one read of PITSTOP_TEST_* (a test's fault points)
+    faults.reached("startup")
     out = check_output_dir(cfg)
     seed_everything(cfg.seed)
     _quiet_transformers()
@@ -297,6 +301,7 @@ def build_run(
         save_model=lambda dest, state: model_io.save_model_dir(model, tokenizer, dest, state),
         enabled=env.rank == 0,
         keep_best=eval_set is not None,
+        faults=faults,
     )
     choices["checkpoints"] = Choice(
         _save_policy(cfg), _checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp)
@@ -317,7 +322,7 @@ def build_run(
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup=warmup,
         flops=flops, flops_per_token=flops_per_token, peak_flops=peak_flops,
         peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
-        sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
+        sync_free_skip=sync_free_skip, writer=writer, data_key=data_key, faults=faults,
     )  # fmt: skip
 
 

@@ -4,13 +4,21 @@ Both allocators are covered: `torch.OutOfMemoryError` (CUDA) and the CPU allocat
 RuntimeError ("DefaultCPUAllocator: not enough memory"), or a plain MemoryError.
 The options keep the training math (tokens per step) and follow from the micro-batch
 that failed.
+
+The back-off is here too: after a CUDA out-of-memory in a forward/backward of one
+process, `halved` gives the loader's settings with micro-batches half as large and
+`back_off` re-splits the loader; the loop runs the same step again (same documents,
+same math; only the summation order changes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from pitstop import log
 from pitstop.errors import PitstopError
+from pitstop.probe import Choice
 
 GIB = 1 << 30
 
@@ -109,3 +117,58 @@ def oom_error(
         f"was lost: the last checkpoint ({last_checkpoint or 'none yet'}) is intact; rerun "
         "with --resume and the new options"
     )
+
+
+def halved(
+    exc: BaseException, loader: Any, *, retryable: bool, world_size: int
+) -> tuple[Any, str] | None:
+    """(the loader's settings with half the micro-batch, a description), or None when
+    backing off cannot be done safely: not a CUDA OOM in a forward/backward, several
+    processes (the other ranks would wait in a collective), a loader that cannot
+    re-split, or a micro-batch of one row already."""
+    settings = getattr(loader, "settings", None)
+    if not (is_cuda_oom(exc) and retryable and world_size == 1) or settings is None:
+        return None
+    if not hasattr(loader, "resplit"):
+        return None
+    msl = settings.max_seq_len
+    if settings.micro_batch_size is not None:
+        if settings.micro_batch_size <= 1:
+            return None
+        rows = settings.micro_batch_size // 2
+        return dataclasses.replace(settings, micro_batch_size=rows), f"{rows} rows"
+    budget = settings.tokens_per_micro_batch or msl
+    if budget // 2 < msl:
+        return None
+    half = budget // 2 // msl * msl  # whole rows of max_seq_len
+    return dataclasses.replace(settings, tokens_per_micro_batch=half), f"{half // msl} rows"
+
+
+def back_off(
+    loader: Any, batches: Any, settings: Any, rows: str, *, step: int,
+    choices: dict[str, Choice], device_type: str, announce: bool,
+) -> Any:  # fmt: skip
+    """Re-split `loader` into micro-batches of `settings` after a CUDA out-of-memory in
+    step `step` (1-based); returns the new batch iterator. The caller has dropped the
+    step's partial gradients."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+    loader.resplit(settings)
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    was = choices.get("micro_batch")
+    before = f"{was.value}; " if was is not None else ""
+    choices["micro_batch"] = Choice(
+        rows, f"{before}backed off to half after a CUDA out-of-memory in step {step}; "
+        "tokens per optimizer step unchanged",
+    )  # fmt: skip
+    if announce:
+        log.warning(
+            f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
+            f"micro-batches of {rows} (same step, same tokens); set --micro-batch-size "
+            "or rerun with --remeasure to size it again"
+        )
+    return iter(loader)
