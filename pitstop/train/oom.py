@@ -14,11 +14,14 @@ same math; only the summation order changes).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pitstop import log
 from pitstop.errors import PitstopError
 from pitstop.probe import Choice
+
+if TYPE_CHECKING:  # the module stays light to import (tune/search.py reads is_oom)
+    from pitstop.train.build import Run
 
 GIB = 1 << 30
 
@@ -172,3 +175,20 @@ def back_off(
             "or rerun with --remeasure to size it again"
         )
     return iter(loader)
+
+
+def stop_error(
+    exc: BaseException, run: Run, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None
+) -> TrainingOutOfMemory:
+    """The error that stops `run` after an OOM it cannot back off from (see `oom_error`)."""
+    try:  # a checkpoint on its way to disk: let it land before naming it
+        run.writer.wait()
+    except PitstopError as err:  # the write failed (CheckpointError): the OOM is the news
+        log.warning(f"pitstop: {err}")
+    return oom_error(
+        exc, step=step, micro=micro, device_type=run.device.type,
+        last_checkpoint=run.writer.last_written, model_dir=str(run.cfg.model),
+        seq_len=run.geometry.max_seq_len, precision=run.precision,
+        attention=str(run.choices["attention"].value),
+        checkpointing=bool(run.cfg.gradient_checkpointing), lora_r=run.cfg.lora_r,
+    )  # fmt: skip

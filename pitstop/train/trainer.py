@@ -3,38 +3,20 @@
 `Trainer.fit()` runs optimizer steps, each made of the phases the step timeline
 times: fetch_batch (data_wait), to_device (host_to_device), forward_backward
 (forward, backward) per micro-batch, optimizer_step (optimizer); then, charged to
-the next step, log (logging), evaluate (eval) and checkpoint (checkpoint).
-
-The hot loop never synchronises host and device except at logging steps (every
-cfg.log_steps), at checkpoints (copying state to host is a sync anyway) and, on
-fp16 runs, inside GradScaler.step. Losses and gradient norms stay device tensors
-until then; their metrics.jsonl lines are written at the next logging step.
-
-metrics.jsonl, one line per optimizer step: step (1-based, steps done), epoch
-(fractional), loss (mean CE per target token; null when skipped), lr, grad_norm,
-skipped, trained_tokens / seen_tokens / padded_tokens (cumulative, all ranks),
-step_trained_tokens, tokens_per_second (trained tokens of the step / step_seconds),
-step_seconds, mfu (of the step's computed positions; null when the device peak is
-unknown), and `<phase>_s` seconds per phase of the step; the last line of each
-logging step also carries peak_memory_gib (the process's peak so far). A step that ran a
-held-out evaluation (every --eval-steps, and the last step) also carries
-eval_loss (mean CE per eval target token), eval_ppl (exp of it), eval_targets,
-eval_sequences and eval_seconds on its own line; that evaluation's time is the
-`eval_s` phase of the *next* step (like logging and checkpoints, it runs between
-steps). TensorBoard and wandb get the same scalars (train/*, eval/*, time/<phase>,
-memory/peak_gib: train/run_log.py).
-
-Several processes (torchrun, or --nproc): see `pitstop.train.distributed`. Rank 0
-alone prints, logs and writes; timings are rank 0's. The other ranks agree with it
-on stopping (SIGTERM) and time-based checkpoints at logging steps, the only points
-where all ranks synchronise anyway.
+the next step, what train/cadence.py says is due: log (logging), evaluate (eval),
+checkpoint (checkpoint). The hot loop never synchronises host and device except at
+logging steps, at checkpoints (a copy to host is a sync anyway) and, on fp16 runs,
+inside GradScaler.step: losses and norms stay device tensors until their metrics.jsonl
+lines are written (train/pending.py). Several processes: rank 0 alone prints, logs
+and writes; the ranks agree on stopping and timed saves at logging steps
+(train/distributed.py, train/cadence.py). Set-up of the run directory:
+train/run_dir.py; signals: train/signals.py; out of memory: train/oom.py.
 """
 
 from __future__ import annotations
 
-import secrets
-import shutil
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,15 +25,17 @@ from pitstop import log, run_files, runlock
 from pitstop.atomic import write_json_atomic
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
-from pitstop.errors import PitstopError
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.machine import machine_load
-from pitstop.measure.timeline import StepRecord, Timeline
+from pitstop.measure.timeline import Timeline
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.train import checkpoint, distributed, guard, model_io, oom, run_dir
-from pitstop.train.banner import format_banner, print_banner
+from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending, run_dir
+from pitstop.train.banner import print_banner, result_line, run_banner
 from pitstop.train.build import Run, build_run, to_device, token_loss_sum
 from pitstop.train.cadence import Cadence
+from pitstop.train.evaluate import held_out_loss
+from pitstop.train.export import write_final
+from pitstop.train.guard import TrainingDiverged
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
@@ -60,12 +44,6 @@ from pitstop.train.state import RunState
 from pitstop.train.summary import peak_memory_bytes
 
 __all__ = ["RunInterrupted", "Trainer", "TrainingDiverged"]
-
-
-class TrainingDiverged(PitstopError):
-    """Too many non-finite steps in a row."""
-
-    exit_code = 1
 
 
 class Trainer:
@@ -100,7 +78,8 @@ class Trainer:
         self.is_main, self.world_size = run.env.rank == 0, run.env.world_size
         self.cadence = Cadence(
             run.cfg, total_steps=run.total_steps, has_eval=run.eval_set is not None,
-            faults=run.faults, agree=self._agree if run.env.distributed else None,
+            faults=run.faults,
+            agree=partial(distributed.any_rank, device=run.device) if run.env.distributed else None,
         )  # fmt: skip
 
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
@@ -109,10 +88,8 @@ class Trainer:
         self._ckpt_copy: Any = None  # the CUDA event of a checkpoint copy still in flight
         self.resumed_from: str | None = None
         self._bad_run_t = torch.zeros((), device=run.device)
-        self._skipped_t = torch.zeros((), device=run.device)
         self._pending: list[dict[str, Any]] = []
         self.train_seconds_now = 0.0
-        self.final_save_seconds = 0.0
         self._micro: tuple[int, int, tuple[int, ...]] | None = None  # for an OOM message
         self._oom_retryable = False  # the OOM came from a forward/backward (a backoff may help)
 
@@ -238,12 +215,13 @@ class Trainer:
             self.state = restored.state
             self._last_ckpt_step = self.state.step
             self._bad_run_t.fill_(self.state.bad_run)
-            self._skipped_t.fill_(self.state.skipped_steps)
             self.resumed_from = str(restored.path)
         self.run_log = RunLog(run.cfg, run.out, enabled=self.is_main, total_steps=self.total_steps)
         run.choices.update(self.run_log.choices)
         if self.is_main:
-            print_banner(self._banner())
+            print_banner(
+                run_banner(run, total_steps=self.total_steps, resumed_from=self.resumed_from)
+            )
         self._batches = iter(run.loader)
 
     def _fit(self) -> dict[str, Any]:
@@ -311,7 +289,7 @@ class Trainer:
         summary = self.summary(status)
         if self.is_main:
             write_json_atomic(self.run.out / run_files.SUMMARY, summary)
-            log.info(_result_line(summary))
+            log.info(result_line(summary))
         self.run_log.close()
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
@@ -331,7 +309,9 @@ class Trainer:
                 e, self.run.loader, retryable=self._oom_retryable, world_size=self.world_size
             )
             if halved is None:
-                raise self._out_of_memory(e) from None
+                raise oom.stop_error(
+                    e, self.run, step=self.state.step + 1, micro=self._micro
+                ) from None
         if halved is None:
             return True
         # Outside `except`: its frames hold the step's tensors. The step's partial
@@ -343,31 +323,9 @@ class Trainer:
         )  # fmt: skip
         return False
 
-    def _out_of_memory(self, e: BaseException) -> oom.TrainingOutOfMemory:
-        run = self.run
-        try:  # a checkpoint on its way to disk: let it land before naming it
-            run.writer.wait()
-        except checkpoint.CheckpointError as err:
-            log.warning(f"pitstop: {err}")
-        return oom.oom_error(
-            e, step=self.state.step + 1, micro=self._micro, device_type=run.device.type,
-            last_checkpoint=run.writer.last_written, model_dir=str(run.cfg.model),
-            seq_len=run.geometry.max_seq_len, precision=run.precision,
-            attention=str(run.choices["attention"].value),
-            checkpointing=bool(run.cfg.gradient_checkpointing), lora_r=run.cfg.lora_r,
-        )  # fmt: skip
-
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
         distributed.shutdown(self.run.env)
-
-    def _agree(self, flags: tuple[bool, ...]) -> tuple[bool, ...]:
-        """Each flag true on any rank (the cadence calls it where all ranks meet)."""
-        t = torch.tensor([float(f) for f in flags], device=self.run.device)
-        import torch.distributed as dist
-
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return tuple(bool(v) for v in t.tolist())
 
     def _train_step(self, tl: Timeline) -> None:
         run = self.run
@@ -414,7 +372,6 @@ class Trainer:
         self.state.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
-        self._skipped_t = self._skipped_t + bad
         # Token counts are this rank's; log() sums them over ranks with the loss.
         self._pending.append({
             "step": self.state.step, "epoch": round(self.state.epoch_float, 6), "loss": loss_acc, "lr": lr,
@@ -435,7 +392,20 @@ class Trainer:
         """
         if not self._pending:
             return
-        lines = self._account(self._pending_values())
+        run = self.run
+        vals = pending.device_values(self._pending, run.env, run.device)
+        lines, broken = pending.account(
+            self._pending, vals, self.state, flops_per_token=run.flops_per_token,
+            peak_flops=run.peak_flops, max_bad_steps=run.cfg.max_bad_steps,
+        )  # fmt: skip
+        self._pending = []
+        if broken is not None:  # the lines up to the broken step, then stop
+            self.run_log.append_metrics(lines)
+            run.writer.wait()  # a checkpoint on its way to disk: let it land before naming it
+            raise guard.diverged(
+                **vars(broken), bad_run=self.state.bad_run, last_checkpoint=run.writer.last_written,
+                precision=run.precision, max_grad_norm=run.cfg.max_grad_norm,
+            )  # fmt: skip
         if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
             lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.run.device.type) / 2**30
         self.run_log.write(
@@ -445,111 +415,16 @@ class Trainer:
             progress=progress,
         )
 
-    def _pending_values(self) -> list[list[float]]:
-        """Per pending step: loss share, targets, seen, positions, ranks whose weights went
-        non-finite (summed over ranks), then grad norm, bad, bad run (the same on every
-        rank). One collective, one transfer."""
-        # float64 so the counts stay exact
-        summed = torch.stack([
-            torch.cat([p["loss"].double().reshape(1),
-                       torch.tensor(p["counts"], dtype=torch.float64).to(self.run.device),
-                       p["weights_bad"].double().reshape(1).to(self.run.device)])
-            for p in self._pending
-        ])  # fmt: skip
-        distributed.all_reduce_sum(summed, self.run.env)
-        same = torch.stack([
-            torch.stack([p["grad_norm"].double(), p["bad"].double(), p["bad_run"].double()])
-            for p in self._pending
-        ])  # fmt: skip
-        return torch.cat([summed, same], dim=1).tolist()
-
-    def _account(self, vals: list[list[float]]) -> list[dict[str, Any]]:
-        """Count the pending steps into the run state; their metrics.jsonl lines.
-
-        Raises TrainingDiverged (after writing the lines) at cfg.max_bad_steps bad steps in a row.
-        """
-        lines = []
-        for p, (loss, n_t, n_s, n_p, w_bad, norm, bad, bad_run) in zip(self._pending, vals):
-            rec: StepRecord = p.pop("record")
-            phases = rec.resolve()
-            for k, v in phases.items():
-                self.state.phase_totals[k] += v
-            skipped = bool(bad)
-            self.state.trained_tokens += int(n_t)
-            self.state.seen_tokens += int(n_s)
-            self.state.padded_tokens += int(n_p)
-            drop = ("loss", "grad_norm", "bad", "bad_run", "counts", "weights_bad")
-            line = {k: v for k, v in p.items() if k not in drop}
-            line.update({
-                "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
-                "trained_tokens": self.state.trained_tokens, "seen_tokens": self.state.seen_tokens,
-                "padded_tokens": self.state.padded_tokens, "step_trained_tokens": int(n_t),
-                "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
-                "step_seconds": rec.step_seconds,
-                # of the positions computed (padding included), as the summary's MFU
-                "mfu": flops_mod.mfu(n_p / rec.step_seconds, self.run.flops_per_token, self.run.peak_flops)
-                if rec.step_seconds > 0 else None,
-                **{f"{k}_s": v for k, v in phases.items()},
-            })  # fmt: skip
-            lines.append(line)
-            if w_bad:  # this update broke the weights: stop before anything saves them
-                line["weights_finite"] = False
-                self._pending = []
-                self.run_log.append_metrics(lines)
-                self._diverged(p["step"], p["lr"], loss, norm, weights=True)
-            if skipped:
-                self.state.skipped_steps += 1
-                self.state.bad_run = int(bad_run)
-                if self.state.bad_run >= self.run.cfg.max_bad_steps:
-                    self._pending = []
-                    self.run_log.append_metrics(lines)
-                    self._diverged(p["step"], p["lr"], loss, norm)
-            else:
-                self.state.bad_run = 0
-                self.state.last_loss, self.state.last_loss_step = loss, p["step"]
-        self._pending = []
-        return lines
-
-    def _diverged(
-        self, step: int, lr: float, loss: float, norm: float, *, weights: bool = False
-    ) -> None:
-        # A checkpoint may still be on its way to disk: let it land before naming it.
-        self.run.writer.wait()
-        last = self.run.writer.last_written
-        what = (
-            f"the update of optimizer step {step} made weights non-finite (NaN/Inf; loss "
-            f"{loss}, gradient norm {norm}, learning rate {lr:.3g}); they were not saved"
-            if weights
-            else f"{self.state.bad_run} optimizer steps in a row had a non-finite loss or gradient "
-            f"(loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); those steps were skipped"
-        )
-        raise TrainingDiverged(
-            f"training stopped at step {step}: {what}. The last good checkpoint is "
-            f"{last or 'none (no checkpoint yet)'}. "
-            + guard.divergence_advice(self.run.precision, self.run.cfg.max_grad_norm)
-        )
-
     def evaluate(self) -> dict[str, Any]:
-        """Held-out loss and perplexity now; attached to the newest pending metrics line.
-
-        Uses the unwrapped model (no DDP hooks; FSDP2's module gathers its shards), in eval
-        mode (no dropout), without gradients. All ranks take part: the sums are all-reduced.
-        """
-        assert self.run.eval_set is not None
-        t0 = time.perf_counter()
-        was_training = self.run.model.training
-        self.run.model.eval()
-        total = torch.zeros((), dtype=torch.float64, device=self.run.device)
-        try:
-            with torch.no_grad():
-                for mb in self.run.eval_set.batches():
-                    total += self._loss(self.to_device(mb), model=self.run.model).double()
-        finally:
-            self.run.model.train(was_training)
-        distributed.all_reduce_sum(total, self.run.env)
-        res = self.run.eval_set.result(
-            float(total.item()), self.state.step, time.perf_counter() - t0
-        )
+        """Held-out loss and perplexity now (train/evaluate.py), on the unwrapped model (no
+        DDP hooks; FSDP2's module gathers its shards); attached to the newest pending line."""
+        run = self.run
+        assert run.eval_set is not None
+        res = held_out_loss(
+            run.eval_set, run.model, lambda mb: self._loss(self.to_device(mb), model=run.model),
+            step=self.state.step, device=run.device,
+            all_reduce=partial(distributed.all_reduce_sum, env=run.env),
+        )  # fmt: skip
         self.state.last_eval = res
         if self._pending and self._pending[-1]["step"] == self.state.step:
             self._pending[-1].update({k: v for k, v in res.items() if k != "step"})
@@ -557,52 +432,44 @@ class Trainer:
 
     # --- checkpoints ----------------------------------------------------------------
 
-    def _trainer_state(self, t_train0: float) -> dict[str, Any]:
-        ts = self.state.to_trainer_state(
-            total_steps=self.total_steps,
-            train_seconds=self.state.train_seconds + time.perf_counter() - t_train0,
-            wall_seconds=self.state.wall_before + time.time() - self.run.t_process,
-        )
-        ts["identity"] = run_dir.identity(
-            self.run, self.total_steps
-        )  # what --resume checks (train/resume.py)
-        return ts
-
     def checkpoint(self, t_train0: float, *, blocking: bool = False) -> None:
         """Pause only to copy state to host memory; the writer thread does the rest."""
-        t0 = time.perf_counter()
+        run, t0 = self.run, time.perf_counter()
         self.log()  # lines up to this step must exist before the checkpoint does
         self._last_ckpt_step = self.state.step
-        if self.run.fsdp:
+        if run.fsdp:
             # Collective: every rank sends its shards; rank 0 gets full CPU copies.
-            model_state = distributed.full_state(self.run.model)
-            optim_state = distributed.full_optimizer_state(self.run.model, self.run.optimizer)
+            model_state = distributed.full_state(run.model)
+            optim_state = distributed.full_optimizer_state(run.model, run.optimizer)
         if not self.is_main:  # DDP: rank 0's replica is the same as this one
             self.state.ckpt_pause += time.perf_counter() - t0
             return
-        scaler = self.run.scaler.state_dict() if self.run.scaler is not None else None
+        scaler = run.scaler.state_dict() if run.scaler is not None else None
         ready = None
-        if self.run.fsdp:
-            self.run.writer.wait()  # the previous write must be done (and must have succeeded)
+        if run.fsdp:
+            run.writer.wait()  # the previous write must be done (and must have succeeded)
             scaler = checkpoint.to_host(scaler)
         else:
             # Waits for the previous write, then queues the copy into the reused host
             # buffers (a side CUDA stream on a GPU): the loop goes on at once, and the
             # next optimizer step waits on `ready` before changing what is being copied.
-            (model_state, optim_state, scaler), ready = self.run.writer.stage(
-                (model_io.trainable_state(self.run.model), self.run.optimizer.state_dict(), scaler)
+            (model_state, optim_state, scaler), ready = run.writer.stage(
+                (model_io.trainable_state(run.model), run.optimizer.state_dict(), scaler)
             )
             self._ckpt_copy = ready
-        snap = checkpoint.Snapshot(
-            step=self.state.step,
-            model_state=model_state,
-            optimizer={"optimizer": optim_state, "scaler": scaler},
-            trainer_state=self._trainer_state(t_train0),
-            rng=checkpoint.rng_state(),
-            loader_state=self.run.loader.state_dict(),
-            ready=ready,
+        trainer_state = self.state.to_trainer_state(
+            total_steps=self.total_steps,
+            train_seconds=self.state.train_seconds + time.perf_counter() - t_train0,
+            wall_seconds=self.state.wall_before + time.time() - run.t_process,
         )
-        self.run.writer.submit(snap, blocking=blocking)
+        # What --resume checks (train/resume.py).
+        trainer_state["identity"] = run_dir.identity(run, self.total_steps)
+        snap = checkpoint.Snapshot(
+            step=self.state.step, model_state=model_state,
+            optimizer={"optimizer": optim_state, "scaler": scaler}, trainer_state=trainer_state,
+            rng=checkpoint.rng_state(), loader_state=run.loader.state_dict(), ready=ready,
+        )  # fmt: skip
+        run.writer.submit(snap, blocking=blocking)
         self.state.ckpt_pause += time.perf_counter() - t0
 
     def _final_save(self, t_train0: float) -> None:
@@ -612,26 +479,12 @@ class Trainer:
             return
         if self._last_ckpt_step != self.state.step:
             self.checkpoint(t_train0)  # on every rank: FSDP gathers the state collectively
-        t0 = time.perf_counter()
-        state = distributed.full_state(self.run.model) if self.run.fsdp else None
-        if not self.is_main:
-            return
-        tmp = self.run.out / f".final.partial-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        try:
-            model_io.save_final(self.run.model, self.run.tokenizer, tmp, state, self.run.cfg)
-            # The last checkpoint must have landed (and its weights been finite) first:
-            # final/ is never published by a run that could not save its end.
-            self.run.writer.wait()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        model_io.publish_dir(tmp, self.run.out / run_files.FINAL)
-        if self.run.cfg.merge_lora and model_io.is_peft(self.run.model):
-            from pitstop.train.export import merge_adapter  # loads a second copy of the base
-
-            merge_adapter(self.run.out / run_files.FINAL, self.run.out / run_files.MERGED)
-        self.final_save_seconds = time.perf_counter() - t0
+        run = self.run
+        state = distributed.full_state(run.model) if run.fsdp else None
+        if self.is_main:
+            write_final(
+                run.model, run.tokenizer, run.out, state, run.cfg, before_publish=run.writer.wait
+            )
 
     def _finish_quietly(self, status: str) -> None:
         """On a stop: let the checkpoint writer finish, record the summary, keep the error."""
@@ -644,22 +497,6 @@ class Trainer:
         self.run_log.close()
 
     # --- reporting ------------------------------------------------------------------
-
-    def _banner(self) -> str:
-        g = self.run.geometry
-        n_params = sum(p.numel() for p in self.run.model.parameters())
-        facts = {
-            "model": f"{self.run.cfg.model} ({n_params / 1e6:.1f}M parameters)",
-            "data": f"{self.run.steps_per_epoch} optimizer steps per epoch",
-            "run": f"{self.total_steps} optimizer steps of {g.tokens_per_step:,} tokens "
-            f"(rows of {g.max_seq_len}, {g.micro})",
-            "lr": f"{self.run.cfg.lr:g}, {self.run.warmup} warm-up steps, {self.run.cfg.schedule} to "
-            f"{self.run.cfg.min_lr_ratio:g}x; clip {self.run.cfg.max_grad_norm:g}",
-            "output": str(self.run.out) + (f" (resuming from {self.resumed_from})" if self.resumed_from else ""),
-            "peak": f"{self.run.peak_flops / 1e12:.3f} TFLOP/s ({self.run.peak_source})"
-            if self.run.peak_flops else self.run.peak_source,
-        }  # fmt: skip
-        return format_banner(self.run.dev.name, facts, self.run.choices)
 
     def summary(self, status: str) -> dict[str, Any]:
         ts = self.state.train_seconds
@@ -713,16 +550,3 @@ class Trainer:
             "final_model": str(self.out / run_files.FINAL) if status == "completed" else None,
             "config": self.cfg.to_dict(),
         }
-
-
-def _result_line(s: dict[str, Any]) -> str:
-    mfu = f", MFU {100 * s['mfu']:.1f}%" if s["mfu"] is not None else ""
-    loss = f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a"
-    at = s.get("final_loss_step")
-    if at is not None and at != s["optimizer_steps"]:  # the last steps were skipped
-        loss += f" (step {at}, the last finite one)"
-    return (
-        f"pitstop: {s['optimizer_steps']} steps, {s['trained_tokens']:,} trained tokens in "
-        f"{s['train_seconds']:.1f} s ({(s['tokens_per_second'] or 0):,.0f} tokens/s{mfu}); "
-        f"final loss {loss}; model in {s['final_model']}"
-    )
