@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from pitstop import log, probe, run_files
+from pitstop.batching.loader import Loader
+from pitstop.batching.resolve import MicroSizer
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
@@ -34,10 +36,7 @@ from pitstop.measure import flops as flops_mod
 from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.train import checkpoint as ckpt
-from pitstop.train import data as data_mod
-from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io, optim
+from pitstop.train import checkpoint, data, distributed, model_io, optim
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
@@ -51,7 +50,7 @@ class Run:
     cfg: RunConfig
     out: Path
     t_process: float  # when the process started (wall_seconds counts from it)
-    env: dist_mod.DistEnv
+    env: distributed.DistEnv
     dev: DeviceInfo
     device: torch.device
     choices: dict[str, Choice]  # each decision and why, for the banner and summary.json
@@ -62,8 +61,8 @@ class Run:
     wrapped: Any  # the model inside DDP/FSDP (or the model itself)
     forward_model: Any  # what the training forward calls: wrapped, or torch.compile of it
     compiled: bool
-    loader: Any
-    geometry: data_mod.Geometry
+    loader: Loader
+    geometry: data.Geometry
     eval_set: EvalSet | None
     steps_per_epoch: int
     total_steps: int
@@ -76,7 +75,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
     sync_free_skip: bool
-    writer: ckpt.CheckpointWriter
+    writer: checkpoint.CheckpointWriter
     data_key: str | None  # the token store's content key: a resume's data identity
     faults: Faults = NO_FAULTS  # a test's fault points (pitstop/faults.py); none by default
 
@@ -148,7 +147,7 @@ def build_run(
     cfg: RunConfig,
     *,
     device: DeviceInfo | None = None,
-    loader: Any = None,
+    loader: Loader | None = None,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> Run:
@@ -159,7 +158,7 @@ def build_run(
     `world_size` place the run in a process group the caller made (else torchrun's, if any).
     """
     t_process = _process_start()
-    faults = from_env()  # the one read of PITSTOP_TEST_* (a test's fault points)
+    faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
     faults.reached("startup")
     out = check_output_dir(cfg)
     seed_everything(cfg.seed)
@@ -173,11 +172,11 @@ def build_run(
         dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
     if rank is None and world_size is None:
         # Launched by torchrun: join its process group (and take GPU LOCAL_RANK).
-        env, device = dist_mod.init(device)
+        env, device = distributed.init(device)
     else:  # the caller places this run (a test, or a custom launcher with its own group)
         w = world_size or 1
-        env = dist_mod.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
-    problems = dist_mod.check_strategy(cfg, env)
+        env = distributed.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
+    problems = distributed.check_strategy(cfg, env)
     if problems:
         raise ConfigError(problems, header="invalid configuration for several processes:")
     fsdp = env.distributed and cfg.strategy == "fsdp"
@@ -227,11 +226,11 @@ def build_run(
     eval_set: EvalSet | None = None
     data_key: str | None = None
     if loader is None:
-        store = data_mod.open_training_store(cfg)
+        store = data.open_training_store(cfg)
         data_key = store.manifest.get("key")
-        held = data_mod.eval_data(cfg, store)
-        resume_strategy = data_mod.saved_strategy(out) if cfg.resume else None
-        loader, geometry = data_mod.build_loader(
+        held = data.eval_data(cfg, store)
+        resume_strategy = data.saved_strategy(out) if cfg.resume else None
+        loader, geometry = data.build_loader(
             cfg, store=store, rank=env.rank, world_size=env.world_size,
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
@@ -245,19 +244,17 @@ def build_run(
                 seed=cfg.seed, lockstep=fsdp, source=held.source,
             )  # fmt: skip
     else:
-        geometry = data_mod.Geometry(
-            "custom", int(getattr(loader, "max_seq_len", cfg.max_seq_len)),
-            int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
+        given = loader.settings
+        geometry = data.Geometry(
+            "custom", given.max_seq_len if given else cfg.max_seq_len,
+            given.tokens_per_step if given else 0, "given by the caller",
             {"batching": Choice("custom", "a loader object was passed to the Trainer")},
         )  # fmt: skip
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
     steps_per_epoch = int(loader.steps_per_epoch)
-    total_steps = int(
-        getattr(loader, "total_steps", None)
-        or data_mod.steps_for(cfg.epochs, cfg.max_steps, steps_per_epoch)
-    )
+    total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
 
     # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
@@ -269,7 +266,7 @@ def build_run(
     est = probe.estimated_run_seconds(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
-    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env)
+    wrapped, choices["strategy"] = distributed.wrap(model, cfg, env)
     params = [p for p in model.parameters() if p.requires_grad]
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
@@ -295,7 +292,7 @@ def build_run(
            if env.distributed else ""),
     )  # fmt: skip
 
-    writer = ckpt.CheckpointWriter(
+    writer = checkpoint.CheckpointWriter(
         out / run_files.CHECKPOINTS,
         keep=cfg.save_total_limit,
         save_model=lambda dest, state: model_io.save_model_dir(model, tokenizer, dest, state),
@@ -327,18 +324,18 @@ def build_run(
 
 
 def _custom_eval_set(
-    cfg: RunConfig, loader: Any, rank: int, world_size: int, fsdp: bool
+    cfg: RunConfig, loader: Loader, rank: int, world_size: int, fsdp: bool
 ) -> EvalSet:
     """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
     from pitstop.batching.settings import BatchSettings
 
-    settings = getattr(loader, "settings", None) or BatchSettings.from_config(
+    settings = loader.settings or BatchSettings.from_config(
         cfg, world_size=world_size,
         strategy="pack" if cfg.batching == "auto" else cfg.batching,
     )  # fmt: skip
     if cfg.eval_data == "auto":
         raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
-    held = data_mod.eval_data(cfg, None)
+    held = data.eval_data(cfg, None)
     assert held is not None
     return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
                    lockstep=fsdp, source=held.source)  # fmt: skip
@@ -355,7 +352,7 @@ def checkpoint_host_bytes(
 ) -> tuple[int, int]:
     """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
     state does not exist before the first step, so it is computed from the parameters."""
-    weights = ckpt.state_bytes(model_io.trainable_state(model))
+    weights = checkpoint.state_bytes(model_io.trainable_state(model))
     return weights, optimizer_state_bytes(params, optimizer)
 
 
@@ -372,7 +369,7 @@ def _cuda_sizer(
     attention: str,
     autocast_dtype: torch.dtype | None,
     optimizer: Choice,
-) -> data_mod.MicroSizer:
+) -> MicroSizer:
     """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
 
     def measure(mb: dict[str, Any]) -> tuple[float, float]:
@@ -402,7 +399,7 @@ def _cuda_sizer(
     free, _ = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
-    return data_mod.MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
+    return MicroSizer(measure, capacity, optimizer_state_bytes(params, optimizer))
 
 
 _SIZING_PASSES = 3  # one warm-up, then the fastest of two timed

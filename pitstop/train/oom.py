@@ -13,7 +13,6 @@ same math; only the summation order changes).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from pitstop import log
@@ -21,6 +20,7 @@ from pitstop.errors import PitstopError
 from pitstop.probe import Choice
 
 if TYPE_CHECKING:  # the module stays light to import (tune/search.py reads is_oom)
+    from pitstop.batching.loader import Loader
     from pitstop.train.build import Run
 
 GIB = 1 << 30
@@ -123,32 +123,21 @@ def oom_error(
 
 
 def halved(
-    exc: BaseException, loader: Any, *, retryable: bool, world_size: int
+    exc: BaseException, loader: Loader, *, retryable: bool, world_size: int
 ) -> tuple[Any, str] | None:
     """(the loader's settings with half the micro-batch, a description), or None when
     backing off cannot be done safely: not a CUDA OOM in a forward/backward, several
     processes (the other ranks would wait in a collective), a loader that cannot
-    re-split, or a micro-batch of one row already."""
-    settings = getattr(loader, "settings", None)
-    if not (is_cuda_oom(exc) and retryable and world_size == 1) or settings is None:
+    re-split (no settings), or a micro-batch of one row already."""
+    if not (is_cuda_oom(exc) and retryable and world_size == 1) or loader.settings is None:
         return None
-    if not hasattr(loader, "resplit"):
-        return None
-    msl = settings.max_seq_len
-    if settings.micro_batch_size is not None:
-        if settings.micro_batch_size <= 1:
-            return None
-        rows = settings.micro_batch_size // 2
-        return dataclasses.replace(settings, micro_batch_size=rows), f"{rows} rows"
-    budget = settings.tokens_per_micro_batch or msl
-    if budget // 2 < msl:
-        return None
-    half = budget // 2 // msl * msl  # whole rows of max_seq_len
-    return dataclasses.replace(settings, tokens_per_micro_batch=half), f"{half // msl} rows"
+    from pitstop.batching.resolve import halve  # the decision is the batch-shape resolver's
+
+    return halve(loader.settings)
 
 
 def back_off(
-    loader: Any, batches: Any, settings: Any, rows: str, *, step: int,
+    loader: Loader, batches: Any, settings: Any, rows: str, *, step: int,
     choices: dict[str, Choice], device_type: str, announce: bool,
 ) -> Any:  # fmt: skip
     """Re-split `loader` into micro-batches of `settings` after a CUDA out-of-memory in

@@ -369,7 +369,7 @@ class Trainer:
             in_epoch = meta.epoch_step
         else:  # a caller's loader without it: epochs of steps_per_epoch steps each
             in_epoch = meta.step - epoch * run.steps_per_epoch
-        self.state.epoch_float = epoch + (in_epoch + 1) / self._steps_in_epoch(epoch)
+        self.state.epoch_float = epoch + (in_epoch + 1) / run.loader.steps_in_epoch(epoch)
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
         # Token counts are this rank's; log() sums them over ranks with the loss.
@@ -378,11 +378,6 @@ class Trainer:
             "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
             "bad_run": self._bad_run_t, "weights_bad": weights_bad,
         })  # fmt: skip
-
-    def _steps_in_epoch(self, epoch: int) -> int:
-        """Steps of `epoch` (bucket and pad plans may differ by a step between epochs)."""
-        fn = getattr(self.run.loader, "steps_in_epoch", None)
-        return int(fn(epoch)) if fn is not None else self.run.steps_per_epoch
 
     def log(self, progress: bool = False) -> None:
         """The logging step: the one place the loop reads device values (a sync).
