@@ -143,6 +143,23 @@ def token_loss_sum(
     )
 
 
+@dataclass(frozen=True)
+class _Machine:
+    """Where the run executes and the kernels it uses (decided before anything loads)."""
+
+    env: distributed.DistEnv
+    dev: DeviceInfo
+    device: torch.device
+    precision: str
+    tf32: Choice
+    attention: Choice  # asked for; the model load may change it (train/model_io.py)
+    strategy: str  # cfg.strategy (ddp or fsdp)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.env.distributed and self.strategy == "fsdp"
+
+
 def build_run(
     cfg: RunConfig,
     *,
@@ -154,8 +171,9 @@ def build_run(
     """Assemble a run of `cfg`. Writes nothing to the output directory.
 
     `device` overrides the probe (tests pretend machines with it); `loader` replaces the
-    batching loader (any object honouring the loader contract in train/data.py); `rank` /
-    `world_size` place the run in a process group the caller made (else torchrun's, if any).
+    batching loader (any object honouring the `pitstop.batching.loader.Loader` protocol);
+    `rank` / `world_size` place the run in a process group the caller made (else
+    torchrun's, if any). Its steps follow the order the module docstring explains.
     """
     t_process = _process_start()
     faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
@@ -163,9 +181,40 @@ def build_run(
     out = check_output_dir(cfg)
     seed_everything(cfg.seed)
     _quiet_transformers()
+    choices: dict[str, Choice] = {}  # each decision and why, in the banner's order
+    m = place_run(cfg, device, rank, world_size, choices)
+    tokenizer, model, autocast_dtype = load_model(cfg, m, choices)
+    loader, geometry, eval_set, data_key = build_data(
+        cfg, out, m, model, autocast_dtype, choices, loader
+    )
+    steps_per_epoch = int(loader.steps_per_epoch)
+    total_steps = int(loader.total_steps)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    flops, peak_flops, peak_source, wrapped, forward_model = plan_compute(
+        cfg, m, model, geometry, total_steps, choices
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
+    writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
+    return Run(
+        cfg=cfg, out=out, t_process=t_process, env=m.env, dev=m.dev, device=m.device,
+        choices=choices, precision=m.precision, autocast_dtype=autocast_dtype,
+        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
+        compiled=bool(choices["compile"].value), loader=loader, geometry=geometry,
+        eval_set=eval_set, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        warmup=warmup, flops=flops, flops_per_token=flops.per_token(geometry.max_seq_len),
+        peak_flops=peak_flops, peak_source=peak_source, params=params, optimizer=optimizer,
+        scaler=scaler, sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
+        faults=faults,
+    )  # fmt: skip
 
-    # --- choices that need only the machine (may raise ConfigError: nothing written yet)
-    choices: dict[str, Choice] = {}
+
+def place_run(
+    cfg: RunConfig, device: DeviceInfo | None, rank: int | None, world_size: int | None,
+    choices: dict[str, Choice],
+) -> _Machine:  # fmt: skip
+    """Choices that need only the machine: device, process group, precision, TF32,
+    attention, optimizer kind. May raise ConfigError (nothing is written yet)."""
     if device is None:
         device, dev_choice = probe.detect_device(cfg.device)
     else:
@@ -179,8 +228,6 @@ def build_run(
     problems = distributed.check_strategy(cfg, env)
     if problems:
         raise ConfigError(problems, header="invalid configuration for several processes:")
-    fsdp = env.distributed and cfg.strategy == "fsdp"
-    tdev = torch.device(device.torch_device)
     choices["device"] = dev_choice
     prec = probe.choose_precision(cfg.precision, device)
     choices["precision"] = prec
@@ -190,8 +237,17 @@ def build_run(
     probe.apply_backend_flags(device, tf32)
     attention = probe.choose_attention(cfg.attention, device, precision)
     choices["optimizer"] = optim.choose(cfg, device)
+    return _Machine(
+        env, device, torch.device(device.torch_device), precision, tf32, attention, cfg.strategy
+    )
 
-    # --- model (the directory is checked before the tokenizer reads its config)
+
+def load_model(
+    cfg: RunConfig, m: _Machine, choices: dict[str, Choice]
+) -> tuple[Any, Any, torch.dtype | None]:
+    """(tokenizer, model, autocast dtype). The directory is checked before the tokenizer
+    reads its config; the attention kernel is final once the model is loaded."""
+    env, device, precision = m.env, m.dev, m.precision
     model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
     note = check_positions(cfg.model, cfg.max_seq_len)
     if note and env.rank == 0:
@@ -200,7 +256,7 @@ def build_run(
     if env.rank == 0:  # the first silent second before the banner is the model load
         log.info(f"pitstop: loading the model from {cfg.model} ...")
     tokenizer = model_io.load_tokenizer(cfg)
-    model, attention, lora = model_io.load_model(cfg, device, precision, attention)
+    model, attention, lora = model_io.load_model(cfg, device, precision, m.attention)
     if env.rank == 0:
         log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
     choices["attention"] = attention
@@ -213,6 +269,17 @@ def build_run(
     if lora is not None:
         choices["lora"] = lora
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return tokenizer, model, autocast_dtype
+
+
+def build_data(
+    cfg: RunConfig, out: Path, m: _Machine, model: Any, autocast_dtype: torch.dtype | None,
+    choices: dict[str, Choice], loader: Loader | None,
+) -> tuple[Loader, data.Geometry, EvalSet | None, str | None]:  # fmt: skip
+    """(loader, geometry, eval set, the store's content key). After the model: `batching:
+    auto` times each strategy on it, and a GPU run sizes its micro-batch with it."""
+    env, device, tdev, fsdp = m.env, m.dev, m.device, m.fsdp
+    attention = choices["attention"]
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
@@ -222,7 +289,6 @@ def build_run(
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work
 
-    # --- data (after the model: `batching: auto` times each strategy on it)
     eval_set: EvalSet | None = None
     data_key: str | None = None
     if loader is None:
@@ -253,26 +319,38 @@ def build_run(
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
-    steps_per_epoch = int(loader.steps_per_epoch)
-    total_steps = int(loader.total_steps)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    return loader, geometry, eval_set, data_key
 
-    # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
+
+def plan_compute(
+    cfg: RunConfig, m: _Machine, model: Any, geometry: data.Geometry, total_steps: int,
+    choices: dict[str, Choice],
+) -> tuple[flops_mod.FlopsModel, float | None, str, Any, Any]:  # fmt: skip
+    """(FLOPs model, device peak, its source, the wrapped model, what the forward calls).
+    FLOPs of the whole model, before any sharding; the distributed wrapper after `auto`'s
+    timing (it times the plain model); compile decided from the estimated run time."""
+    device = m.dev
     flops = flops_mod.flops_model(model)
     flops_per_token = flops.per_token(geometry.max_seq_len)
     peak_flops, peak_source = device_peak(
-        device, precision, bool(tf32.value), cache_root(cfg.cache_dir)
+        device, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir)
     )
     est = probe.estimated_run_seconds(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
-    wrapped, choices["strategy"] = distributed.wrap(model, cfg, env)
-    params = [p for p in model.parameters() if p.requires_grad]
+    wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env)
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
     forward_model = torch.compile(wrapped) if compiled else wrapped
+    return flops, peak_flops, peak_source, wrapped, forward_model
 
-    # --- optimizer, precision machinery
+
+def build_optimizer_parts(
+    cfg: RunConfig, m: _Machine, model: Any, choices: dict[str, Choice]
+) -> tuple[torch.optim.Optimizer, torch.amp.GradScaler | None, bool]:
+    """(optimizer, fp16 loss scaler, whether a bad step is skipped without a sync).
+    After the wrapper: FSDP2 replaces the parameters by sharded DTensors."""
+    env, tdev, precision = m.env, m.device, m.precision
     optimizer = build_optimizer(
         model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"],
         betas=parse_betas(cfg.adam_betas),
@@ -292,6 +370,16 @@ def build_run(
            if env.distributed else ""),
     )  # fmt: skip
 
+    return optimizer, scaler, sync_free_skip
+
+
+def build_writer(
+    cfg: RunConfig, out: Path, m: _Machine, model: Any, tokenizer: Any,
+    params: list[torch.nn.Parameter], eval_set: EvalSet | None, faults: Faults,
+    choices: dict[str, Choice],
+) -> checkpoint.CheckpointWriter:  # fmt: skip
+    """The background checkpoint writer (rank 0 writes) and its policy for the banner."""
+    env, tdev, fsdp = m.env, m.device, m.fsdp
     writer = checkpoint.CheckpointWriter(
         out / run_files.CHECKPOINTS,
         keep=cfg.save_total_limit,
@@ -311,16 +399,7 @@ def build_run(
             "targets, batched like training; the checkpoint with the lowest eval loss is kept "
             "beside the newest (checkpoints/best.json)",
         )
-    return Run(
-        cfg=cfg, out=out, t_process=t_process, env=env, dev=device, device=tdev,
-        choices=choices, precision=precision, autocast_dtype=autocast_dtype,
-        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
-        compiled=compiled, loader=loader, geometry=geometry, eval_set=eval_set,
-        steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup=warmup,
-        flops=flops, flops_per_token=flops_per_token, peak_flops=peak_flops,
-        peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
-        sync_free_skip=sync_free_skip, writer=writer, data_key=data_key, faults=faults,
-    )  # fmt: skip
+    return writer
 
 
 def _custom_eval_set(
