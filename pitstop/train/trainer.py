@@ -23,6 +23,7 @@ import torch
 
 from pitstop import log, run_files, runlock
 from pitstop.atomic import write_json_atomic
+from pitstop.batching.loader import Loader
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.measure import flops as flops_mod
@@ -52,7 +53,7 @@ class Trainer:
     It receives what `pitstop.train.build.build_run` assembled (`run=`); given only a
     validated RunConfig it builds that itself, passing `device` (overrides the probe:
     tests pretend machines with it), `loader` (replaces the batching loader: any object
-    honouring the loader contract in train/data.py), `rank` and `world_size` on.
+    honouring `pitstop.batching.loader.Loader`), `rank` and `world_size` on.
     `hooks` are called at each step's start and end (train/hooks.py); `save_final=False`
     skips final/ (a measurement run: writing it can take minutes for a large model).
     The run's parts are read as `self.run.X` (`trainer.X` reads them too, for callers).
@@ -63,7 +64,7 @@ class Trainer:
         cfg: RunConfig,
         *,
         device: DeviceInfo | None = None,
-        loader: Any = None,
+        loader: Loader | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         hooks: StepHooks | None = None,
