@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bench.common import describe_machine, machine, markdown_table, median, write_result
 from pitstop.batching.auto import choose_batching
-from pitstop.batching.loader import MicroBatchLoader
+from pitstop.batching.resolve import loader_for
 from pitstop.batching.settings import STRATEGIES
 from pitstop.config import RunConfig
 from pitstop.corpus import instruction_records
@@ -101,7 +101,7 @@ class StrategyRun:
         self.strategy = strategy
         self.model = load_model(model_dir)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.loader = MicroBatchLoader(store, RunConfig(**base, batching=strategy, max_steps=steps))
+        self.loader = loader_for(store, RunConfig(**base, batching=strategy, max_steps=steps))
         self.efficiency = self.loader.efficiency().packing_efficiency
         self.batches = iter(self.loader)
         self.rates: dict[str, list[float]] = {"trained": [], "seen": [], "positions": [], "s": []}

@@ -61,10 +61,10 @@ def ceiling(cfg, steps: int) -> tuple[list[float], float]:
     """Per-step trained tokens/s of the bare loop over the same batches, in memory."""
     from transformers import AutoModelForCausalLM
 
-    from pitstop.batching.loader import MicroBatchLoader
+    from pitstop.batching.resolve import loader_for
     from pitstop.data.store import TokenStore
 
-    loader = MicroBatchLoader(TokenStore(cfg.data[0]), cfg)
+    loader = loader_for(TokenStore(cfg.data[0]), cfg)
     batches: list[list[dict]] = [[] for _ in range(steps)]
     for mb in loader:
         batches[mb["meta"].step].append(mb)

@@ -11,8 +11,9 @@ import torch
 from test_batching_support import long_tailed_lengths, make_store
 
 from pitstop.batching.collate import collate
-from pitstop.batching.loader import LoaderError, MicroBatchLoader, default_loader_workers
+from pitstop.batching.loader import LoaderError, default_loader_workers
 from pitstop.batching.plan import MicroBatchSpec
+from pitstop.batching.resolve import loader_for
 from pitstop.config import RunConfig
 
 MSL = 64
@@ -63,7 +64,7 @@ def test_collate_packed_row_conventions(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["pack", "bucket", "pad"])
 def test_loader_covers_the_epoch_and_counts_targets(store, strategy):
-    loader = MicroBatchLoader(store, cfg(batching=strategy))
+    loader = loader_for(store, cfg(batching=strategy))
     assert loader.total_steps == loader.steps_per_epoch
     batches = list(loader)
     metas = [b["meta"] for b in batches]
@@ -84,7 +85,7 @@ def test_loader_covers_the_epoch_and_counts_targets(store, strategy):
 
 
 def test_multiple_epochs_use_a_new_order(store):
-    loader = MicroBatchLoader(store, cfg(batching="bucket", epochs=2))
+    loader = loader_for(store, cfg(batching="bucket", epochs=2))
     assert loader.total_steps == loader.steps_in_epoch(0) + loader.steps_in_epoch(1)
     batches = list(loader)
     e0 = [b for b in batches if b["meta"].epoch == 0]
@@ -92,9 +93,9 @@ def test_multiple_epochs_use_a_new_order(store):
     assert sum(b["meta"].n_seen for b in e1) == store.n_tokens
     assert e1[0]["meta"].step == loader.steps_in_epoch(0) and e1[0]["meta"].epoch_step == 0
     assert not torch.equal(e0[0]["input_ids"], e1[0]["input_ids"])
-    half = MicroBatchLoader(store, cfg(batching="pack", epochs=1.5))
+    half = loader_for(store, cfg(batching="pack", epochs=1.5))
     assert half.total_steps == half.steps_per_epoch + -(-half.steps_per_epoch // 2)
-    fixed = MicroBatchLoader(store, cfg(batching="pack", max_steps=3 * half.steps_per_epoch + 1))
+    fixed = loader_for(store, cfg(batching="pack", max_steps=3 * half.steps_per_epoch + 1))
     assert list(fixed)[-1]["meta"].epoch == 3
 
 
@@ -110,8 +111,8 @@ def same(a, b):
 @pytest.mark.parametrize("strategy", ["pack", "bucket"])
 def test_resume_mid_run_gives_exactly_the_remaining_batches(store, strategy):
     c = cfg(batching=strategy, epochs=2, micro_batch_size=1)
-    full = list(MicroBatchLoader(store, c))
-    first = MicroBatchLoader(store, c)
+    full = list(loader_for(store, c))
+    first = loader_for(store, c)
     it = iter(first)
     consumed = []
     for b in it:  # stop after the last micro-batch of step 5
@@ -120,42 +121,42 @@ def test_resume_mid_run_gives_exactly_the_remaining_batches(store, strategy):
             break
     state = first.state_dict()
     assert state["global_step"] == 6
-    resumed = MicroBatchLoader(store, c)
+    resumed = loader_for(store, c)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(consumed) + len(rest) == len(full)
     assert all(same(a, b) for a, b in zip(full[len(consumed) :], rest))
     # Crossing the epoch boundary: state in epoch 1 resumes there.
-    second = MicroBatchLoader(store, c)
+    second = loader_for(store, c)
     second.load_state_dict({**state, "epoch": 1, "step": 2, "global_step": None})
     assert next(iter(second))["meta"].step == second.steps_in_epoch(0) + 2
 
 
 def test_resume_after_a_partial_step_restarts_that_step(store):
     c = cfg(batching="bucket", micro_batch_size=1)
-    loader = MicroBatchLoader(store, c)
+    loader = loader_for(store, c)
     it = iter(loader)
     b = next(it)
     assert b["meta"].micro_count > 1
     assert loader.state_dict()["step"] == 0
-    resumed = MicroBatchLoader(store, c)
+    resumed = loader_for(store, c)
     resumed.load_state_dict(loader.state_dict())
     assert same(next(iter(resumed)), b)
 
 
 def test_resume_refuses_a_different_data_order(store):
-    state = MicroBatchLoader(store, cfg(batching="pack")).state_dict()
-    other = MicroBatchLoader(store, cfg(batching="pack", seed=1))
+    state = loader_for(store, cfg(batching="pack")).state_dict()
+    other = loader_for(store, cfg(batching="pack", seed=1))
     with pytest.raises(LoaderError, match="seed: 0 then, 1 now"):
         other.load_state_dict(state)
     # Micro-batch size and world size never change step composition: resuming is allowed.
-    MicroBatchLoader(store, cfg(batching="pack", micro_batch_size=1)).load_state_dict(state)
+    loader_for(store, cfg(batching="pack", micro_batch_size=1)).load_state_dict(state)
 
 
 @pytest.mark.parametrize("strategy", ["pack", "bucket", "pad"])
 def test_two_ranks_split_every_step(store, strategy):
     c = cfg(batching=strategy)
-    ranks = [list(MicroBatchLoader(store, c, rank=r, world_size=2)) for r in (0, 1)]
+    ranks = [list(loader_for(store, c, rank=r, world_size=2)) for r in (0, 1)]
     steps = [sorted({b["meta"].step for b in bs}) for bs in ranks]
     assert steps[0] == steps[1]
     seen = sum(b["meta"].n_seen for bs in ranks for b in bs)
@@ -181,8 +182,8 @@ def test_two_ranks_split_every_step(store, strategy):
 
 def test_workers_give_the_same_batches(store):
     c0 = cfg(batching="bucket")
-    ref = list(MicroBatchLoader(store, c0))
-    loader = MicroBatchLoader(store, cfg(batching="bucket", loader_workers=1))
+    ref = list(loader_for(store, c0))
+    loader = loader_for(store, cfg(batching="bucket", loader_workers=1))
     got = []
     for b in loader:  # stop mid-run with batches prefetched, then iterate again
         got.append(b)
@@ -199,7 +200,7 @@ class _Crash:
 
 
 def test_a_worker_crash_is_a_pitstop_error(store):
-    loader = MicroBatchLoader(store, cfg(batching="pack", loader_workers=1))
+    loader = loader_for(store, cfg(batching="pack", loader_workers=1))
     loader._dataset = _Crash()
     with pytest.raises(LoaderError, match="DataLoader worker failed"):
         list(loader)
@@ -207,7 +208,7 @@ def test_a_worker_crash_is_a_pitstop_error(store):
 
 def test_store_longer_than_max_seq_len_is_refused(store):
     with pytest.raises(LoaderError, match="prepare it again"):
-        MicroBatchLoader(store, cfg(max_seq_len=32, tokens_per_step=128, batching="pad"))
+        loader_for(store, cfg(max_seq_len=32, tokens_per_step=128, batching="pad"))
 
 
 def test_default_workers():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_batching_support import long_tailed_lengths, make_store
 
-from pitstop.batching.loader import MicroBatchLoader
 from pitstop.batching.plan import build_plan, step_micro_batches
+from pitstop.batching.resolve import loader_for
 from pitstop.batching.settings import BatchSettings
 from pitstop.batching.split import holdout_split
 from pitstop.config import RunConfig
@@ -57,7 +57,7 @@ def test_loader_with_indices_trains_on_the_rest_only(tmp_path):
     split = holdout_split(np.asarray(store.doc_ids), share=0.1)
     cfg = RunConfig(max_seq_len=MSL, tokens_per_step=4 * MSL, micro_batch_size=2,
                     loader_workers=0, batching="pack", epochs=2)  # fmt: skip
-    loader = MicroBatchLoader(store, cfg, indices=split.train)
+    loader = loader_for(store, cfg, indices=split.train)
     per_epoch: dict[int, list[int]] = {0: [], 1: []}
     for step in range(loader.total_steps):
         epoch, _ = loader.locate(step)

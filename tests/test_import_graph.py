@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "corpus",
         "packing",
         "run_record",
+        "faults",
         "cache_layout",
         "yaml_load",
         "config_ranges",

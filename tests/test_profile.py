@@ -94,10 +94,15 @@ class SlowLoader:
 
     def __init__(self, inner: Any, delay: float) -> None:
         self.inner, self.delay = inner, delay
+        self.settings = inner.settings
         self.steps_per_epoch = inner.steps_per_epoch
         self.total_steps = inner.total_steps
-        self.max_seq_len = inner.settings.max_seq_len
-        self.tokens_per_step = inner.settings.tokens_per_step
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return self.inner.steps_in_epoch(epoch)
+
+    def resplit(self, settings: Any) -> None:
+        self.inner.resplit(settings)
 
     def __iter__(self):
         for mb in self.inner:
@@ -115,7 +120,7 @@ class SlowLoader:
 def test_a_slow_loader_is_called_input_bound(tiny_model_dir, store, tmp_path):
     from _train_util import train_config
 
-    from pitstop.batching.loader import MicroBatchLoader
+    from pitstop.batching.resolve import loader_for
     from pitstop.profiling import run_profile
 
     warmup, steps = 1, 3
@@ -124,7 +129,7 @@ def test_a_slow_loader_is_called_input_bound(tiny_model_dir, store, tmp_path):
         micro_batch_size=None, tokens_per_micro_batch=128, max_steps=warmup + steps,
         loader_workers=0,
     )  # fmt: skip
-    loader = SlowLoader(MicroBatchLoader(store, cfg), delay=0.4)
+    loader = SlowLoader(loader_for(store, cfg), delay=0.4)
     result = run_profile(cfg, steps=steps, warmup=warmup, loader=loader)
     prof = result.profile
     assert prof["verdict"]["kind"] == "input-bound"

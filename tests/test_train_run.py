@@ -136,17 +136,11 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tiny_model_dir, store, tm
     done = subprocess.run(_train_cmd(tiny_model_dir, store, ref), env=_env(), capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    proc = subprocess.Popen(_train_cmd(tiny_model_dir, store, out), env=_env(PITSTOP_TEST_CKPT_DELAY="4:120"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.time() + 240
-        while not list((out / "checkpoints").glob(".step-4.partial-*/WRITING")):
-            assert proc.poll() is None and time.time() < deadline, "never reached the slow write"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        proc.kill()
+    # The run SIGKILLs itself inside its step-4 checkpoint write (a named fault point:
+    # no wall-clock guess), after the weights are written and before the marker.
+    killed = subprocess.run(_train_cmd(tiny_model_dir, store, out), capture_output=True, text=True,
+                            env=_env(PITSTOP_TEST_DIE_AT="ckpt-write:4"), timeout=300)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     from pitstop.train.checkpoint import latest_checkpoint
 
     partial = next((out / "checkpoints").glob(".step-4.partial-*"))
@@ -165,14 +159,18 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tiny_model_dir, store, tm
 
 def test_sigterm_saves_and_prints_the_resume_command(tiny_model_dir, store, tmp_path):
     out = tmp_path / "out"
-    # A slow checkpoint at step 2 gives the test a moment in the middle of the run.
-    proc = subprocess.Popen(_train_cmd(tiny_model_dir, store, out), env=_env(PITSTOP_TEST_CKPT_DELAY="2:3"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # The run holds inside its step-2 checkpoint write until the gate file exists: the
+    # signal lands in the middle of the run however slow the machine.
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(_train_cmd(tiny_model_dir, store, out), stdout=subprocess.PIPE,
+                            env=_env(PITSTOP_TEST_HOLD_AT="ckpt-write:2", PITSTOP_TEST_HOLD_GATE=str(gate)),
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 240
-    while not list((out / "checkpoints").glob(".step-2.partial-*/WRITING")):
+    while not (tmp_path / "gate.held").exists():
         assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.1)
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
+    gate.touch()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "--resume" in err and "SIGTERM" in err

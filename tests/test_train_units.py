@@ -40,10 +40,19 @@ def store(tmp_path_factory, tiny_tokenizer):
 
 
 class _Loader:
-    """A minimal loader honouring the contract: fixed micro-batches, resumable."""
+    """A minimal loader honouring the contract (pitstop.batching.loader.Loader): fixed
+    micro-batches, resumable; no settings, so it is never re-split."""
+
+    settings = None
 
     def __init__(self, micro: list[dict], steps: int = 1) -> None:
         self.micro, self.steps_per_epoch, self.total_steps, self.pos = micro, steps, steps, 0
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return self.steps_per_epoch
+
+    def resplit(self, settings):
+        raise AssertionError("a loader without settings is never re-split")
 
     def __iter__(self):
         while self.pos < self.total_steps:

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import log
-from pitstop.advise import hf_args as H
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
 from pitstop.advise.finding import Finding, rank
+from pitstop.advise.hf_args import class_reason, classify_fields, from_hf_args
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config
 from pitstop.advise.target import Target
@@ -110,10 +110,10 @@ def make_setup(
     if config is not None:
         return from_run_config(config)
     if hf_args is not None:
-        return H.from_hf_args(hf_args, hf_class)
+        return from_hf_args(hf_args, hf_class)
     if profile and isinstance(profile.get("config"), dict) and profile["config"]:
         if profile.get("source") == "hf":
-            return H.from_hf_args(profile["config"], hf_class)
+            return from_hf_args(profile["config"], hf_class)
         return from_run_config(run_config_from_dict(profile["config"]))
     return from_run_config(RunConfig())
 
@@ -206,7 +206,7 @@ def doctor(
         base_setup = (
             from_run_config(baseline)
             if isinstance(baseline, RunConfig)
-            else H.from_hf_args(baseline, hf_class)
+            else from_hf_args(baseline, hf_class)
         )
         if target is not None:  # both files run on the target
             base_setup = target.apply(base_setup)
@@ -234,9 +234,9 @@ def doctor(
         "audited_for": target.describe(local) if target is not None and target.given else None,
     }
     if hf_args is not None:
-        unknown, unchecked = H.classify_fields(hf_args)
+        unknown, unchecked = classify_fields(hf_args)
         out["fields"] = {"unknown": unknown, "not_checked": unchecked}
-        out["setup"]["hf_class_reason"] = H.class_reason(hf_args, hf_class)
+        out["setup"]["hf_class_reason"] = class_reason(hf_args, hf_class)
     return out
 
 

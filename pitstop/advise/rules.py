@@ -22,9 +22,20 @@ import numpy as np
 from pitstop.advise.facts import DataFacts, ModelFacts, random_batch_padding
 from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
-from pitstop.measure import verdict as V
 from pitstop.measure.cost_model import Plan, is_eight_bit, plan_cost
 from pitstop.measure.peak import gpu_peak
+from pitstop.measure.verdict import (
+    BUSY_LOAD_PER_CORE,
+    CHECKPOINT_SEVERE,
+    COMPUTE_PHASES,
+    INPUT_MODERATE,
+    INPUT_SEVERE,
+    OPTIMIZER_MODERATE,
+    OPTIMIZER_SEVERE,
+    Verdict,
+    phase_shares,
+    verdict,
+)
 from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo, choose_precision
 
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
@@ -52,12 +63,12 @@ class Context:
         return self.device.type == "cuda"
 
     @property
-    def verdict(self) -> V.Verdict | None:
-        return V.verdict(self.profile) if self.profile else None
+    def verdict(self) -> Verdict | None:
+        return verdict(self.profile) if self.profile else None
 
     @property
     def shares(self) -> dict[str, float]:
-        return V.phase_shares(self.profile)[0] if self.profile else {}
+        return phase_shares(self.profile)[0] if self.profile else {}
 
     @property
     def precision(self) -> str:
@@ -120,7 +131,7 @@ def _input_bound_workers(ctx: Context) -> int | None:
 def input_bound(ctx: Context) -> Finding | None:
     v = ctx.verdict
     share = ctx.shares.get("data_wait", 0.0)
-    if v is None or share < V.INPUT_MODERATE:
+    if v is None or share < INPUT_MODERATE:
         return None
     workers = ctx.setup.loader_workers
     k = _input_bound_workers(ctx)
@@ -145,11 +156,11 @@ def input_bound(ctx: Context) -> Finding | None:
         )
     return Finding(
         id="input-bound",
-        severity="high" if share >= V.INPUT_SEVERE else "medium",
-        title=f"steps wait for data {_pct(share)} of the time ({'severe' if share >= V.INPUT_SEVERE else 'moderate'} input-bound)",
+        severity="high" if share >= INPUT_SEVERE else "medium",
+        title=f"steps wait for data {_pct(share)} of the time ({'severe' if share >= INPUT_SEVERE else 'moderate'} input-bound)",
         evidence={"data_wait_share": round(share, 4), "loader_workers": workers,
                   "cpu_cores": ctx.device.cpu_count or None,
-                  "thresholds": {"moderate": V.INPUT_MODERATE, "severe": V.INPUT_SEVERE}},
+                  "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE}},
         effect=f"up to {_pct(share)} shorter steps if loading overlaps compute completely",
         basis="measured in this profile",
         fix=ctx.setup.fix(pitstop_fix, hf_fix),
@@ -162,14 +173,14 @@ def loader_main_process(ctx: Context) -> Finding | None:
     """pitstop's default (loader_workers unset) picks workers from the CPU count: quiet."""
     if ctx.setup.loader_workers != 0:
         return None
-    if ctx.shares.get("data_wait", 0.0) >= V.INPUT_MODERATE:
+    if ctx.shares.get("data_wait", 0.0) >= INPUT_MODERATE:
         return None  # input-bound reports it, with the measured share and the same fix
     share = ctx.shares.get("data_wait")
     k = _suggest_workers(ctx)
     measured = share is not None
     return Finding(
         id="loader-main-process",
-        severity="high" if (share or 0) >= V.INPUT_SEVERE else "medium" if (measured and share >= V.INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
+        severity="high" if (share or 0) >= INPUT_SEVERE else "medium" if (measured and share >= INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
         title="batches are loaded on the training process (0 loader workers)",
         evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count or None,
                   "data_wait_share": None if share is None else round(share, 4)},
@@ -190,7 +201,7 @@ def workers_exceed_cores(ctx: Context) -> Finding | None:
     cores = ctx.device.cpu_count
     if w is None or cores <= 0 or w <= max(1, cores - 1):
         return None
-    if ctx.shares.get("data_wait", 0.0) >= V.INPUT_MODERATE:
+    if ctx.shares.get("data_wait", 0.0) >= INPUT_MODERATE:
         return None  # the run waits for data: input-bound's advice holds, never fewer workers
     k = max(1, cores - 1)
     return Finding(
@@ -487,7 +498,7 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
     budget = without.usable_bytes
     if budget is None or estimate > budget:
         return None
-    compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
+    compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
     share = without.recompute_share
     saved = share / (1 + share)
     return Finding(
@@ -549,7 +560,7 @@ def fp32_on_gpu(ctx: Context) -> Finding | None:
     if hi and lo:
         r = hi / lo
         ev["datasheet_peak_ratio"] = round(r, 2)
-        compute = sum(ctx.shares.get(p, 0.0) for p in V.COMPUTE_PHASES) if ctx.profile else 1.0
+        compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
         gain = (1 - 1 / r) * compute
         effect = (f"{half} tensor-core peak is {r:.1f}x the {'TF32' if tf32_on else 'fp32'} peak on "
                   f"this GPU (datasheet); matmul time falls by up to that factor, the rest of the step "
@@ -700,7 +711,7 @@ def checkpoint_overhead(ctx: Context) -> Finding | None:
     n = _every_for(per, base, PERIODIC_TARGET) if base else None
     return Finding(
         id="checkpoint-overhead",
-        severity="high" if share >= V.CHECKPOINT_SEVERE else "medium",
+        severity="high" if share >= CHECKPOINT_SEVERE else "medium",
         title=f"checkpointing costs {_pct(share)} of the run",
         evidence={"seconds_per_checkpoint": round(per, 4), "save_steps": every,
                   "step_seconds_without_periodic": round(base, 6), "share": round(share, 4)},
@@ -773,7 +784,7 @@ def eval_overhead(ctx: Context) -> Finding | None:
 @rule("optimizer-bound")
 def optimizer_bound(ctx: Context) -> Finding | None:
     share = ctx.shares.get("optimizer", 0.0)
-    if not ctx.profile or share < V.OPTIMIZER_MODERATE:
+    if not ctx.profile or share < OPTIMIZER_MODERATE:
         return None
     s = ctx.setup
     caveat = ("more tokens per optimizer step amortise the update, but that changes the effective "
@@ -781,7 +792,7 @@ def optimizer_bound(ctx: Context) -> Finding | None:
               "retune the learning rate; it is not a free speed-up")  # fmt: skip
     return Finding(
         id="optimizer-bound",
-        severity="high" if share >= V.OPTIMIZER_SEVERE else "medium",
+        severity="high" if share >= OPTIMIZER_SEVERE else "medium",
         title=f"the optimizer step takes {_pct(share)} of step time",
         evidence={"optimizer_share": round(share, 4), "tokens_per_step": ctx.profile.get("tokens_per_step"),
                   "optim": s.optimizer},
@@ -793,7 +804,7 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     )  # fmt: skip
 
 
-BUSY_LOAD_PER_CORE = V.BUSY_LOAD_PER_CORE
+BUSY_LOAD_PER_CORE = BUSY_LOAD_PER_CORE
 
 
 def _noisy(ctx: Context) -> dict[str, Any] | None:

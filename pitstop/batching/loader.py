@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -37,12 +38,14 @@ from pitstop.batching.plan import (
     step_micro_batches,
 )
 from pitstop.batching.records import MicroBatchMeta
-from pitstop.batching.settings import BatchSettings, Strategy
-from pitstop.config import RunConfig
+from pitstop.batching.settings import BatchSettings
 from pitstop.data.store import TokenStore
 from pitstop.errors import PitstopError
 
-__all__ = ["LoaderError", "MicroBatchLoader", "default_loader_workers", "sequence_targets"]
+__all__ = [
+    "Loader", "LoaderError", "LoaderOptions", "MicroBatchLoader", "default_loader_workers",
+    "sequence_targets",
+]  # fmt: skip
 
 # Below this many tokens the whole store is a few MB: reading a micro-batch in the main
 # process takes microseconds, and starting worker processes would cost more than it saves.
@@ -139,6 +142,46 @@ class _KeySampler(Sampler):
         return self.loader._keys(self.loader._next_step)
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The loader's own settings (pitstop.batching.resolve.loader_options reads them from a
+    run's config): the plan's seed, the run's length, and how batches are fetched."""
+
+    seed: int = 0
+    epochs: float | None = None  # default 1 (a fraction rounds up); max_steps wins
+    max_steps: int | None = None
+    workers: int | None = None  # None: default_loader_workers
+    pin_memory: bool = True  # on a CUDA machine (pinned host memory only helps copies to a GPU)
+    prefetch_factor: int | None = None
+
+
+class Loader(Protocol):
+    """What the Trainer needs of a loader; MicroBatchLoader and the tests' loaders honour it.
+
+    Iterating yields micro-batch dicts up to the end of the run (see MicroBatchLoader);
+    `steps_in_epoch(e)` counts epoch e's optimizer steps; `state_dict()` /
+    `load_state_dict()` resume exactly; `settings` is None for a loader that cannot
+    `resplit` (then an out-of-memory is not backed off)."""
+
+    settings: BatchSettings | None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    @property
+    def total_steps(self) -> int: ...
+
+    def steps_in_epoch(self, epoch: int) -> int: ...
+
+    def resplit(self, settings: BatchSettings) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class MicroBatchLoader:
     """Iterates the run's micro-batches for one rank, across epochs, resumably.
 
@@ -152,12 +195,10 @@ class MicroBatchLoader:
     def __init__(
         self,
         store: TokenStore | str | Path,
-        cfg: RunConfig,
+        settings: BatchSettings,
+        options: LoaderOptions | None = None,
         *,
         rank: int = 0,
-        world_size: int = 1,
-        strategy: Strategy | None = None,
-        settings: BatchSettings | None = None,
         pad_id: int | None = None,
         indices: np.ndarray | None = None,
         lockstep: bool = False,
@@ -168,13 +209,12 @@ class MicroBatchLoader:
         # per step (FSDP; see step_micro_batches).
         self.indices = None if indices is None else np.asarray(indices, dtype=np.int64)
         self.lockstep = lockstep
-        self.settings = settings or BatchSettings.from_config(
-            cfg, world_size=world_size, strategy=strategy
-        )
+        self.settings = settings
+        opts = options or LoaderOptions()
         if not 0 <= rank < self.settings.world_size:
             raise ValueError(f"rank {rank} outside world size {self.settings.world_size}")
         self.rank = rank
-        self.seed = cfg.seed
+        self.seed = opts.seed
         self.lengths = np.asarray(self.store.lengths, dtype=np.int64)
         self.targets = sequence_targets(self.store)
         used = self.lengths if self.indices is None else self.lengths[self.indices]
@@ -192,20 +232,20 @@ class MicroBatchLoader:
         if problems:
             raise LoaderError(problems)
         self.pad_id = pad_id if pad_id is not None else self.store.pad_id
-        self.epochs = cfg.epochs
-        self.max_steps = cfg.max_steps
-        if cfg.loader_workers is not None:
-            self.num_workers, why_workers = cfg.loader_workers, "set"
+        self.epochs = opts.epochs
+        self.max_steps = opts.max_steps
+        if opts.workers is not None:
+            self.num_workers, why_workers = opts.workers, "set"
         else:
             self.num_workers, why_workers = default_loader_workers(self.store.n_tokens)
         cuda = torch.cuda.is_available()
-        self.pin_memory = cuda and cfg.pin_memory != "off"
+        self.pin_memory = cuda and opts.pin_memory
         why_pin = (
             "CUDA available" if self.pin_memory
             else "no CUDA: pinned host memory only helps copies to a GPU" if not cuda
             else "set"
         )  # fmt: skip
-        self.prefetch_factor = cfg.prefetch_factor
+        self.prefetch_factor = opts.prefetch_factor
         # Reasons shown in the run banner beside each value (the value is not repeated).
         self.choices = {
             "batching": self.settings.reason or "set",

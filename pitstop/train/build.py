@@ -27,17 +27,17 @@ import torch
 import torch.nn.functional as F
 
 from pitstop import log, probe, run_record, versions
+from pitstop.batching.loader import Loader
+from pitstop.batching.resolve import MicroSizer
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError, PitstopError
+from pitstop.faults import NO_FAULTS, Faults, from_env
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
 from pitstop.measure.peak import cpu_precision_speed, device_peak, model_matmul_shapes
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.train import checkpoint as ckpt
-from pitstop.train import data as data_mod
-from pitstop.train import distributed as dist_mod
-from pitstop.train import model_io, optim, packcheck
+from pitstop.train import checkpoint, data, distributed, model_io, optim, packcheck
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
@@ -52,7 +52,7 @@ class Run:
     cfg: RunConfig
     out: Path
     t_process: float  # when the process started (wall_seconds counts from it)
-    env: dist_mod.DistEnv
+    env: distributed.DistEnv
     dev: DeviceInfo
     device: torch.device
     choices: dict[str, Choice]  # each decision and why, for the banner and summary.json
@@ -63,8 +63,8 @@ class Run:
     wrapped: Any  # the model inside DDP/FSDP (or the model itself)
     forward_model: Any  # what the training forward calls: wrapped, or torch.compile of it
     compiled: bool
-    loader: Any
-    geometry: data_mod.Geometry
+    loader: Loader
+    geometry: data.Geometry
     eval_set: EvalSet | None
     steps_per_epoch: int
     total_steps: int
@@ -77,8 +77,9 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
     sync_free_skip: bool
-    writer: ckpt.CheckpointWriter
+    writer: checkpoint.CheckpointWriter
     data_key: str | None  # the token store's content key: a resume's data identity
+    faults: Faults = NO_FAULTS  # a test's fault points (pitstop/faults.py); none by default
 
     @property
     def fsdp(self) -> bool:
@@ -150,42 +151,94 @@ def token_loss_sum(
     )
 
 
+@dataclass(frozen=True)
+class _Machine:
+    """Where the run executes and the kernels it uses (decided before anything loads)."""
+
+    env: distributed.DistEnv
+    dev: DeviceInfo
+    device: torch.device
+    precision: str
+    tf32: Choice
+    attention: Choice  # asked for; the model load may change it (train/model_io.py)
+    strategy: str  # cfg.strategy (ddp or fsdp)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.env.distributed and self.strategy == "fsdp"
+
+
 def build_run(
     cfg: RunConfig,
     *,
     device: DeviceInfo | None = None,
-    loader: Any = None,
+    loader: Loader | None = None,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> Run:
     """Assemble a run of `cfg`. Writes nothing to the output directory.
 
     `device` overrides the probe (tests pretend machines with it); `loader` replaces the
-    batching loader (any object honouring the loader contract in train/data.py); `rank` /
-    `world_size` place the run in a process group the caller made (else torchrun's, if any).
+    batching loader (any object honouring the `pitstop.batching.loader.Loader` protocol);
+    `rank` / `world_size` place the run in a process group the caller made (else
+    torchrun's, if any). Its steps follow the order the module docstring explains.
     """
     t_process = _process_start()
+    faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
+    faults.reached("startup")
     out = check_output_dir(cfg)
     seed_everything(cfg.seed)
     _quiet_transformers()
+    choices: dict[str, Choice] = {}  # each decision and why, in the banner's order
+    m = place_run(cfg, device, rank, world_size, choices)
+    tokenizer, model, autocast_dtype, packed = load_model(cfg, m, choices)
+    loader, geometry, eval_set, data_key = build_data(
+        cfg, out, m, model, autocast_dtype, choices, loader
+    )
+    choices["packed_attention"] = _packed_attention_choice(
+        packed, str(choices["batching"].value), m.env.rank
+    )
+    steps_per_epoch = int(loader.steps_per_epoch)
+    total_steps = int(loader.total_steps)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    flops, peak_flops, peak_source, wrapped, forward_model = plan_compute(
+        cfg, m, model, geometry, total_steps, choices
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
+    writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
+    return Run(
+        cfg=cfg, out=out, t_process=t_process, env=m.env, dev=m.dev, device=m.device,
+        choices=choices, precision=m.precision, autocast_dtype=autocast_dtype,
+        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
+        compiled=bool(choices["compile"].value), loader=loader, geometry=geometry,
+        eval_set=eval_set, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        warmup=warmup, flops=flops, flops_per_token=flops.per_token(geometry.max_seq_len),
+        peak_flops=peak_flops, peak_source=peak_source, params=params, optimizer=optimizer,
+        scaler=scaler, sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
+        faults=faults,
+    )  # fmt: skip
 
-    # --- choices that need only the machine (may raise ConfigError: nothing written yet)
-    choices: dict[str, Choice] = {}
+
+def place_run(
+    cfg: RunConfig, device: DeviceInfo | None, rank: int | None, world_size: int | None,
+    choices: dict[str, Choice],
+) -> _Machine:  # fmt: skip
+    """Choices that need only the machine: device, process group, precision, TF32,
+    attention, optimizer kind. May raise ConfigError (nothing is written yet)."""
     if device is None:
         device, dev_choice = probe.detect_device(cfg.device)
     else:
         dev_choice = Choice(device.torch_device, "given by the caller (probe overridden)")
     if rank is None and world_size is None:
         # Launched by torchrun: join its process group (and take GPU LOCAL_RANK).
-        env, device = dist_mod.init(device)
+        env, device = distributed.init(device)
     else:  # the caller places this run (a test, or a custom launcher with its own group)
         w = world_size or 1
-        env = dist_mod.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
-    problems = dist_mod.check_strategy(cfg, env)
+        env = distributed.DistEnv(rank or 0, w, rank or 0, "gloo" if w > 1 else None)
+    problems = distributed.check_strategy(cfg, env)
     if problems:
         raise ConfigError(problems, header="invalid configuration for several processes:")
-    fsdp = env.distributed and cfg.strategy == "fsdp"
-    tdev = torch.device(device.torch_device)
     choices["device"] = dev_choice
     # Several CPU processes would each time the CPU alone and might disagree: they keep
     # the unmeasured answer (fp32) unless bf16 is asked for.
@@ -200,8 +253,18 @@ def build_run(
     # Known-bad torch/transformers pairs crash or let packed documents attend to each other.
     versions.check_versions(attention=attention.value, model_type=versions.model_type_of(cfg.model))
     choices["optimizer"] = optim.choose(cfg, device)
+    return _Machine(
+        env, device, torch.device(device.torch_device), precision, tf32, attention, cfg.strategy
+    )
 
-    # --- model (the directory is checked before the tokenizer reads its config)
+
+def load_model(
+    cfg: RunConfig, m: _Machine, choices: dict[str, Choice]
+) -> tuple[Any, Any, torch.dtype | None, packcheck.PackCheck]:
+    """(tokenizer, model, autocast dtype, the packed-attention self-check). The directory
+    is checked before the tokenizer reads its config; the attention kernel is final once
+    the model is loaded and its first forward kept packed documents apart."""
+    env, device, precision = m.env, m.dev, m.precision
     model_io.check_model_dir(Path(cfg.model), cfg.trust_remote_code)
     note = check_positions(cfg.model, cfg.max_seq_len)
     if note and env.rank == 0:
@@ -210,14 +273,14 @@ def build_run(
     if env.rank == 0:  # the first silent second before the banner is the model load
         log.info(f"pitstop: loading the model from {cfg.model} ...")
     tokenizer = model_io.load_tokenizer(cfg)
-    model, attention, lora = model_io.load_model(cfg, device, precision, attention)
+    model, attention, lora = model_io.load_model(cfg, device, precision, m.attention)
     if env.rank == 0:
         log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     # The first forward: packed documents must stay apart with this kernel, on this device
     # and these versions (train/packcheck.py); a kernel that cannot even run falls back.
     packed, fallback = packed_attention_check(
-        model, tdev, attention.value, autocast_dtype, precision
+        model, m.device, attention.value, autocast_dtype, precision
     )
     attention = fallback or attention
     choices["attention"] = attention
@@ -229,6 +292,17 @@ def build_run(
     )
     if lora is not None:
         choices["lora"] = lora
+    return tokenizer, model, autocast_dtype, packed
+
+
+def build_data(
+    cfg: RunConfig, out: Path, m: _Machine, model: Any, autocast_dtype: torch.dtype | None,
+    choices: dict[str, Choice], loader: Loader | None,
+) -> tuple[Loader, data.Geometry, EvalSet | None, str | None]:  # fmt: skip
+    """(loader, geometry, eval set, the store's content key). After the model: `batching:
+    auto` times each strategy on it, and a GPU run sizes its micro-batch with it."""
+    env, device, tdev, fsdp = m.env, m.dev, m.device, m.fsdp
+    attention = choices["attention"]
 
     def timing_micro_batch(mb: dict[str, Any]) -> float:
         """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
@@ -242,15 +316,14 @@ def build_run(
     # bucket from a cost model instead of timing them (pitstop.batching.auto).
     timing_micro_batch.attention = attention.value  # type: ignore[attr-defined]
 
-    # --- data (after the model: `batching: auto` times each strategy on it)
     eval_set: EvalSet | None = None
     data_key: str | None = None
     if loader is None:
-        store = data_mod.open_training_store(cfg)
+        store = data.open_training_store(cfg)
         data_key = store.manifest.get("key")
-        held = data_mod.eval_data(cfg, store)
-        resume_strategy = data_mod.saved_strategy(out) if cfg.resume else None
-        loader, geometry = data_mod.build_loader(
+        held = data.eval_data(cfg, store)
+        resume_strategy = data.saved_strategy(out) if cfg.resume else None
+        loader, geometry = data.build_loader(
             cfg, store=store, rank=env.rank, world_size=env.world_size,
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
@@ -265,40 +338,47 @@ def build_run(
                 seed=cfg.seed, lockstep=fsdp, source=held.source,
             )  # fmt: skip
     else:
-        geometry = data_mod.Geometry(
-            "custom", int(getattr(loader, "max_seq_len", cfg.max_seq_len)),
-            int(getattr(loader, "tokens_per_step", 0)), "given by the caller",
+        given = loader.settings
+        geometry = data.Geometry(
+            "custom", given.max_seq_len if given else cfg.max_seq_len,
+            given.tokens_per_step if given else 0, "given by the caller",
             {"batching": Choice("custom", "a loader object was passed to the Trainer")},
         )  # fmt: skip
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
-    choices["packed_attention"] = _packed_attention_choice(
-        packed, str(choices["batching"].value), env.rank
-    )
-    steps_per_epoch = int(loader.steps_per_epoch)
-    total_steps = int(
-        getattr(loader, "total_steps", None)
-        or data_mod.steps_for(cfg.epochs, cfg.max_steps, steps_per_epoch)
-    )
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    return loader, geometry, eval_set, data_key
 
-    # --- FLOPs (of the whole model, before any sharding), peak, wrapping, compile
+
+def plan_compute(
+    cfg: RunConfig, m: _Machine, model: Any, geometry: data.Geometry, total_steps: int,
+    choices: dict[str, Choice],
+) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any]:  # fmt: skip
+    """(FLOPs model, device peak, its source, the wrapped model, what the forward calls).
+    FLOPs of the whole model, before any sharding; the distributed wrapper after `auto`'s
+    timing (it times the plain model); compile decided from the estimated run time."""
+    device = m.dev
     flops = cost_model.flops_model(model)
     flops_per_token = flops.per_token(geometry.max_seq_len)
     peak_flops, peak_source = device_peak(
-        device, precision, bool(tf32.value), cache_root(cfg.cache_dir)
+        device, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir)
     )
     est = probe.estimated_run_seconds(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
-    wrapped, choices["strategy"] = dist_mod.wrap(model, cfg, env, precision=precision)
-    params = [p for p in model.parameters() if p.requires_grad]
+    wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env, precision=m.precision)
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
-    forward_model = compile_module(wrapped, env.rank) if compiled else wrapped
+    forward_model = compile_module(wrapped, m.env.rank) if compiled else wrapped
+    return flops, peak_flops, peak_source, wrapped, forward_model
 
-    # --- optimizer, precision machinery
+
+def build_optimizer_parts(
+    cfg: RunConfig, m: _Machine, model: Any, choices: dict[str, Choice]
+) -> tuple[torch.optim.Optimizer, torch.amp.GradScaler | None, bool]:
+    """(optimizer, fp16 loss scaler, whether a bad step is skipped without a sync).
+    After the wrapper: FSDP2 replaces the parameters by sharded DTensors."""
+    env, tdev, precision = m.env, m.device, m.precision
     optimizer = build_optimizer(
         model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"],
         betas=parse_betas(cfg.adam_betas),
@@ -318,12 +398,23 @@ def build_run(
            if env.distributed else ""),
     )  # fmt: skip
 
-    writer = ckpt.CheckpointWriter(
+    return optimizer, scaler, sync_free_skip
+
+
+def build_writer(
+    cfg: RunConfig, out: Path, m: _Machine, model: Any, tokenizer: Any,
+    params: list[torch.nn.Parameter], eval_set: EvalSet | None, faults: Faults,
+    choices: dict[str, Choice],
+) -> checkpoint.CheckpointWriter:  # fmt: skip
+    """The background checkpoint writer (rank 0 writes) and its policy for the banner."""
+    env, tdev, fsdp = m.env, m.device, m.fsdp
+    writer = checkpoint.CheckpointWriter(
         out / run_record.CHECKPOINTS,
         keep=cfg.save_total_limit,
         save_model=lambda dest, state: model_io.save_model_dir(model, tokenizer, dest, state),
         enabled=env.rank == 0,
         keep_best=eval_set is not None,
+        faults=faults,
     )
     choices["checkpoints"] = Choice(
         _save_policy(cfg), _checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp)
@@ -336,16 +427,7 @@ def build_run(
             "targets, batched like training; the checkpoint with the lowest eval loss is kept "
             "beside the newest (checkpoints/best.json)",
         )
-    return Run(
-        cfg=cfg, out=out, t_process=t_process, env=env, dev=device, device=tdev,
-        choices=choices, precision=precision, autocast_dtype=autocast_dtype,
-        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
-        compiled=compiled, loader=loader, geometry=geometry, eval_set=eval_set,
-        steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup=warmup,
-        flops=flops, flops_per_token=flops_per_token, peak_flops=peak_flops,
-        peak_source=peak_source, params=params, optimizer=optimizer, scaler=scaler,
-        sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
-    )  # fmt: skip
+    return writer
 
 
 def packed_attention_check(
@@ -414,18 +496,18 @@ def _cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionS
 
 
 def _custom_eval_set(
-    cfg: RunConfig, loader: Any, rank: int, world_size: int, fsdp: bool
+    cfg: RunConfig, loader: Loader, rank: int, world_size: int, fsdp: bool
 ) -> EvalSet:
     """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
     from pitstop.batching.settings import BatchSettings
 
-    settings = getattr(loader, "settings", None) or BatchSettings.from_config(
+    settings = loader.settings or BatchSettings.from_config(
         cfg, world_size=world_size,
         strategy="pack" if cfg.batching == "auto" else cfg.batching,
     )  # fmt: skip
     if cfg.eval_data == "auto":
         raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
-    held = data_mod.eval_data(cfg, None)
+    held = data.eval_data(cfg, None)
     assert held is not None
     return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
                    lockstep=fsdp, source=held.source)  # fmt: skip
@@ -436,7 +518,7 @@ def checkpoint_host_bytes(
 ) -> tuple[int, int]:
     """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
     state does not exist before the first step, so it is computed from the parameters."""
-    weights = ckpt.state_bytes(model_io.trainable_state(model))
+    weights = checkpoint.state_bytes(model_io.trainable_state(model))
     return weights, optimizer_state_bytes(params, optimizer)
 
 
@@ -461,7 +543,7 @@ def _cuda_sizer(
     optimizer: Choice,
     *,
     ddp: bool = False,
-) -> data_mod.MicroSizer:
+) -> MicroSizer:
     """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
 
     def measure(mb: dict[str, Any]) -> tuple[float, float]:
@@ -491,16 +573,16 @@ def _cuda_sizer(
     free, _ = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
-    return data_mod.MicroSizer(measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp))
+    return MicroSizer(measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp))
 
 
 def sizer_reserved_bytes(
     params: list[torch.nn.Parameter], optimizer: Choice, *, ddp: bool,
-    bucket_view: bool = dist_mod.GRADIENT_AS_BUCKET_VIEW,
+    bucket_view: bool = distributed.GRADIENT_AS_BUCKET_VIEW,
 ) -> int:  # fmt: skip
     """Device bytes the run will hold that a one-process forward+backward of the bare model
     does not show: the optimizer's moments, and under DDP any gradient copy in its buckets."""
-    extra = dist_mod.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
+    extra = distributed.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
     return optimizer_state_bytes(params, optimizer) + extra
 
 

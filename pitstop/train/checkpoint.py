@@ -58,6 +58,7 @@ import torch
 from pitstop import log
 from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
+from pitstop.faults import NO_FAULTS, Faults
 
 MARKER = "COMPLETE.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -382,24 +383,6 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj), encoding="utf-8")
 
 
-def _test_hook(step: int, tmp: Path) -> None:
-    """Test-only fault injection, read in the writer thread (never the training loop).
-
-    PITSTOP_TEST_CKPT_DELAY="STEP:SECONDS" sleeps before the marker of step STEP is
-    written (so a test can SIGKILL mid-write); PITSTOP_TEST_CKPT_FAIL="STEP" makes
-    that step's write fail as if the disk were full.
-    """
-    delay = os.environ.get("PITSTOP_TEST_CKPT_DELAY")
-    if delay:
-        s, sec = delay.split(":")
-        if int(s) == step:
-            (tmp / "WRITING").write_text("")
-            time.sleep(float(sec))
-    fail = os.environ.get("PITSTOP_TEST_CKPT_FAIL")
-    if fail and int(fail) == step:
-        raise OSError(28, "No space left on device (injected by PITSTOP_TEST_CKPT_FAIL)")
-
-
 class CheckpointWriter:
     """Writes snapshots in a background thread, one at a time, keeping the newest `keep`."""
 
@@ -411,8 +394,10 @@ class CheckpointWriter:
         save_model: Callable[[Path, dict[str, torch.Tensor]], None],
         enabled: bool = True,
         keep_best: bool = False,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.root = Path(root)
+        self.faults = faults  # tests' fault points in the write (pitstop/faults.py)
         self.keep = keep
         self.save_model = save_model
         self.enabled = enabled  # False on ranks other than 0
@@ -503,8 +488,9 @@ class CheckpointWriter:
                 _write_json(tmp / "loader_state.json", snap.loader_state)
             except TypeError:
                 torch.save(snap.loader_state, tmp / "loader_state.pt")
-            _test_hook(snap.step, tmp)
-            (tmp / "WRITING").unlink(missing_ok=True)
+            if self.faults.fails_checkpoint(snap.step):
+                raise OSError(28, "No space left on device (injected by a test fault)")
+            self.faults.reached("ckpt-write", snap.step)
             files = {
                 str(p.relative_to(tmp)): p.stat().st_size
                 for p in sorted(tmp.rglob("*"))
@@ -523,6 +509,7 @@ class CheckpointWriter:
             os.replace(tmp, dest)
             fsync_dir(self.root)
             self.last_written = dest
+            self.faults.reached("ckpt-renamed", snap.step)
             self._retain()
         except BaseException as e:  # reported to the training thread by wait()
             self._error = e

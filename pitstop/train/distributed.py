@@ -136,6 +136,15 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return t
 
 
+def any_rank(flags: tuple[bool, ...], device: torch.device) -> tuple[bool, ...]:
+    """Each flag true on any rank; every rank must call it at the same point (a collective)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(bool(v) for v in t.tolist())
+
+
 def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank (picklable objects only)."""
     if not env.distributed:

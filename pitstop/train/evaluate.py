@@ -13,7 +13,8 @@ all-reduced.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -86,3 +87,28 @@ class EvalSet:
             "eval_sequences": self.n_sequences,
             "eval_seconds": seconds,
         }
+
+
+def held_out_loss(
+    eval_set: EvalSet, model: Any, loss_sum: Callable[[dict[str, Any]], Any], *, step: int,
+    device: Any, all_reduce: Callable[[Any], Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Evaluate `model` on `eval_set` now: `loss_sum(micro_batch)` is a device scalar.
+
+    In eval mode (no dropout), without gradients; all ranks take part (`all_reduce`
+    sums over them). The model goes back to the mode it was in.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        with torch.no_grad():
+            for mb in eval_set.batches():
+                total += loss_sum(mb).double()
+    finally:
+        model.train(was_training)
+    all_reduce(total)
+    return eval_set.result(float(total.item()), step, time.perf_counter() - t0)

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from pitstop import run_record
+from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, MissingDependencyError
-from pitstop.train.model_io import _DTYPES, base_dtype, publish_dir, set_config_dtype
+from pitstop.train.model_io import (
+    _DTYPES,
+    base_dtype,
+    is_peft,
+    publish_dir,
+    save_final,
+    set_config_dtype,
+)
 
 
 def adapter_dir(run_or_adapter: Path) -> Path:
@@ -78,3 +90,24 @@ def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "
     AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(tmp)
     publish_dir(tmp, dest)
     return dest
+
+
+def write_final(
+    model: Any, tokenizer: Any, out: Path, state: dict[str, Any] | None, cfg: RunConfig, *,
+    before_publish: Callable[[], None],
+) -> None:  # fmt: skip
+    """OUT/final/ (HF-loadable; a PEFT adapter for LoRA), written aside and published
+    atomically; OUT/merged/ too with --merge-lora. `before_publish` runs between the two
+    (the trainer waits there for its last checkpoint: final/ is never published by a
+    run that could not save its end)."""
+    tmp = out / f".final.partial-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        save_final(model, tokenizer, tmp, state, cfg)
+        before_publish()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(tmp, out / run_record.FINAL)
+    if cfg.merge_lora and is_peft(model):
+        merge_adapter(out / run_record.FINAL, out / run_record.MERGED)  # a second copy of the base

@@ -12,8 +12,11 @@ values at the logging step, which every checkpoint and the final save run first.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from pitstop.errors import PitstopError
 
 
 def nonfinite_weights(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -37,3 +40,28 @@ def divergence_advice(precision: str, max_grad_norm: float) -> str:
     if precision == "fp16":
         tips.append("--precision bf16 or fp32 instead of fp16 (its range overflows)")
     return "Try " + ", ".join(tips[:-1]) + " or " + tips[-1]
+
+
+class TrainingDiverged(PitstopError):
+    """Too many non-finite steps in a row, or an update that made the weights non-finite."""
+
+    exit_code = 1
+
+
+def diverged(
+    *, step: int, lr: float, loss: float, norm: float, weights: bool, bad_run: int,
+    last_checkpoint: Any, precision: str, max_grad_norm: float,
+) -> TrainingDiverged:  # fmt: skip
+    """The error that stops a run at optimizer step `step`, naming its last good checkpoint."""
+    what = (
+        f"the update of optimizer step {step} made weights non-finite (NaN/Inf; loss "
+        f"{loss}, gradient norm {norm}, learning rate {lr:.3g}); they were not saved"
+        if weights
+        else f"{bad_run} optimizer steps in a row had a non-finite loss or gradient "
+        f"(loss {loss}, gradient norm {norm}, learning rate {lr:.3g}); those steps were skipped"
+    )
+    return TrainingDiverged(
+        f"training stopped at step {step}: {what}. The last good checkpoint is "
+        f"{last_checkpoint or 'none (no checkpoint yet)'}. "
+        + divergence_advice(precision, max_grad_norm)
+    )

@@ -4,13 +4,24 @@ Both allocators are covered: `torch.OutOfMemoryError` (CUDA) and the CPU allocat
 RuntimeError ("DefaultCPUAllocator: not enough memory"), or a plain MemoryError.
 The options keep the training math (tokens per step) and follow from the micro-batch
 that failed.
+
+The back-off is here too: after a CUDA out-of-memory in a forward/backward of one
+process, `halved` gives the loader's settings with micro-batches half as large and
+`back_off` re-splits the loader; the loop runs the same step again (same documents,
+same math; only the summation order changes).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pitstop import log
 from pitstop.errors import PitstopError
+from pitstop.probe import Choice
+
+if TYPE_CHECKING:  # the module stays light to import (tune/search.py reads is_oom)
+    from pitstop.batching.loader import Loader
+    from pitstop.train.build import Run
 
 GIB = 1 << 30
 
@@ -109,3 +120,64 @@ def oom_error(
         f"was lost: the last checkpoint ({last_checkpoint or 'none yet'}) is intact; rerun "
         "with --resume and the new options"
     )
+
+
+def halved(
+    exc: BaseException, loader: Loader, *, retryable: bool, world_size: int
+) -> tuple[Any, str] | None:
+    """(the loader's settings with half the micro-batch, a description), or None when
+    backing off cannot be done safely: not a CUDA OOM in a forward/backward, several
+    processes (the other ranks would wait in a collective), a loader that cannot
+    re-split (no settings), or a micro-batch of one row already."""
+    if not (is_cuda_oom(exc) and retryable and world_size == 1) or loader.settings is None:
+        return None
+    from pitstop.batching.resolve import halve  # the decision is the batch-shape resolver's
+
+    return halve(loader.settings)
+
+
+def back_off(
+    loader: Loader, batches: Any, settings: Any, rows: str, *, step: int,
+    choices: dict[str, Choice], device_type: str, announce: bool,
+) -> Any:  # fmt: skip
+    """Re-split `loader` into micro-batches of `settings` after a CUDA out-of-memory in
+    step `step` (1-based); returns the new batch iterator. The caller has dropped the
+    step's partial gradients."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+    loader.resplit(settings)
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    was = choices.get("micro_batch")
+    before = f"{was.value}; " if was is not None else ""
+    choices["micro_batch"] = Choice(
+        rows, f"{before}backed off to half after a CUDA out-of-memory in step {step}; "
+        "tokens per optimizer step unchanged",
+    )  # fmt: skip
+    if announce:
+        log.warning(
+            f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
+            f"micro-batches of {rows} (same step, same tokens); set --micro-batch-size "
+            "or rerun with --remeasure to size it again"
+        )
+    return iter(loader)
+
+
+def stop_error(
+    exc: BaseException, run: Run, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None
+) -> TrainingOutOfMemory:
+    """The error that stops `run` after an OOM it cannot back off from (see `oom_error`)."""
+    try:  # a checkpoint on its way to disk: let it land before naming it
+        run.writer.wait()
+    except PitstopError as err:  # the write failed (CheckpointError): the OOM is the news
+        log.warning(f"pitstop: {err}")
+    return oom_error(
+        exc, step=step, micro=micro, device_type=run.device.type,
+        last_checkpoint=run.writer.last_written, model_dir=str(run.cfg.model),
+        seq_len=run.geometry.max_seq_len, precision=run.precision,
+        attention=str(run.choices["attention"].value),
+        checkpointing=bool(run.cfg.gradient_checkpointing), lora_r=run.cfg.lora_r,
+    )  # fmt: skip

@@ -22,7 +22,7 @@ from typing import Any
 from pitstop import log
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
-from pitstop.train import checkpoint as ckpt
+from pitstop.train import checkpoint
 
 # Settings whose change makes the resumed run a different run (data order, model, the
 # optimizer's trajectory or the schedule). Layout settings (batching, micro-batch
@@ -62,8 +62,8 @@ def choose_checkpoint(out: Path, *, announce: bool = True) -> Path | None:
     """
     root = out / "checkpoints"
     damaged: list[str] = []
-    for _, path in reversed(ckpt.step_dirs(root)):
-        why = ckpt.incomplete_reason(path)
+    for _, path in reversed(checkpoint.step_dirs(root)):
+        why = checkpoint.incomplete_reason(path)
         if why is None:
             if damaged and announce:
                 log.warning(
@@ -73,13 +73,13 @@ def choose_checkpoint(out: Path, *, announce: bool = True) -> Path | None:
             return path
         damaged.append(f"{path} is damaged: {why}")
     if damaged:
-        raise ckpt.CheckpointError(
+        raise checkpoint.CheckpointError(
             damaged,
             header=f"cannot resume {out}: no checkpoint in it is complete, so nothing was "
             "changed. Restore the missing files, or start again with --overwrite:",
         )
     if (out / "final").exists():
-        raise ckpt.CheckpointError(
+        raise checkpoint.CheckpointError(
             f"cannot resume {out}: it holds a final model but no checkpoint to continue "
             "from; nothing was changed. Start again with --overwrite, or choose another --output"
         )

@@ -69,6 +69,27 @@ def reference_run(out: Path, model: Path, store: Path, steps: int) -> Path:
     return out
 
 
+def die_at(point: str) -> dict[str, str]:
+    """The environment that makes a run SIGKILL itself at a named fault point (pitstop/faults.py)."""
+    return {"PITSTOP_TEST_DIE_AT": point}
+
+
+def hold_at(point: str, gate: Path) -> dict[str, str]:
+    """A run that stops at `point` until `release(gate)`; `held(gate)` tells it got there."""
+    return {"PITSTOP_TEST_HOLD_AT": point, "PITSTOP_TEST_HOLD_GATE": str(gate)}
+
+
+def held(gate: Path) -> bool:
+    return gate.with_name(gate.name + ".held").exists()
+
+
+def release(gate: Path) -> None:
+    gate.touch()
+
+
+KILLED = -signal.SIGKILL  # returncode of a process that died at a fault point
+
+
 def wait_until(
     cond: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 240
 ) -> bool:

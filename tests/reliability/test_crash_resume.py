@@ -1,13 +1,16 @@
 """SIGKILL at many moments, then `--resume`: the result is bit-identical to a run never killed.
 
-A kill may land during a step, while a checkpoint is being written (the test hook
-PITSTOP_TEST_CKPT_DELAY holds the write open just before its COMPLETE marker), right
-after a checkpoint directory is renamed into place, or while the process is still
-starting up and restoring. After every kill, each checkpoint that discovery accepts
-must load completely (weights, optimizer, state, RNG, loader), so a half-written
-checkpoint can never be resumed from. The fast variant (3 kills, one of each kind that
-matters most) runs in CI; the soak (`-m soak`, `make soak`) kills 20+ times at moments
-drawn from a seeded RNG, and prints the seed and every kill so a failure can be replayed.
+Each kill lands at a named fault point (pitstop/faults.py: the process SIGKILLs itself
+there, as a kill from outside would), never at a wall-clock guess, so a loaded machine
+gives the same answer as an idle one: in a step, while a checkpoint is being written
+(its files written, not its COMPLETE marker), right after a checkpoint directory is
+renamed into place, or at start-up (before anything loads, after the batch layout is
+decided and recorded, after a checkpoint is restored). After every kill, each
+checkpoint that discovery accepts must load completely (weights, optimizer, state,
+RNG, loader), so a half-written checkpoint can never be resumed from. The fast
+variants run in CI; the soak (`-m soak`, `make soak`) kills 20+ times at points and
+steps drawn from a seeded RNG, adds kills at random moments ("anywhere") for what no
+named point covers, and prints the seed and every kill so a failure can be replayed.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from pathlib import Path
 import pytest
 from _rel import (
     BASE_STEPS,
+    KILLED,
     SAVE_STEPS,
     assert_same_as,
     check_accepted_checkpoints,
+    die_at,
+    metric_lines,
     no_traceback,
     reference_run,
     run,
@@ -35,6 +41,7 @@ from _rel import (
 )
 
 MODES = ("step", "write", "rename", "startup")
+STARTUP_POINTS = ("startup", "measured", "restored")  # pitstop/faults.py POINTS
 
 
 def default_cmd(
@@ -48,6 +55,27 @@ def default_cmd(
     return cmd
 
 
+def fault_point(mode: str, base: int, steps: int, rng: random.Random) -> tuple[str, int | None]:
+    """(the fault point, the step or checkpoint it names) for a kill of kind `mode` in a
+    life resumed from checkpoint `base` (0: none). Every point returned is reached."""
+    # In-loop saves happen at multiples of SAVE_STEPS below the last step; the last
+    # step's checkpoint is written by the final save.
+    future = [s for s in range(base + SAVE_STEPS, steps, SAVE_STEPS)] or [steps]
+    target = rng.choice(future[:2])
+    if mode == "write" and target < steps:
+        return "ckpt-write", target
+    if mode in ("write", "rename"):
+        return "ckpt-renamed", target
+    if mode == "step":
+        return "step", min(base + rng.randint(1, 3), steps)
+    if mode == "startup":  # "restored" only where there is a checkpoint to restore
+        mode = rng.choice(STARTUP_POINTS if base else STARTUP_POINTS[:2])
+    if mode == "restored" and not base:
+        mode = "measured"
+    assert mode in STARTUP_POINTS, mode
+    return mode, None
+
+
 def _kill_once(
     model: Path,
     store: Path,
@@ -57,68 +85,55 @@ def _kill_once(
     rng: random.Random,
     cmd_fn: Callable[..., list[str]] = train_cmd,
 ) -> dict:
-    """Start a resuming run, SIGKILL it at the moment `mode` names, check what is on disk."""
+    """Start a resuming run that dies at the point `mode` names; check what is on disk."""
     ckpts = out / "checkpoints"
     base = max(check_accepted_checkpoints(out), default=0)
-    # In-loop saves happen at multiples of SAVE_STEPS below the last step; the last
-    # step's checkpoint is written by the final save.
-    future = [s for s in range(base + SAVE_STEPS, steps, SAVE_STEPS)] or [steps]
-    target = rng.choice(future[:2])
-    env_extra: dict[str, str] = {}
-    metrics = out / "metrics.jsonl"
-    old_inode = metrics.stat().st_ino if metrics.exists() else None
-
-    if mode == "write" and target < steps:
-        env_extra["PITSTOP_TEST_CKPT_DELAY"] = f"{target}:120"
-
-        def cond() -> bool:
-            return any(ckpts.glob(f".step-{target}.partial-*/WRITING"))
-    elif mode in ("rename", "write"):
-        mode = "rename"
-
-        def cond() -> bool:
-            return (ckpts / f"step-{target}").is_dir()
-    elif mode == "step":
-        k = rng.randint(1, 3)
-
-        def cond() -> bool:
-            # The resumed process rewrites metrics.jsonl (new inode) before its first step,
-            # so lines left by the previous life are not mistaken for progress.
-            if not metrics.exists() or metrics.stat().st_ino == old_inode:
-                return False
-            from _rel import metric_lines
-
-            lines = metric_lines(out)
-            return bool(lines) and lines[-1]["step"] >= base + k
-    else:  # startup: import, model load, restore, output-dir set-up
-
-        def cond() -> bool:
-            return True
-
-    proc = start(cmd_fn(model, store, out, "--resume", steps=steps), **env_extra)
-    try:
-        wait_until(cond, proc, f"{mode} {target}")
-        if mode == "startup":
-            time.sleep(rng.uniform(0.2, 8.0))
-        elif mode == "step":
-            time.sleep(rng.uniform(0, 0.1))
-        elif mode == "write":
-            time.sleep(rng.uniform(0, 0.3))
-        finished = proc.poll()
-    finally:
-        sigkill(proc)
+    cmd = cmd_fn(model, store, out, "--resume", steps=steps)
+    if mode == "anywhere":  # soak only: a kill at a moment no fault point names
+        return _kill_anywhere(cmd, out, base, rng)
+    point, target = fault_point(mode, base, steps, rng)
+    where = point if target is None else f"{point}:{target}"
+    r = run(cmd, **die_at(where))
     accepted = check_accepted_checkpoints(out)
-    event = {"mode": mode, "target": target, "resumed_from": base, "accepted": accepted,
-             "finished_before_kill": finished is not None}  # fmt: skip
-    if finished is not None:
-        assert finished == 0, event
-        return event
-    if mode == "write":
+    event = {"point": where, "resumed_from": base, "accepted": accepted,
+             "finished_before_kill": r.returncode != KILLED}  # fmt: skip
+    # Every named point is reached: a run that ended any other way is a failure.
+    assert r.returncode == KILLED, (event, r.stderr[-3000:])
+    if point == "ckpt-write":
         partial = list(ckpts.glob(f".step-{target}.partial-*"))
         assert partial and (partial[0] / "model.safetensors").is_file(), event
         assert target not in accepted, f"a half-written checkpoint was accepted: {event}"
-    if mode == "rename":
+    if point == "ckpt-renamed":
         assert target in accepted, event
+    if point == "step":
+        assert not accepted or max(accepted) < target, event
+    return event
+
+
+def _kill_anywhere(cmd: list[str], out: Path, base: int, rng: random.Random) -> dict:
+    """SIGKILL at a random moment after the life's first new metrics line (soak only)."""
+    metrics = out / "metrics.jsonl"
+    old_inode = metrics.stat().st_ino if metrics.exists() else None
+
+    def cond() -> bool:
+        # The resumed process rewrites metrics.jsonl (new inode) before its first step,
+        # so lines left by the previous life are not mistaken for progress.
+        if not metrics.exists() or metrics.stat().st_ino == old_inode:
+            return False
+        lines = metric_lines(out)
+        return bool(lines) and lines[-1]["step"] > base
+
+    proc = start(cmd)
+    try:
+        wait_until(cond, proc, "a step")
+        time.sleep(rng.uniform(0, 0.3))
+        finished = proc.poll()
+    finally:
+        sigkill(proc)
+    event = {"point": "anywhere", "resumed_from": base,
+             "accepted": check_accepted_checkpoints(out),
+             "finished_before_kill": finished is not None}  # fmt: skip
+    assert finished in (None, 0), event
     return event
 
 
@@ -156,14 +171,14 @@ def test_sigkill_during_step_write_and_after_rename_then_resume(
         tiny_model_dir, rel_store, tmp_path / "out", reference, steps=BASE_STEPS,
         modes=["write", "step", "rename"], rng=rng,
     )  # fmt: skip
-    assert [e["mode"] for e in events] == ["write", "step", "rename"]
-    assert not any(e["finished_before_kill"] for e in events)
+    assert [e["point"].split(":")[0] for e in events] == ["ckpt-write", "step", "ckpt-renamed"]
 
 
 @pytest.mark.slow
 def test_sigkill_under_default_settings_then_resume(tiny_model_dir, rel_store, tmp_path):
-    """Default settings (batching auto): kills at start-up (the measurement included), in a
-    step, mid-write and after a rename; the run ends bit-identical to an uninterrupted one.
+    """Default settings (batching auto): kills right after the measurement, in a step,
+    mid-write, right after a restore and after a rename; the run ends bit-identical to
+    an uninterrupted one.
 
     The first life measures the layout (no cache yet) and records it in the run directory
     before its first step; every resume takes it from there. The uninterrupted run is a
@@ -172,9 +187,11 @@ def test_sigkill_under_default_settings_then_resume(tiny_model_dir, rel_store, t
     rng = random.Random(4321)
     events = crash_campaign(
         tiny_model_dir, rel_store, tmp_path / "out", None, steps=BASE_STEPS,
-        modes=["startup", "step", "write", "startup", "rename"], rng=rng, cmd_fn=default_cmd,
+        modes=["measured", "step", "write", "restored", "rename"], rng=rng, cmd_fn=default_cmd,
     )  # fmt: skip
-    assert sum(not e["finished_before_kill"] for e in events) >= 4
+    # Five lives, each killed where it was told ("restored" becomes "measured" in a life
+    # with no complete checkpoint to restore yet).
+    assert len(events) == 5 and events[0]["point"] == "measured", events
     rec = json.loads((tmp_path / "out" / "choices.json").read_text(encoding="utf-8"))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
     assert summary["choices"]["batching"]["value"] == rec["values"]["batching"]
@@ -191,7 +208,7 @@ def test_soak_many_sigkills_then_resume(tiny_model_dir, rel_store, tmp_path):
     """At least SOAK_KILLS kills at moments drawn from a seeded RNG (PITSTOP_SOAK_SEED replays)."""
     ref = reference_run(tmp_path / "ref", tiny_model_dir, rel_store, SOAK_STEPS)
     rng = random.Random(SOAK_SEED)
-    modes = [rng.choice(MODES) for _ in range(SOAK_KILLS)]
+    modes = [rng.choice((*MODES, "anywhere")) for _ in range(SOAK_KILLS)]
     print(f"soak seed {SOAK_SEED}: {modes}")
     events = crash_campaign(
         tiny_model_dir, rel_store, tmp_path / "out", ref, steps=SOAK_STEPS, modes=modes, rng=rng

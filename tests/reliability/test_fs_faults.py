@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _rel import env, no_traceback, start, train_cmd, wait_until
+from _rel import env, held, hold_at, no_traceback, release, start, train_cmd, wait_until
 
 from pitstop.errors import DataError
 from pitstop.fs_errors import FileSystemError, file_errors
@@ -97,12 +97,13 @@ def test_run_directory_deleted_mid_run(tiny_model_dir, rel_store, tmp_path):
     """The run directory vanishes while a checkpoint is being written: one clear error,
     and no claim that a checkpoint is intact (there is none left)."""
     out = tmp_path / "out"
-    proc = start(train_cmd(tiny_model_dir, rel_store, out), PITSTOP_TEST_CKPT_DELAY="4:3")
-    ckpts = out / "checkpoints"
-    wait_until(lambda: any(ckpts.glob(".step-4.partial-*/WRITING")), proc, "the step-4 write")
+    gate = tmp_path / "gate"
+    proc = start(train_cmd(tiny_model_dir, rel_store, out), **hold_at("ckpt-write:4", gate))
+    assert wait_until(lambda: held(gate), proc, "the step-4 write")
     gone = tmp_path / "gone"
     out.rename(gone)  # atomic: the path is gone at once, whatever the run is writing
     shutil.rmtree(gone, ignore_errors=True)
+    release(gate)
     proc.wait(300)
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 1, stderr[-3000:]

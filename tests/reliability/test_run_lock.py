@@ -12,7 +12,17 @@ import os
 import socket
 
 import pytest
-from _rel import metric_lines, no_traceback, sigkill, start, train_cmd, wait_until
+from _rel import (
+    held,
+    hold_at,
+    metric_lines,
+    no_traceback,
+    release,
+    sigkill,
+    start,
+    train_cmd,
+    wait_until,
+)
 
 from pitstop import runlock as lock
 
@@ -48,10 +58,12 @@ def test_second_writer_fails_at_once_and_the_first_finishes(
 
     out = tmp_path / "out"
     cmd = train_cmd(tiny_model_dir, rel_store, out)
-    # The first run sleeps 30 s inside its step-4 checkpoint write: still running below.
-    first = start(cmd, PITSTOP_TEST_CKPT_DELAY="4:30")
+    # The first run holds inside its step-4 checkpoint write until released: it is still
+    # running below, however slow the machine.
+    gate = tmp_path / "gate"
+    first = start(cmd, **hold_at("ckpt-write:4", gate))
     try:
-        assert wait_until(lambda: (out / "checkpoints" / "step-2").is_dir(), first, "step 2")
+        assert wait_until(lambda: held(gate), first, "the step-4 write")
         holder = f"run in progress (pid {first.pid}, host {socket.gethostname()})"
         capsys.readouterr()
         for extra in ([], ["--resume"], ["--overwrite"]):
@@ -62,6 +74,7 @@ def test_second_writer_fails_at_once_and_the_first_finishes(
             assert holder in err, err[-2000:]
         # Readers need no lock: the run's files are readable while it trains.
         assert metric_lines(out)
+        release(gate)
         _, err = first.communicate(timeout=240)
         assert first.returncode == 0, err[-3000:]
     finally:
@@ -74,9 +87,11 @@ def test_second_writer_fails_at_once_and_the_first_finishes(
 @pytest.mark.slow
 def test_a_killed_holder_leaves_no_stale_lock(tiny_model_dir, rel_store, tmp_path):
     out = tmp_path / "out"
-    first = start(train_cmd(tiny_model_dir, rel_store, out), PITSTOP_TEST_CKPT_DELAY="2:60")
+    gate = tmp_path / "gate"  # never released: the run holds at its step-2 write until killed
+    first = start(train_cmd(tiny_model_dir, rel_store, out), **hold_at("ckpt-write:2", gate))
     try:
-        assert wait_until(lambda: lock.holder(out) is not None, first, "the lock")
+        assert wait_until(lambda: held(gate), first, "the step-2 write")
+        assert lock.holder(out) is not None
     finally:
         sigkill(first)
     assert lock.holder(out) is None

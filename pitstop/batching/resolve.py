@@ -1,0 +1,316 @@
+"""The batch shape of a training run, decided once: strategy, tokens per step, micro-batch.
+
+`resolve_batch_shape` is the one place that decides it, from the config, the token
+store, the world size, the device (a `MicroSizer` on a GPU) and the run directory; it
+returns the `BatchSettings` the loader runs with, the choices the banner shows (with
+their reasons) and the measurements `--resume` and reruns reuse. `halve` is the other
+decision of the micro-batch size: the back-off after a CUDA out-of-memory
+(train/oom.py). No other module decides a micro-batch size
+(tests/test_batching_resolve.py scans the package).
+
+Order: the micro-batch is sized to the device first (a GPU run that did not set it;
+measured once and reused), so that `batching: auto` times each layout at that size;
+then `auto` resolves from the run directory on --resume (never re-measured; an older
+run without a record keeps its checkpoint's strategy), else the measured-choices
+cache, else by timing (pitstop.batching.choices). The config is never rewritten: a
+sized micro-batch is a field of the returned settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pitstop import log
+from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
+from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings, Strategy
+from pitstop.cache_layout import cache_root
+from pitstop.config import RunConfig
+from pitstop.errors import PitstopError
+from pitstop.probe import Choice
+
+
+@dataclass
+class BatchShape:
+    """What `resolve_batch_shape` decided."""
+
+    settings: BatchSettings
+    choices: dict[str, Choice] = field(default_factory=dict)  # batching, micro_batch
+    measured: Any = None  # pitstop.batching.choices.MeasuredChoices, else None
+
+
+@dataclass
+class MicroSizer:
+    """What sizing the micro-batch to the device needs (pitstop.batching.microsize).
+
+    `measure(batch)`: (peak bytes, seconds) of a forward+backward of a micro-batch dict
+    (math.inf for both when it ran out of memory);
+    `capacity_bytes`: device memory this run can use; `reserved_bytes`: what the first
+    optimizer step still allocates (not in a measured peak).
+    """
+
+    measure: Callable[[dict[str, Any]], tuple[float, float]]
+    capacity_bytes: float
+    reserved_bytes: float
+
+
+def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
+    """Why the micro-batch is not sized to the device (None: it is)."""
+    if cfg.micro_batch_size is not None or cfg.tokens_per_micro_batch is not None:
+        return "set"
+    if cfg.grad_accum is not None:
+        return "--grad-accum given: micro_batch_size 1 unless set"
+    rows = max_rows_per_rank(cfg, world_size)
+    if rows <= DEFAULT_MICRO_ROWS:
+        return f"a step holds {rows} full row(s) per rank: nothing larger to try"
+    return None
+
+
+def max_rows_per_rank(cfg: RunConfig, world_size: int) -> int:
+    """Full rows of max_seq_len in one rank's share of an optimizer step."""
+    # "pad": the one layout without a multiple-of-max_seq_len rule on tokens_per_step
+    s = BatchSettings.from_config(cfg, world_size=world_size, strategy="pad")
+    return max(1, s.tokens_per_step // s.max_seq_len // world_size)
+
+
+def resolve_batch_shape(
+    cfg: RunConfig,
+    *,
+    store: Any,
+    rank: int,
+    world_size: int,
+    run_micro_batch: Callable[[dict[str, Any]], object] | None,
+    resume_strategy: str | None = None,
+    indices: Any = None,
+    lockstep: bool = False,
+    device_name: str = "unknown",
+    out: Path | None = None,
+    cache_dir: str | None = None,
+    sizer: MicroSizer | None = None,
+) -> BatchShape:
+    """The run's batch shape (see the module docstring).
+
+    `run_micro_batch(batch)`: one timed forward+backward (`batching: auto`);
+    `resume_strategy`: the newest checkpoint's strategy (an `auto` run from before
+    run records keeps it); `indices`: the store's sequence ids to train on (None: all);
+    `lockstep`: equal micro-batch counts on every rank (FSDP); `sizer`: size the
+    micro-batch to the device.
+    """
+    choices: dict[str, Choice] = {}
+    micro_mc = None
+    rows: int | None = None
+    not_sized = micro_sizing_applies(cfg, world_size) if sizer is not None else "no sizer"
+    if sizer is not None and not_sized is None:
+        try:
+            rows, micro_mc, why = _sized_micro_batch(
+                cfg, store=store, rank=rank, world_size=world_size, indices=indices,
+                device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
+            )  # fmt: skip
+        except PitstopError:
+            raise
+        except Exception as e:
+            # Sizing is an optimisation: its failure must not stop a run the default split
+            # trains. One process only: with several, the ranks' sizing is collective and
+            # a rank that gave up alone would leave the others waiting.
+            if world_size > 1:
+                raise
+            rows, micro_mc = None, None
+            why = f"sizing to the device failed ({type(e).__name__}: {e}); the default split"
+            log.warning(f"pitstop: warning: {why}")
+        choices["micro_batch"] = Choice(f"{rows} rows" if rows else "default", why)
+    elif sizer is not None and not_sized != "set":
+        choices["micro_batch"] = Choice("default", f"not sized to the device: {not_sized}")
+    # What `auto`'s timing and its cache key read: the config with the sized split (a
+    # view local to this function; the run's config is not changed).
+    seen = (
+        cfg
+        if rows is None
+        else dataclasses.replace(cfg, tokens_per_micro_batch=rows * cfg.max_seq_len)
+    )
+    strategy: Strategy | None = None
+    reason = None
+    measured = None
+    if cfg.batching == "auto":
+        from pitstop.batching.choices import read_run_choices
+
+        kept = read_run_choices(out) if cfg.resume and out is not None else None
+        if kept is None and resume_strategy is not None:
+            strategy = resume_strategy  # type: ignore[assignment]
+            reason = "kept from the checkpoint: a resumed run keeps its data order"
+        else:
+            measured = _measured_batching(
+                seen, store=store, rank=rank, world_size=world_size,
+                run_micro_batch=run_micro_batch, indices=indices, lockstep=lockstep,
+                device_name=device_name, out=out, cache_dir=cache_dir,
+            )  # fmt: skip
+            strategy = measured.values["batching"]
+            reason = measured.describe("batching")
+    settings = BatchSettings.from_config(seen, world_size=world_size, strategy=strategy)
+    choices = {"batching": Choice(settings.strategy, reason or settings.reason or "set"), **choices}
+    if micro_mc is not None:
+        measured = measured.merged(micro_mc, "micro_batch") if measured else micro_mc
+    return BatchShape(settings, choices, measured)
+
+
+def halve(settings: BatchSettings) -> tuple[BatchSettings, str] | None:
+    """`settings` with micro-batches half as large (whole rows), and how many rows that
+    is; None at one row already. The back-off after a CUDA out-of-memory: the steps,
+    and so the training math, stay the same."""
+    msl = settings.max_seq_len
+    if settings.micro_batch_size is not None:
+        if settings.micro_batch_size <= 1:
+            return None
+        rows = settings.micro_batch_size // 2
+        return dataclasses.replace(settings, micro_batch_size=rows), f"{rows} rows"
+    budget = settings.tokens_per_micro_batch or msl
+    if budget // 2 < msl:
+        return None
+    half = budget // 2 // msl * msl  # whole rows of max_seq_len
+    return dataclasses.replace(settings, tokens_per_micro_batch=half), f"{half // msl} rows"
+
+
+def loader_options(cfg: RunConfig) -> LoaderOptions:
+    """The loader's own settings, from the run's config."""
+    return LoaderOptions(
+        seed=cfg.seed, epochs=cfg.epochs, max_steps=cfg.max_steps,
+        workers=cfg.loader_workers, pin_memory=cfg.pin_memory != "off",
+        prefetch_factor=cfg.prefetch_factor,
+    )  # fmt: skip
+
+
+def loader_for(
+    store: Any, cfg: RunConfig, *, rank: int = 0, world_size: int = 1,
+    strategy: Strategy | None = None, indices: Any = None, lockstep: bool = False,
+) -> MicroBatchLoader:  # fmt: skip
+    """A loader of `cfg` as set (nothing measured; `batching` must not be `auto` unless
+    `strategy` is given): for tests, benchmarks and callers with a config in hand."""
+    settings = BatchSettings.from_config(cfg, world_size=world_size, strategy=strategy)
+    return MicroBatchLoader(
+        store, settings, loader_options(cfg), rank=rank, indices=indices, lockstep=lockstep
+    )
+
+
+MICRO_ROWS = "micro_batch_rows"  # its name among the measured choices
+
+
+def _sized_micro_batch(
+    cfg: RunConfig,
+    *,
+    store: Any,
+    rank: int,
+    world_size: int,
+    indices: Any,
+    device_name: str,
+    out: Path | None,
+    cache_dir: str | None,
+    sizer: MicroSizer,
+) -> tuple[int | None, Any, str]:
+    """(rows per micro-batch or None for the default, its MeasuredChoices, the banner reason).
+
+    A resumed run keeps what its run directory recorded (a run that started with the
+    default keeps the default), else the cache, else measured (rank 0's wins). On resume
+    no record is returned: the run directory's `choices.json` already holds it."""
+    from pitstop.batching.auto import rank0_choice
+    from pitstop.batching.choices import choice_key, read_run_choices, resolve_measured
+    from pitstop.batching.loader import sequence_targets
+    from pitstop.batching.microsize import choose_micro_rows, packed_sample
+
+    if cfg.resume and out is not None:
+        kept = read_run_choices(out)
+        rows = kept.values.get(MICRO_ROWS) if kept is not None else None
+        if rows is None:
+            return None, None, "kept from this run: it started with the default split"
+        return int(rows), None, kept.describe(MICRO_ROWS)
+    key, fields = choice_key(
+        cfg, device_name=device_name, device_count=world_size,
+        store_manifest=Path(store.path) / "manifest.json",
+        indices_count=None if indices is None else len(indices), what="micro_batch",
+    )  # fmt: skip
+    max_rows = max_rows_per_rank(cfg, world_size)
+    trained = sequence_targets(store)
+
+    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        if rank == 0:
+            log.info("pitstop: sizing the micro-batch to the device ...")
+
+        def run(rows: int) -> tuple[float, float]:
+            batch = packed_sample(
+                store, rows=rows, max_seq_len=cfg.max_seq_len,
+                tokens_per_step=max_rows * cfg.max_seq_len, seed=cfg.seed, trained=trained,
+                indices=indices,
+            )  # fmt: skip
+            return sizer.measure(batch)
+
+        pick = choose_micro_rows(
+            run, max_rows=max_rows, row_tokens=cfg.max_seq_len,
+            capacity_bytes=sizer.capacity_bytes, reserved_bytes=sizer.reserved_bytes,
+        )  # fmt: skip
+        return {MICRO_ROWS: pick.rows}, {MICRO_ROWS: pick.reason}, pick.measurements()
+
+    mc = resolve_measured(
+        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
+        run_dir=None, resume=False, remeasure=cfg.remeasure, store_result=rank == 0,
+    )  # fmt: skip
+    mc = rank0_choice(mc, world_size)
+    return int(mc.values[MICRO_ROWS]), mc, mc.describe(MICRO_ROWS)
+
+
+def _measured_batching(
+    cfg: RunConfig,
+    *,
+    store: Any,
+    rank: int,
+    world_size: int,
+    run_micro_batch: Callable[[dict[str, Any]], object] | None,
+    indices: Any,
+    lockstep: bool,
+    device_name: str,
+    out: Path | None,
+    cache_dir: str | None,
+) -> Any:
+    """`auto`'s layout: the run's record on resume, else the cache, else measured (rank 0's wins)."""
+    from dataclasses import asdict
+
+    from pitstop.batching.auto import choose_batching, rank0_choice
+    from pitstop.batching.choices import choice_key, resolve_measured
+
+    key, fields = choice_key(
+        cfg, device_name=device_name, device_count=world_size,
+        store_manifest=Path(store.path) / "manifest.json",
+        indices_count=None if indices is None else len(indices),
+    )  # fmt: skip
+
+    def say(line: str) -> None:
+        if rank == 0:
+            log.info(f"pitstop: {line}")
+
+    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        if run_micro_batch is None:
+            raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
+        auto = choose_batching(
+            store,
+            cfg,
+            run_micro_batch,
+            rank=rank,
+            world_size=world_size,
+            indices=indices,
+            lockstep=lockstep,
+            broadcast=False,
+            progress=say,
+        )
+        found = {
+            "timings": {k: asdict(t) for k, t in auto.timings.items()},
+            "skipped": auto.skipped, "noise": auto.noise, "rounds": auto.rounds,
+        }  # fmt: skip
+        return {"batching": auto.strategy}, {"batching": auto.reason}, found
+
+    # Only rank 0 writes the cache; every rank then adopts rank 0's resolution (a rank
+    # may find the cache entry another has not, or time differently).
+    mc = resolve_measured(
+        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
+        run_dir=out, resume=cfg.resume, remeasure=cfg.remeasure, store_result=rank == 0,
+    )  # fmt: skip
+    return rank0_choice(mc, world_size)

@@ -1,0 +1,134 @@
+"""The batch shape is decided in one module: pitstop/batching/resolve.py.
+
+An AST scan of the package: outside resolve.py (and settings.py, which translates a
+config into settings), no module sizes a micro-batch (`choose_micro_rows`) or sets a
+micro-batch field on settings or a config with a `replace(...)`
+or a `BatchSettings(...)` call. The scan is run on a planted module too, so it could
+fail. The resolver itself: no config rewrite leaks out, halving keeps whole rows.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pitstop.batching.settings import BatchSettings
+
+ROOT = Path(__file__).resolve().parents[1] / "pitstop"
+HOME = {"batching/resolve.py", "batching/settings.py"}
+# Writes candidate *configs* (what a user would set on the command line); each trial's
+# shape is then decided by the resolver like any run's.
+CONFIG_WRITERS = {"tune/space.py"}
+FIELDS = {"micro_batch_size", "tokens_per_micro_batch"}
+DECIDERS = {"choose_micro_rows"}  # (`halve`, the OOM back-off, is defined in resolve.py)
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def decisions(source: str) -> list[str]:
+    """Calls in `source` that decide a micro-batch size (see the module docstring)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _name(node.func)
+        sets = {k.arg for k in node.keywords} & FIELDS
+        if name in DECIDERS or (name in ("replace", "BatchSettings") and sets):
+            found.append(f"{name}() line {node.lineno}")
+    return found
+
+
+def test_only_the_resolver_decides_the_micro_batch():
+    outside = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in HOME | CONFIG_WRITERS:
+            continue
+        found = decisions(path.read_text(encoding="utf-8"))
+        if found:
+            outside[rel] = found
+    assert not outside, outside
+
+
+def test_the_scan_finds_a_planted_decision():
+    planted = (
+        "import dataclasses\n"
+        "def f(s):\n"
+        "    return dataclasses.replace(s, tokens_per_micro_batch=64)\n"
+        "def g(run):\n"
+        "    return choose_micro_rows(run, max_rows=4)\n"
+    )
+    assert len(decisions(planted)) == 2
+    assert decisions("def f(cfg):\n    return replace(cfg, lr=1.0)\n") == []
+    # The resolver is where they are found today.
+    assert decisions((ROOT / "batching" / "resolve.py").read_text(encoding="utf-8"))
+
+
+def test_halve_keeps_whole_rows_and_stops_at_one():
+    from pitstop.batching.resolve import halve
+
+    s = BatchSettings("pack", 64, 512, tokens_per_micro_batch=4 * 64)
+    half, rows = halve(s)
+    assert half.tokens_per_micro_batch == 2 * 64 and rows == "2 rows"
+    assert dataclasses.replace(half, tokens_per_micro_batch=s.tokens_per_micro_batch) == s
+    one = BatchSettings("pack", 64, 512, micro_batch_size=1)
+    assert halve(one) is None
+    assert halve(BatchSettings("pack", 64, 512, micro_batch_size=3))[0].micro_batch_size == 1
+    assert halve(BatchSettings("pack", 64, 512, tokens_per_micro_batch=64)) is None
+
+
+def test_the_shape_comes_back_and_the_config_is_not_rewritten(
+    tmp_path, tiny_tokenizer, tiny_model_dir
+):
+    from _train_util import make_store, train_config
+
+    from pitstop.batching.resolve import MicroSizer, resolve_batch_shape
+
+    store_dir = make_store(tmp_path / "s", tiny_tokenizer)
+    from pitstop.data.store import TokenStore
+
+    store = TokenStore(store_dir)
+    cfg = dataclasses.replace(
+        train_config(tiny_model_dir, store_dir, tmp_path / "out"),
+        micro_batch_size=None, tokens_per_micro_batch=None, grad_accum=None,
+        tokens_per_step=8 * 64, batching="pack",
+    )  # fmt: skip
+    before = cfg.to_dict()
+
+    def measure(mb):  # a device where every micro-batch of up to 2 rows fits
+        rows = mb["input_ids"].shape[0]
+        return (float(rows), 0.01 * rows) if rows <= 2 else (float("inf"), float("inf"))
+
+    shape = resolve_batch_shape(
+        cfg, store=store, rank=0, world_size=1, run_micro_batch=None,
+        device_name="test-gpu", out=tmp_path / "out", cache_dir=str(tmp_path / "cache"),
+        sizer=MicroSizer(measure, capacity_bytes=1e12, reserved_bytes=0.0),
+    )  # fmt: skip
+    assert cfg.to_dict() == before  # the run's config is what the user gave
+    assert shape.settings.strategy == "pack" and shape.settings.tokens_per_step == 8 * 64
+    assert shape.settings.tokens_per_micro_batch is not None
+    assert shape.choices["batching"].value == "pack" and "micro_batch" in shape.choices
+    assert shape.measured is not None
+
+
+@pytest.mark.parametrize("strategy", ["pack", "bucket"])
+def test_loader_for_takes_settings_not_a_config(tmp_path, tiny_tokenizer, strategy):
+    import inspect
+
+    from _train_util import make_store
+
+    from pitstop.batching.loader import MicroBatchLoader
+
+    params = inspect.signature(MicroBatchLoader).parameters
+    assert "cfg" not in params and "settings" in params
+    store_dir = make_store(tmp_path / "s", tiny_tokenizer)
+    settings = BatchSettings(strategy, 64, 4 * 64, micro_batch_size=2)
+    loader = MicroBatchLoader(store_dir, settings)
+    assert loader.settings is settings and loader.steps_in_epoch(0) == loader.steps_per_epoch
