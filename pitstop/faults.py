@@ -3,7 +3,7 @@
 A test that must crash, stall or poison a run at a precise moment sets one of these in
 the environment of the process it starts; `from_env()` reads them once (when a run is
 built) into a `Faults` object the run carries. Without any of them the object is
-`NO_FAULTS`, whose checks do nothing (STYLE.md 6: a null object, not `if testing:`
+`NO_FAULTS`, whose checks do nothing (docs/style.md: a null object, not `if testing:`
 through the loop). No other production module reads a `PITSTOP_TEST_*` variable
 (tests/test_faults.py greps the package).
 
@@ -20,6 +20,8 @@ crash test give the same answer on a fast machine and on a loaded one.
     PITSTOP_TEST_OOM_ROWS=STEP:ROWS   in step STEP a micro-batch of more than ROWS rows
                                       raises a CUDA out-of-memory error
     PITSTOP_TEST_CKPT_FAIL=K          writing checkpoint K fails as if the disk were full
+    PITSTOP_TEST_COMPILE_FAILS_ON_RANK=R  no real torch.compile: rank R's compiled forward
+                                      fails as a failed compile does (train/compile.py)
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Faults:
     nan_steps: frozenset[int] = field(default_factory=frozenset)
     oom_rows: tuple[int, int] | None = None  # (step, rows)
     ckpt_fail: int | None = None
+    compile_fails_on_rank: int | None = None
 
     def reached(self, name: str, n: int | None = None) -> None:
         """The process is at fault point `name` (number `n`): die or hold if asked to."""
@@ -126,7 +129,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Faults:
     if not env:
         return NO_FAULTS
     known = {"DIE_AT", "HOLD_AT", "HOLD_GATE", "STOP_AT_STEP", "NAN_STEPS", "OOM_ROWS",
-             "CKPT_FAIL"}  # fmt: skip
+             "CKPT_FAIL", "COMPILE_FAILS_ON_RANK"}  # fmt: skip
     unknown = sorted(k for k in env if k[len(PREFIX) :] not in known)
     if unknown:
         raise PitstopError(
@@ -154,4 +157,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Faults:
         nan_steps=frozenset(_int(PREFIX + "NAN_STEPS", s) for s in nan.split(",") if s),
         oom_rows=oom_rows if oom is not None else None,
         ckpt_fail=_int(PREFIX + "CKPT_FAIL", v) if (v := get("CKPT_FAIL")) else None,
+        compile_fails_on_rank=_int(PREFIX + "COMPILE_FAILS_ON_RANK", v)
+        if (v := get("COMPILE_FAILS_ON_RANK"))
+        else None,
     )

@@ -92,12 +92,19 @@ def test_fsdp_checkpoint_waits_for_the_previous_write_before_gathering(monkeypat
         def state_dict(self):
             return {}
 
+    from types import SimpleNamespace
+
+    from pitstop.train import run_dir
+
+    run = SimpleNamespace(
+        fsdp=True, scaler=None, model=object(), optimizer=object(), writer=Writer(),
+        loader=Loader(), t_process=0.0,
+    )  # fmt: skip
     t = Trainer.__new__(Trainer)
-    t.fsdp, t.is_main, t.scaler = True, True, None
-    t.model, t.optimizer, t.writer, t.loader = object(), object(), Writer(), Loader()
-    t.state = RunState()
+    t.run, t.is_main, t.state = run, True, RunState()
+    t.cadence = SimpleNamespace(last_step=10)
     t.log = lambda: None
-    t._trainer_state = lambda t0: {}
+    monkeypatch.setattr(run_dir, "identity", lambda run, total_steps: {})
     monkeypatch.setattr(dist_mod, "full_state", lambda m: order.append("gather") or {})
     monkeypatch.setattr(dist_mod, "full_optimizer_state", lambda m, o: order.append("gather") or {})
     t.checkpoint(0.0)

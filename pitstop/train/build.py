@@ -202,7 +202,7 @@ def build_run(
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
     flops, peak_flops, peak_source, wrapped, forward_model = plan_compute(
-        cfg, m, model, geometry, total_steps, choices
+        cfg, m, model, geometry, total_steps, choices, faults
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
@@ -352,7 +352,7 @@ def build_data(
 
 def plan_compute(
     cfg: RunConfig, m: _Machine, model: Any, geometry: data.Geometry, total_steps: int,
-    choices: dict[str, Choice],
+    choices: dict[str, Choice], faults: Faults = NO_FAULTS,
 ) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any]:  # fmt: skip
     """(FLOPs model, device peak, its source, the wrapped model, what the forward calls).
     FLOPs of the whole model, before any sharding; the distributed wrapper after `auto`'s
@@ -369,7 +369,7 @@ def plan_compute(
     wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env, precision=m.precision)
     choices["compile"] = probe.choose_compile(cfg.compile, device, est)
     compiled = bool(choices["compile"].value)
-    forward_model = compile_module(wrapped, m.env.rank) if compiled else wrapped
+    forward_model = compile_module(wrapped, m.env.rank, faults) if compiled else wrapped
     return flops, peak_flops, peak_source, wrapped, forward_model
 
 

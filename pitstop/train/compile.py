@@ -25,11 +25,11 @@ not change it); only the speed differs.
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Callable
 from typing import Any
 
 from pitstop import log
+from pitstop.faults import NO_FAULTS, Faults
 from pitstop.train import oom
 
 __all__ = ["GuardedForward", "compile_module"]
@@ -96,20 +96,19 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def compile_module(wrapped: Any, rank: int) -> Callable[..., Any]:
+def compile_module(wrapped: Any, rank: int, faults: Faults = NO_FAULTS) -> Callable[..., Any]:
     """torch.compile of the module the run wraps for its strategy (compiled lazily: the first
     forward compiles).
 
-    Test hook PITSTOP_TEST_COMPILE_FAILS_ON_RANK=R: no real compile; rank R's "compiled"
-    forward raises as a failed compile does, the others' is the wrapped module itself.
+    The test fault COMPILE_FAILS_ON_RANK=R (pitstop/faults.py): no real compile; rank R's
+    "compiled" forward raises as a failed compile does, the others' is the wrapped module.
     """
-    hook = os.environ.get("PITSTOP_TEST_COMPILE_FAILS_ON_RANK")
-    if hook is not None:
-        if int(hook) != rank:
+    if faults.compile_fails_on_rank is not None:
+        if faults.compile_fails_on_rank != rank:
             return wrapped
 
         def failing(**kwargs: Any) -> Any:
-            raise RuntimeError("PITSTOP_TEST_COMPILE_FAILS_ON_RANK: compile failed (test hook)")
+            raise RuntimeError("COMPILE_FAILS_ON_RANK: compile failed (a test fault)")
 
         return failing
     import torch

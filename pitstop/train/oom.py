@@ -21,7 +21,6 @@ from pitstop.probe import Choice
 
 if TYPE_CHECKING:  # the module stays light to import (tune/search.py reads is_oom)
     from pitstop.batching.loader import Loader
-    from pitstop.train.build import Run
 
 GIB = 1 << 30
 
@@ -167,9 +166,11 @@ def back_off(
 
 
 def stop_error(
-    exc: BaseException, run: Run, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None
+    exc: BaseException, run: Any, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None
 ) -> TrainingOutOfMemory:
-    """The error that stops `run` after an OOM it cannot back off from (see `oom_error`)."""
+    """The error that stops `run` (a pitstop.train.build.Run; not imported: build imports
+    this module through train/compile.py) after an OOM it cannot back off from (see
+    `oom_error`)."""
     try:  # a checkpoint on its way to disk: let it land before naming it
         run.writer.wait()
     except PitstopError as err:  # the write failed (CheckpointError): the OOM is the news

@@ -111,6 +111,7 @@ def check_packed_attention(
     packed, alone = packed_probe(vocab_size)
     was_training = model.training
     model.eval()  # dropout would make the two calls differ
+    _keep_4bit_layout(model)
     try:
         with torch.no_grad():
             full = _logits(model, forward_kwargs(to_device(packed)), device_type, autocast_dtype)
@@ -160,3 +161,17 @@ def leak_error(
         f"--batching {batching} would let each document see the ones packed before it. "
         "Ways out: " + "; ".join(ways)
     )
+
+
+def _keep_4bit_layout(model: Any) -> None:
+    """Leave bitsandbytes' 4-bit layers in training mode during the check.
+
+    On a CPU with avx512_bf16, a 4-bit layer's first forward in eval mode without
+    gradients repacks its weights in place into a CPU inference layout, and saving a
+    checkpoint packs them back: numerics after the check (and across a resume) would
+    differ from a run without it (tests/test_train_bnb.py caught a resume that was no
+    longer bit-identical). These layers have no dropout, so training mode changes nothing
+    else in the check."""
+    for m in model.modules():
+        if type(m).__name__ in ("Linear4bit", "LinearNF4", "LinearFP4"):
+            m.training = True
