@@ -96,3 +96,14 @@ class Timeline:
 
     def end_step(self) -> StepRecord:
         return StepRecord(time.perf_counter() - self._t0, self._host, self._events)
+
+    def end_step_seconds(self) -> tuple[dict[str, float], str | None]:
+        """The open step's seconds per phase, and why they are lost if they are.
+
+        After a step cut short its CUDA events may never complete (or the device is in
+        error): reading them raises, and that must neither hide the error that cut the
+        step short nor stop the caller from recording what it has."""
+        try:
+            return self.end_step().resolve(), None
+        except Exception as err:
+            return {}, str(err)

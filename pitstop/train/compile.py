@@ -30,6 +30,7 @@ from typing import Any
 
 from pitstop import log
 from pitstop.faults import NO_FAULTS, Faults
+from pitstop.probe import Choice
 from pitstop.train import oom
 
 __all__ = ["GuardedForward", "compile_module"]
@@ -71,6 +72,14 @@ class GuardedForward:
             _empty_cuda_cache()
             return self.eager(**kwargs)
         return out
+
+    def to_eager(self, choices: dict[str, Any]) -> tuple[Callable[..., Any], bool]:
+        """Every rank eager from now on (this one's compile failed, or another's did):
+        records the compile choice and returns (the forward to call, compiled=False)."""
+        self.fall_back("another rank's compile failed")
+        why = self.failure or "failed"
+        choices["compile"] = Choice(False, f"compile failed ({why[:120]}); eager")
+        return self.eager, False
 
     def fall_back(self, why: str) -> None:
         """Use the eager (still wrapped) module from now on; warn once, naming `why`."""

@@ -13,6 +13,7 @@ same math; only the summation order changes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pitstop import log
@@ -163,6 +164,31 @@ def back_off(
             "or rerun with --remeasure to size it again"
         )
     return iter(loader)
+
+
+def run_step(
+    step_fn: Callable[[], None], run: Any, *, step: int, retryable: Callable[[], bool],
+    micro: Callable[[], tuple[int, int, tuple[int, ...]] | None],
+) -> tuple[Any, str] | None:  # fmt: skip
+    """Run one optimizer step (`step_fn`); None when it trained, else the halved settings
+    for `back_off` after a CUDA out-of-memory in a forward/backward of one process. Any
+    other out-of-memory error stops the run (`stop_error`); other errors pass through.
+    `retryable()` / `micro()`: whether the failure came from a forward/backward, and
+    which micro-batch it was, as the step knew them when it failed."""
+    smaller = None
+    try:
+        step_fn()
+    except (RuntimeError, MemoryError) as e:
+        if not is_oom(e):
+            raise
+        smaller = halved(e, run.loader, retryable=retryable(), world_size=run.env.world_size)
+        if smaller is None:
+            raise stop_error(e, run, step=step, micro=micro()) from None
+    if smaller is not None:
+        # Outside `except`: its frames hold the step's tensors. The step's partial
+        # gradients go; its documents, and so the training math, stay the same.
+        run.optimizer.zero_grad(set_to_none=True)
+    return smaller
 
 
 def stop_error(

@@ -29,7 +29,7 @@ from pitstop.batching.loader import Loader
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.measure.timeline import Timeline
-from pitstop.probe import Choice, DeviceInfo
+from pitstop.probe import DeviceInfo
 from pitstop.run_record import RunSummary, write_summary
 from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending, run_dir
 from pitstop.train.banner import print_banner, run_banner
@@ -135,11 +135,7 @@ class Trainer:
         return out
 
     def _compile_fell_back(self) -> None:
-        run = self.run
-        self._guard.fall_back("another rank's compile failed")
-        run.forward_model, run.compiled = run.wrapped, False
-        why = self._guard.failure or "failed"
-        run.choices["compile"] = Choice(False, f"compile failed ({why[:120]}); eager")
+        self.run.forward_model, self.run.compiled = self._guard.to_eager(self.run.choices)
 
     def forward_backward(
         self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
@@ -280,14 +276,9 @@ class Trainer:
             self.run_log.stop_progress()
             signals.__exit__()
             train_end = time.perf_counter()
-            # Time after the last step (its logging): counted too. After a step cut short
-            # its CUDA events may never complete (or the device is in error): reading them
-            # raises, and that must neither hide the real error nor skip summary.json.
-            try:
-                leftover = tl.end_step().resolve()
-            except Exception as err:
-                log.warning(f"pitstop: warning: the interrupted step's timing is lost ({err})")
-                leftover = {}
+            leftover, lost = tl.end_step_seconds()  # after the last step (its logging): counted
+            if lost:
+                log.warning(f"pitstop: warning: the interrupted step's timing is lost ({lost})")
             for k, v in leftover.items():
                 if k != "other":
                     self.state.phase_totals[k] += v
@@ -312,30 +303,17 @@ class Trainer:
 
     def _step_or_back_off(self, tl: Timeline) -> bool:
         """One optimizer step; False when a CUDA out-of-memory made the loader re-split
-        (train/oom.py) and the step must run again. Other out-of-memory errors stop the run."""
-        halved = None
-        try:
-            self._train_step(tl)
-        except (RuntimeError, MemoryError) as e:
-            if not oom.is_oom(e):
-                raise
-            halved = oom.halved(
-                e, self.run.loader, retryable=self._oom_retryable, world_size=self.world_size
-            )
-            if halved is None:
-                raise oom.stop_error(
-                    e, self.run, step=self.state.step + 1, micro=self._micro
-                ) from None
-        if halved is None:
-            return True
-        # Outside `except`: its frames hold the step's tensors. The step's partial
-        # gradients go; its documents, and so the training math, stay the same.
-        self.run.optimizer.zero_grad(set_to_none=True)
-        self._batches = oom.back_off(
-            self.run.loader, self._batches, *halved, step=self.state.step + 1,
-            choices=self.run.choices, device_type=self.run.device.type, announce=self.is_main,
+        and the step must run again (train/oom.py). Other out-of-memory errors stop the run."""
+        retry = oom.run_step(
+            lambda: self._train_step(tl), self.run, step=self.state.step + 1,
+            retryable=lambda: self._oom_retryable, micro=lambda: self._micro,
         )  # fmt: skip
-        return False
+        if retry is not None:
+            self._batches = oom.back_off(
+                self.run.loader, self._batches, *retry, step=self.state.step + 1,
+                choices=self.run.choices, device_type=self.run.device.type, announce=self.is_main,
+            )  # fmt: skip
+        return retry is None
 
     def close(self) -> None:
         """Leave the process group (torchrun runs); safe to call more than once."""
@@ -417,12 +395,8 @@ class Trainer:
             )  # fmt: skip
         if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
             lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.run.device.type) / 2**30
-        self.run_log.write(
-            lines,
-            trained_tokens=self.state.trained_tokens,
-            train_seconds=self.train_seconds_now,
-            progress=progress,
-        )
+        self.run_log.write(lines, trained_tokens=self.state.trained_tokens,
+                           train_seconds=self.train_seconds_now, progress=progress)  # fmt: skip
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out loss and perplexity now (train/evaluate.py), on the unwrapped model (no
