@@ -432,6 +432,7 @@ def write_steps(out_dir: str | Path, steps: list[StepLine]) -> Path:
 # The measured values a run trains with, and what each must be (the trainer uses them as is).
 _CHOICE_VALUES: dict[str, tuple[str, Any]] = {
     "batching": ("one of 'pack', 'bucket', 'pad'", lambda v: v in ("pack", "bucket", "pad")),
+    "precision": ("one of 'fp32', 'bf16', 'fp16'", lambda v: v in ("fp32", "bf16", "fp16")),
     "micro_batch_rows": (
         "a positive integer",
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,

@@ -130,3 +130,34 @@ def test_auto_records_its_measurement_and_bf16_autocast_trains_close_to_fp32(
     assert all(math.isfinite(x) for x in bf16)
     assert bf16 != fp32  # it really ran in bf16
     assert bf16 == pytest.approx(fp32, abs=0.05)
+
+
+def test_a_resumed_run_keeps_the_measured_precision_and_continues_exactly(
+    tiny_model_dir, store, tmp_path, monkeypatch
+):
+    """The precision is recorded in choices.json before step 1 and --resume takes it from
+    there: a cleared cache, or a machine that now measures fp32 faster, cannot change the
+    math halfway, and the continuation is bit-identical to a run never stopped."""
+    from pitstop.batching.choices import read_run_choices
+    from pitstop.train.trainer import RunInterrupted
+
+    monkeypatch.setattr(probe, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(peak, "measure_precision_speed", lambda s: (0.02, 0.01))
+    kw = {"precision": "auto", "max_steps": 4, "save_steps": 2}
+    _, whole = _run(tiny_model_dir, store, tmp_path / "whole", **kw)
+
+    out = tmp_path / "cut"
+    monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", "2")
+    with pytest.raises(RunInterrupted):
+        _run(tiny_model_dir, store, out, **kw)
+    monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
+    record = read_run_choices(out)
+    assert record is not None and record.values["precision"] == "bf16"
+    assert record.measurements["precision"]["bf16_speedup"] == 2
+
+    (tmp_path / "cache" / "cpu_precision.json").unlink()  # the cache is gone, and now
+    monkeypatch.setattr(peak, "measure_precision_speed", lambda s: (0.01, 0.02))  # fp32 wins
+    s, resumed = _run(tiny_model_dir, store, out, resume=True, **kw)
+    assert s["choices"]["precision"]["value"] == "bf16"
+    assert "kept from this run" in s["choices"]["precision"]["reason"]
+    assert resumed == whole

@@ -13,12 +13,14 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from pitstop import log, probe, run_record, versions
+from pitstop.batching.choices import read_run_choices
 from pitstop.batching.loader import Loader
 from pitstop.batching.resolve import MicroSizer
 from pitstop.cache_layout import cache_root
@@ -37,6 +40,7 @@ from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-s
 from pitstop.measure.peak import cpu_precision_speed, device_peak, model_matmul_shapes
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
+from pitstop.run_record import ChoiceRecord
 from pitstop.train import checkpoint, data, distributed, model_io, optim, packcheck
 from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
 from pitstop.train.compile import compile_module
@@ -190,7 +194,7 @@ def build_run(
     seed_everything(cfg.seed)
     _quiet_transformers()
     choices: dict[str, Choice] = {}  # each decision and why, in the banner's order
-    m = place_run(cfg, device, rank, world_size, choices)
+    m = place_run(cfg, device, rank, world_size, choices, out)
     tokenizer, model, autocast_dtype, packed = load_model(cfg, m, choices)
     loader, geometry, eval_set, data_key = build_data(
         cfg, out, m, model, autocast_dtype, choices, loader
@@ -198,6 +202,7 @@ def build_run(
     choices["packed_attention"] = _packed_attention_choice(
         packed, str(choices["batching"].value), m.env.rank
     )
+    geometry.measured = record_precision(geometry.measured, choices["precision"], m.dev)
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
@@ -222,7 +227,7 @@ def build_run(
 
 def place_run(
     cfg: RunConfig, device: DeviceInfo | None, rank: int | None, world_size: int | None,
-    choices: dict[str, Choice],
+    choices: dict[str, Choice], out: Path | None = None,
 ) -> _Machine:  # fmt: skip
     """Choices that need only the machine: device, process group, precision, TF32,
     attention, optimizer kind. May raise ConfigError (nothing is written yet)."""
@@ -242,8 +247,12 @@ def place_run(
     choices["device"] = dev_choice
     # Several CPU processes would each time the CPU alone and might disagree: they keep
     # the unmeasured answer (fp32) unless bf16 is asked for.
-    measured = None if env.distributed else _cpu_precision_speed(cfg, device)
-    prec = probe.choose_precision(cfg.precision, device, measured)
+    # A resumed run keeps the precision its first life measured (choices.json), so a
+    # cleared cache or a busier machine cannot change the math halfway.
+    prec = _kept_precision(cfg, out, device)
+    if prec is None:
+        measured = None if env.distributed else _cpu_precision_speed(cfg, device)
+        prec = probe.choose_precision(cfg.precision, device, measured)
     choices["precision"] = prec
     precision = prec.value
     tf32 = probe.choose_tf32(device, precision)
@@ -478,6 +487,37 @@ def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: in
         return Choice("leaks (unused)", check.summary() + f"; not used by --batching {batching}")
     kernels = ["sdpa_docs", "sdpa", "eager", "flex_attention", "flash_attention_2"]
     raise packcheck.leak_error(check, batching=batching, attention_choices=kernels)
+
+
+def _kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choice | None:
+    """On --resume with precision auto: the precision the run's choices.json recorded."""
+    if not (cfg.resume and cfg.precision == "auto" and out is not None):
+        return None
+    record = read_run_choices(out)  # a damaged file is refused, naming the field
+    value = record.values.get("precision") if record is not None else None
+    if value is None:
+        return None
+    return Choice(
+        value, f"kept from this run (choices.json): {record.reasons.get('precision', '')}"
+    )
+
+
+def record_precision(record: ChoiceRecord | None, precision: Choice, dev: DeviceInfo) -> Any:
+    """The run's measured choices with a measured precision added (written to choices.json
+    before step 1, so --resume keeps it); unchanged when precision was not measured."""
+    if precision.measured is None or (record is not None and "precision" in record.values):
+        return record
+    if record is None:
+        record = ChoiceRecord(
+            key="run", key_fields={"device": dev.name},
+            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), values={},
+        )  # fmt: skip
+    return dataclasses.replace(
+        record,
+        values={**record.values, "precision": precision.value},
+        reasons={**record.reasons, "precision": precision.reason},
+        measurements={**record.measurements, "precision": precision.measured},
+    )
 
 
 def _cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionSpeed | None:
