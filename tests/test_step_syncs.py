@@ -19,7 +19,12 @@ import torch
 pytestmark = pytest.mark.slow
 
 PITSTOP = str(Path(__file__).resolve().parents[1] / "pitstop")
-ALLOWED = {("trainer.py", "optimizer_step")}
+ALLOWED = {
+    ("trainer.py", "optimizer_step"),
+    # sdpa_docs reads its document offsets, which to_device keeps on the host for it even
+    # on a GPU (train/attention.py; test_sdpa_docs_offsets_stay_on_the_host): no device sync.
+    ("doc_attention.py", "per_document_sdpa"),
+}
 # The loader builds host batches (counts, metadata) before to_device moves them: reading
 # those is host work, never a device sync.
 HOST_ONLY = str(Path(PITSTOP) / "batching")
@@ -72,3 +77,13 @@ def test_only_the_documented_host_reads_happen_in_a_step(
     Trainer(cfg).fit()
     assert seen <= ALLOWED, f"host reads of tensors in the step path: {sorted(seen - ALLOWED)}"
     assert seen  # the spy works: the CPU's skip flag read was seen
+
+
+def test_sdpa_docs_offsets_stay_on_the_host() -> None:
+    """What makes per_document_sdpa's read host work: its offsets never go to the device."""
+    from pitstop.train.attention import attention_kwargs
+
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+    kw = attention_kwargs({"position_ids": position_ids}, "sdpa_docs", torch.device("cuda"))
+    assert kw["cu_seq_lens_q"].device.type == "cpu"
+    assert kw["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12]

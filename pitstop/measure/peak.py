@@ -15,6 +15,7 @@ measured once per machine and shapes and cached the same way.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -135,6 +136,7 @@ def cpu_peak(cache_dir: str | Path | None, precision: str = "fp32") -> tuple[flo
 # under a second on any model size.
 _PRECISION_FLOPS_BUDGET = 4.0e9
 _PRECISION_REPEATS = 3
+_PRECISION_SAMPLE_S = 0.01  # each timed sample lasts at least this long
 
 
 def model_matmul_shapes(
@@ -165,21 +167,24 @@ def measure_precision_speed(shapes: tuple[tuple[int, int, int], ...]) -> tuple[f
         for m, k, n in shapes
     ]
 
-    def once(bf16: bool) -> float:
+    def passes(bf16: bool, n: int) -> float:
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            outs = [F.linear(x.requires_grad_(), w) for x, w in layers]
-        sum(o.float().sum() for o in outs).backward()
-        elapsed = time.perf_counter() - t0
-        for x, w in layers:
-            x.grad = w.grad = None
-        return elapsed
+        for _ in range(n):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                outs = [F.linear(x.requires_grad_(), w) for x, w in layers]
+            sum(o.float().sum() for o in outs).backward()
+            for x, w in layers:
+                x.grad = w.grad = None
+        return (time.perf_counter() - t0) / n
 
-    once(False), once(True)  # warm-up: thread pool, the bf16 kernels' first dispatch
+    passes(False, 1), passes(True, 1)  # warm-up: thread pool, the bf16 kernels' first dispatch
+    # A small model's pass takes well under a millisecond, where one timing is mostly
+    # noise: each sample averages enough passes to last _PRECISION_SAMPLE_S.
+    n = max(1, min(1000, math.ceil(_PRECISION_SAMPLE_S / max(passes(False, 1), 1e-6))))
     best = {False: float("inf"), True: float("inf")}
     for _ in range(_PRECISION_REPEATS):  # interleaved, so a busy moment hits both
         for bf16 in (False, True):
-            best[bf16] = min(best[bf16], once(bf16))
+            best[bf16] = min(best[bf16], passes(bf16, n))
     return best[False], best[True]
 
 

@@ -36,8 +36,11 @@ def train_cmd(
         "--micro-batch-size", "2", "--batching", "pack", "--max-steps", str(steps),
         "--log-steps", "1", "--save-steps", str(SAVE_STEPS), "--save-total-limit", "2",
         "--lr", "1e-3", "--report-to", "none", "--compile", "off",
-        "--cache-dir", str(out.parent / "cache"), *extra,
+        "--cache-dir", str(store.parent / "cache"), *extra,
     ]  # fmt: skip
+    # One measured-choice cache per store (per test worker), shared by a test's runs and
+    # their reference: a measured choice (the CPU precision) is made once and reused, as
+    # on a user's machine, so a run and its reference never differ by a re-measurement.
 
 
 def env(**extra: str) -> dict[str, str]:
