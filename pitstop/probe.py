@@ -20,6 +20,7 @@ from typing import Any
 from pitstop import run_record, runlock
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
+from pitstop.versions import parse_version
 
 # torch.compile cost/benefit basis, measured for pitstop on CPU: a 7.6M-parameter Llama
 # took 63 s to compile and then ran its steps 1.06x faster. Without a measurement on the
@@ -377,12 +378,49 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
     return None
 
 
-def strategy_problems(cfg: RunConfig, *, distributed: bool) -> list[str]:
+# FSDP2 before torch 2.8 asserts that every parameter of a shard group has one original
+# dtype ("FSDP expects uniform original parameter dtype", `FSDPParamGroup._init_mp_dtypes`,
+# at the first forward), whatever the mixed-precision policy gathers them as. A LoRA block
+# holds its frozen base in the run's precision and its adapter in fp32, so --strategy fsdp
+# with --lora-r crashes there unless the base is fp32 too. torch 2.8 checks only the
+# trainable parameters (pytorch#154103), which are all fp32 adapters.
+FSDP_MIXED_DTYPE_TORCH = (2, 8)
+
+
+def _torch_version() -> str:
+    """The installed torch's version, read without importing torch (the CLI checks
+    configurations without loading it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:  # a source build without metadata: ask torch itself
+        import torch
+
+        return str(torch.__version__)
+
+
+def strategy_problems(
+    cfg: RunConfig, *, distributed: bool, torch_version: str | None = None
+) -> list[str]:
     """Combinations of the multi-process strategy pitstop does not run (`distributed`:
-    several processes). Pure config logic: the trainer checks the same before wrapping."""
+    several processes; `torch_version`: the installed one when None). Pure config logic:
+    the trainer checks the same before wrapping."""
     p = []
     if distributed and cfg.load_in_4bit:
         p.append("--load-in-4bit is single-process only in pitstop; drop it or use --nproc 1")
+    # fp32 loads the base in fp32 like the adapter: one dtype per group, nothing to refuse.
+    mixed = cfg.strategy == "fsdp" and cfg.lora_r is not None and cfg.precision != "fp32"
+    if distributed and mixed:
+        found = torch_version if torch_version is not None else _torch_version()
+        if parse_version(found)[:2] < FSDP_MIXED_DTYPE_TORCH:
+            floor = ".".join(map(str, FSDP_MIXED_DTYPE_TORCH))
+            p.append(
+                f"--strategy fsdp with --lora-r needs torch >= {floor} (found {found}): "
+                "older FSDP2 cannot shard a LoRA block's low-precision base and fp32 "
+                f"adapter together; pip install -U 'torch>={floor}', or use --strategy "
+                "ddp, or --precision fp32"
+            )
     return p
 
 

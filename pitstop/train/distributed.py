@@ -21,7 +21,8 @@ Strategies: ``ddp`` (default) replicates the model and all-reduces gradients;
 ``fsdp`` shards parameters, gradients and optimizer state with FSDP2
 (`torch.distributed.fsdp.fully_shard`), one group per transformer block plus the root.
 Both work with gloo on CPU (checked with torch 2.13) and nccl on CUDA, and with LoRA:
-FSDP2 shards the frozen base too, and checkpoints gather only the adapter.
+FSDP2 shards the frozen base too, and checkpoints gather only the adapter (FSDP2 + LoRA
+needs torch >= 2.8 unless the base is fp32: `probe.strategy_problems` refuses it).
 
 The loss math: the loader divides each micro-batch's summed CE by the step's target
 count over *all* ranks, so the wanted gradient is the *sum* of the ranks' gradients.
@@ -38,6 +39,7 @@ import sys
 import tempfile
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,15 @@ class DistEnv:
         return self.world_size > 1
 
 
+# How long a collective waits for the slowest rank before the process group gives up.
+# torch's default is 10 minutes (gloo and nccl alike; NCCL's watchdog then aborts the
+# communicator and kills the rank). Rank 0 writes checkpoints and the final model alone
+# while the others wait in a barrier or the next collective, and writing a large model to
+# a slow or network filesystem can take longer than that: a healthy run would be killed.
+# A rank that really hangs is still stopped, an hour later.
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
+
+
 def env_world() -> int:
     """WORLD_SIZE as set by torchrun (1 when not launched by a distributed launcher)."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -116,7 +127,7 @@ def init(device: DeviceInfo) -> tuple[DistEnv, DeviceInfo]:
     if not dist.is_initialized():
         # device_id binds NCCL's communicator to this rank's GPU at once (no lazy guessing).
         kw: dict[str, Any] = {"device_id": torch.device("cuda", local)} if backend == "nccl" else {}
-        dist.init_process_group(backend, **kw)
+        dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT, **kw)
     return DistEnv(rank, world, local, backend), device
 
 
