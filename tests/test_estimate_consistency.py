@@ -139,3 +139,15 @@ def test_estimate_flags(tmp_path: Path, model_dir: Path, capsys) -> None:
     assert t["optimizer_steps"] == -(-100_000_000 // 65536)
     assert t["checkpoints"]["saves"] == t["optimizer_steps"] // 200
     assert t["checkpoints"]["bandwidth_assumed"] is False
+
+
+def test_a_cpu_profile_is_estimated_in_the_precision_it_trained_in(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A CPU run that measured bf16 faster trained in bf16: its estimate is a bf16 plan."""
+    run = make_run(tmp_path / "bf16", choices={"precision": "bf16"})
+    est = estimate_planned_run(model=str(model_dir), tokens=10**6, from_profile=str(run))
+    assert est.memory is not None and est.memory.precision == "bf16"
+    fp32 = make_run(tmp_path / "fp32")  # no recorded precision: the CPU's old default
+    est = estimate_planned_run(model=str(model_dir), tokens=10**6, from_profile=str(fp32))
+    assert est.memory is not None and est.memory.precision == "fp32"

@@ -161,8 +161,8 @@ def estimate_planned_run(
 ) -> Estimate:
     """Memory, time and cost of a planned run (ConfigError listing every problem first).
 
-    `precision` None picks bf16 (fp16 on a GPU without bf16, fp32 for a CPU profile,
-    where pitstop trains in fp32). With `from_profile`, a setting left None (micro-batch,
+    `precision` None picks bf16 (fp16 on a GPU without bf16; for a CPU profile, the
+    precision that run recorded, else fp32). With `from_profile`, a setting left None (micro-batch,
     row length, gradient checkpointing, LoRA, optimizer) is the measured run's own."""
     problems = estimate_problems(
         model=model,
@@ -197,8 +197,10 @@ def estimate_planned_run(
         dev = device or (find_gpu(profile.device) if profile else None)
         if dev is not None:
             precision = "bf16" if dev.bf16 else "fp16"
-        elif profile is not None:
-            precision = "fp32"  # a CPU profile: pitstop trains in fp32 there
+        elif profile is not None:  # a CPU profile: the precision that run trained in
+            ran = profile.choices.get("precision")
+            ran = ran.get("value") if isinstance(ran, dict) else None
+            precision = ran if ran in ("bf16", "fp32") else "fp32"
         else:
             precision = "bf16"
     assert model is not None or params is not None  # estimate_problems checked it
