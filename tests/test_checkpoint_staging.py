@@ -7,6 +7,7 @@ its own tests are marked `gpu` at the end of this file.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -122,6 +123,41 @@ def test_a_second_checkpoint_waits_for_the_first_write_and_never_mixes_values(tm
     assert torch.equal(two["w"], torch.full((4, 3), 2.0)) and torch.equal(
         two["b"], torch.full((3,), 2.0)
     )
+
+
+def test_a_ctrl_c_inside_wait_leaves_the_write_waited_for(tmp_path):
+    """A KeyboardInterrupt (a second Ctrl-C) raised while `wait()` blocks must not make the
+    next `wait()` return before the write ends: with `Thread.join()` it did on Python < 3.13,
+    the interpreter then exited under a thread inside `torch.save`, and the process aborted
+    ("terminate called without an active exception", exit -6)."""
+    release = threading.Event()
+    writing = threading.Event()
+
+    def slow_save(dest: Path, state: dict[str, torch.Tensor]) -> None:
+        writing.set()
+        release.wait(10)
+        _save_model(dest, state)
+
+    w = ckpt.CheckpointWriter(tmp_path / "k", keep=2, save_model=slow_save)
+    model, optim = _state(1.0)
+    w.submit(_snap(1, ckpt.to_host(model), ckpt.to_host(optim)))
+    assert writing.wait(10)
+    main = threading.main_thread().ident
+    interrupt = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupt.start()  # SIGINT is handled in the main thread, inside w.wait()
+        with pytest.raises(KeyboardInterrupt):
+            w.wait()
+    finally:
+        interrupt.join()
+        signal.signal(signal.SIGINT, old)
+    assert w.busy() and w.last_written is None  # the write is still going
+    threading.Timer(0.3, release.set).start()
+    w.wait()  # must block until the write has ended
+    assert not w.busy()
+    assert w.last_written == tmp_path / "k" / "step-1"
+    assert (w.last_written / "optimizer.pt").is_file()
 
 
 def test_a_training_run_stages_once_and_its_checkpoints_hold_each_steps_weights(

@@ -404,6 +404,7 @@ class CheckpointWriter:
         self.keep_best = keep_best
         self.best: dict[str, Any] | None = None  # the lowest-eval-loss checkpoint, when kept
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # set by the write thread as its last act
         self._error: BaseException | None = None
         self.last_written: Path | None = None
         self.write_seconds = 0.0
@@ -421,6 +422,7 @@ class CheckpointWriter:
         self.wait()
         if not self.enabled:
             return
+        self._done.clear()
         self._thread = threading.Thread(
             target=self._run, args=(snap,), name=f"pitstop-ckpt-{snap.step}", daemon=True
         )
@@ -429,12 +431,21 @@ class CheckpointWriter:
             self.wait()
 
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._done.is_set()
 
     def wait(self) -> None:
-        """Block until the current write ends; raise `CheckpointError` if it failed."""
+        """Block until the current write ends; raise `CheckpointError` if it failed.
+
+        It waits on an Event, not on `Thread.join()`: on Python < 3.13 a KeyboardInterrupt
+        (a second Ctrl-C) raised inside `join()` marks the still-running thread as stopped
+        (CPython's handling in `Thread._wait_for_tstate_lock`), so the next `wait()` returned
+        at once, the interpreter exited under a thread inside `torch.save`, and the process
+        aborted ("terminate called without an active exception"). An interrupted
+        `Event.wait()` leaves the event as it was, so waiting again really waits.
+        """
         if self._thread is not None:
-            self._thread.join()
+            self._done.wait()
+            self._thread.join()  # its work is done; only the thread's return is left
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
@@ -516,6 +527,7 @@ class CheckpointWriter:
             shutil.rmtree(tmp, ignore_errors=True)
         finally:
             self.write_seconds += time.perf_counter() - t0
+            self._done.set()
 
     def _retain(self) -> None:
         found = complete_checkpoints(self.root)
