@@ -2,14 +2,24 @@
 
 The root is `--cache-dir`, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop. Under it:
 `stores/<key>/` (token stores, pitstop.data.cache), `fingerprints/` (memoised file
-digests), `cpu_peak.json` / `cpu_peak_bf16.json` (the measured CPU peaks for MFU),
-`cpu_precision.json` (fp32 against bf16 autocast at a model's shapes) and `compile_check.json`.
+digests), `cpu_peak-<digest>.json` / `cpu_peak_bf16-<digest>.json` (the measured CPU peaks
+for MFU), `cpu_precision-<digest>.json` (fp32 against bf16 autocast at a model's shapes) and
+`compile_check-<digest>.json`.
+
+A measurement's file is named by a digest of its key (`keyed_cache_path`): one file per
+key, so a measurement under another key (other shapes, another thread count) never
+replaces it. With one file per kind, two models or thread counts used in turn overwrote
+each other's entry, the next run measured again, and a choice near its threshold (the CPU
+precision) could come out the other way: a measured choice must be made once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 STORES = "stores"
 FINGERPRINTS = "fingerprints"
@@ -27,3 +37,13 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "pitstop"
+
+
+def keyed_cache_path(cache_dir: str | os.PathLike[str] | None, name: str, key: Any) -> Path | None:
+    """`<cache_dir>/<stem>-<digest of key><suffix>` for a cache file `name`; None without a
+    cache directory. The key is still stored in the file and checked on reading."""
+    if not cache_dir:
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    stem, suffix = os.path.splitext(name)
+    return Path(cache_dir) / f"{stem}-{digest}{suffix}"

@@ -68,7 +68,9 @@ def test_compile_check_uses_its_cache(tmp_path: Path) -> None:
     import torch
 
     key = {"torch": torch.__version__, "python": platform.python_version(), "device": "cpu"}
-    (tmp_path / "compile_check.json").write_text(
+    from pitstop.cache_layout import COMPILE_CHECK, keyed_cache_path
+
+    keyed_cache_path(tmp_path, COMPILE_CHECK, key).write_text(
         json.dumps({"key": key, "result": {"checked": True, "works": True, "reason": "cached ok"}})
     )
     r = check_compile("cpu", tmp_path)

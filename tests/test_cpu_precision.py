@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -74,6 +73,30 @@ def test_the_precision_measurement_is_cached_by_shapes(tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
+def test_a_measurement_under_another_key_never_replaces_this_one(tmp_path, monkeypatch):
+    """One file per key: a run with other shapes or another thread count (the reliability
+    suite's in-process runs use the pytest process's threads) measuring in between must not
+    evict this key's entry. It did with one file per kind, the next run measured again, and
+    a precision near the threshold came out the other way (a resumed run no longer matched
+    its reference in CI)."""
+    import torch
+
+    answers = iter([(2.0, 1.0), (1.0, 2.0), (1.0, 2.0)])
+    monkeypatch.setattr(peak, "measure_precision_speed", lambda s: next(answers))
+    first = peak.cpu_precision_speed(tmp_path, SHAPES)
+    peak.cpu_precision_speed(tmp_path, ((128, 64, 128),))  # other shapes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        peak.cpu_precision_speed(tmp_path, SHAPES)  # another thread count
+    finally:
+        torch.set_num_threads(threads)
+    again = peak.cpu_precision_speed(tmp_path, SHAPES)
+    assert again.source.startswith("reused") and (again.fp32_s, again.bf16_s) == (2.0, 1.0)
+    assert (first.fp32_s, first.bf16_s) == (2.0, 1.0)
+    assert len(list(tmp_path.glob("cpu_precision-*.json"))) == 3
+
+
 def test_the_real_measurement_times_both_precisions():
     fp32_s, bf16_s = peak.measure_precision_speed(SHAPES)
     assert 0 < fp32_s < 1 and 0 < bf16_s < 1
@@ -125,7 +148,7 @@ def test_auto_records_its_measurement_and_bf16_autocast_trains_close_to_fp32(
     assert choice["value"] == "bf16"
     assert choice["measured"]["fp32_seconds"] == 0.02 and choice["measured"]["bf16_speedup"] == 2
     assert "measured faster" in choice["reason"]
-    assert Path(tmp_path / "cache" / "cpu_precision.json").is_file()
+    assert list((tmp_path / "cache").glob("cpu_precision-*.json"))
     _, fp32 = _run(tiny_model_dir, store, tmp_path / "fp32", precision="fp32")
     assert all(math.isfinite(x) for x in bf16)
     assert bf16 != fp32  # it really ran in bf16
@@ -155,7 +178,8 @@ def test_a_resumed_run_keeps_the_measured_precision_and_continues_exactly(
     assert record is not None and record.values["precision"] == "bf16"
     assert record.measurements["precision"]["bf16_speedup"] == 2
 
-    (tmp_path / "cache" / "cpu_precision.json").unlink()  # the cache is gone, and now
+    for f in (tmp_path / "cache").glob("cpu_precision-*.json"):
+        f.unlink()  # the cache is gone, and now
     monkeypatch.setattr(peak, "measure_precision_speed", lambda s: (0.01, 0.02))  # fp32 wins
     s, resumed = _run(tiny_model_dir, store, out, resume=True, **kw)
     assert s["choices"]["precision"]["value"] == "bf16"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
-from pitstop.cache_layout import COMPILE_CHECK
+from pitstop.cache_layout import COMPILE_CHECK, keyed_cache_path
 from pitstop.probe import DeviceInfo, compile_status, detect_device, flash_attn_status
 
 READ_LIMIT_BYTES = 256 * 1024 * 1024
@@ -79,7 +79,7 @@ def check_compile(
     if not ok:
         return {"checked": False, "works": False, "reason": why}
     key = {"torch": torch.__version__, "python": platform.python_version(), "device": device}
-    path = Path(cache_dir) / COMPILE_CHECK if cache_dir else None
+    path = keyed_cache_path(cache_dir, COMPILE_CHECK, key)
     if path is not None and path.is_file():
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))

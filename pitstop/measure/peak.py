@@ -4,8 +4,8 @@ GPUs: a table of dense (no structured sparsity) tensor-core peaks from NVIDIA's
 datasheets, by precision. CPUs: there is no reliable table, so the peak is
 measured once per precision (the best of a few 1024^3 matrix products through torch,
 fp32 or bf16, i.e. what the BLAS actually reaches with this thread count: tens of
-milliseconds) and cached in the cache directory, keyed by CPU model, thread count and
-torch version.
+milliseconds) and cached in the cache directory, one file per key (CPU model, thread
+count and torch version: pitstop.cache_layout.keyed_cache_path).
 
 Also here: the CPU precision measurement `choose_precision` decides with (fp32 against
 bf16 autocast, forward+backward of linear layers at the model's own matmul shapes),
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
-from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION
+from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
 from pitstop.probe import PrecisionSpeed, cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
@@ -121,7 +121,7 @@ def cpu_peak(cache_dir: str | Path | None, precision: str = "fp32") -> tuple[flo
     precision = "bf16" if precision == "bf16" else "fp32"
     key = _cpu_key()
     name = CPU_PEAK_BF16 if precision == "bf16" else CPU_PEAK
-    path = Path(cache_dir) / name if cache_dir else None
+    path = keyed_cache_path(cache_dir, name, key)
     rec = _read_cached(path, key)
     if rec is not None and isinstance(rec.get("flops"), (int, float)):
         return float(rec["flops"]), f"measured {precision} matmul peak (cached in {path})"
@@ -193,7 +193,7 @@ def cpu_precision_speed(
 ) -> PrecisionSpeed:
     """fp32 against bf16 autocast at `shapes` on this CPU, measured once and cached."""
     key = {**_cpu_key(), "shapes": [list(s) for s in shapes]}
-    path = Path(cache_dir) / CPU_PRECISION if cache_dir else None
+    path = keyed_cache_path(cache_dir, CPU_PRECISION, key)
     rec = _read_cached(path, key)
     if rec is not None:
         try:
