@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pitstop import log, probe, run_record, versions
 from pitstop.batching.choices import read_run_choices
@@ -47,6 +46,7 @@ from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
+from pitstop.train.token_loss import shifted_targets, token_ce_sum
 
 
 @dataclass
@@ -145,14 +145,9 @@ def token_loss_sum(
         enabled=autocast_dtype is not None,
     ):  # fmt: skip
         out = forward(**kwargs)
-    logits = out.logits  # [B, T, V]
-    labels = batch["labels"]  # [B, T]; the model convention: position t predicts labels[t+1]
-    return F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(),  # [B*(T-1), V] in fp32
-        labels[:, 1:].flatten(),  # [B*(T-1)]
-        ignore_index=-100,
-        reduction="sum",
-    )
+    # [B*T, V] logits and [B*T] targets (the model convention: position t predicts
+    # labels[t+1]); the sum in fp32, without an fp32 copy of the logits on a CPU.
+    return token_ce_sum(out.logits.flatten(0, 1), shifted_targets(batch["labels"]))
 
 
 @dataclass(frozen=True)
@@ -403,6 +398,8 @@ def build_optimizer_parts(
         "computed by pitstop from the logits in fp32, summed over targets and divided by the "
         "step's target count (all ranks), so accumulated micro-batches give exactly one big "
         "batch's gradient"
+        + ("; on a CPU a block of rows at a time, without an fp32 copy of the logits"
+           if tdev.type == "cpu" else "")
         + (f"; x{env.world_size} to undo the gradient averaging across ranks"
            if env.distributed else ""),
     )  # fmt: skip

@@ -4,9 +4,9 @@ flash-attn): the attention kernel `sdpa_docs`.
 SDPA with a block-diagonal document mask computes all T x T scores of a packed row and
 throws most away, and a dense mask also rules out SDPA's fused causal kernels. `sdpa_docs`
 instead runs causal SDPA over each document's own span: a row of documents n_1..n_k costs
-sum(n_i^2), as flash-attn's varlen path does on a GPU. Documents of equal length (every row
-of a bucketed or padded micro-batch, which is one document plus padding continuing its
-positions) are batched into one SDPA call, so those layouts run as one call per length.
+sum(n_i^2), as flash-attn's varlen path does on a GPU. Each document's query, key and value
+are views of the row (no copy); a micro-batch of one document per row (bucket, pad: one
+document plus padding continuing its positions) is one SDPA call over the rows.
 
 The boundaries come from the varlen kwargs pitstop already builds for flash-attn
 (train/attention.py: ``cu_seq_lens_q``, int32 offsets into the flattened [B*T] tokens).
@@ -112,23 +112,28 @@ def per_document_sdpa(
             f"cu_seq_lens_q must run from 0 to B*T = {B * T} (the flattened positions), "
             f"got {bounds[:1]}..{bounds[-1:]}"
         )
-    by_length: dict[int, list[int]] = {}
-    for a, b in itertools.pairwise(bounds):
-        if b > a:
-            by_length.setdefault(b - a, []).append(a)
-    outs, order = [], []
-    for length, starts in by_length.items():
-        # idx [n, L]: the positions of the n documents of this length, one per row.
-        idx = torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)
-        qs, ks, vs = (x[idx].transpose(1, 2) for x in (q, k, v))  # [n, heads, L, D]
+    spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    if len(spans) == B and all(b - a == T for a, b in spans):
+        # One document per row (bucket, pad): one call over the rows as they are.
         o = F.scaled_dot_product_attention(
-            qs, ks, vs, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=h_kv != H
-        )  # [n, H, L, D]
-        outs.append(o.transpose(1, 2).reshape(-1, H, D))
-        order.append(idx.flatten())
-    if list(by_length) == [T] and len(by_length[T]) == B:
-        return outs[0]  # one document per row (bucket, pad): already in row order
-    where = torch.cat(order)  # where each computed position belongs in [B*T]
-    inverse = torch.empty_like(where)
-    inverse[where] = torch.arange(where.numel(), device=where.device)
-    return torch.cat(outs)[inverse]
+            query, key, value, dropout_p=dropout_p, is_causal=True, scale=scale,
+            enable_gqa=h_kv != H,
+        )  # fmt: skip
+        return o.transpose(1, 2).reshape(B * T, H, D)
+    # Each document is a contiguous span of the flattened rows: its q/k/v are views (no
+    # gather), and the outputs, in document order, tile [B*T] exactly. An index gather of
+    # equal-length documents (and its scatter-add backward) cost more on a CPU than the
+    # extra SDPA calls it saved: packed documents rarely share a length.
+    # [1, heads, L, D]: SDPA's fused CPU kernel takes 4-d inputs only (3-d ones fall back
+    # to the slower math path).
+    # torch.split, not slicing: a slice's backward writes its gradient into a zeroed
+    # full-size tensor (one [B*T, heads, D] fill per document and input), split's is one cat.
+    sizes = [b - a for a, b in spans]
+    outs = [
+        F.scaled_dot_product_attention(
+            qd.transpose(0, 1)[None], kd.transpose(0, 1)[None], vd.transpose(0, 1)[None],
+            dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=h_kv != H,
+        )[0].transpose(0, 1)  # [L, H, D]
+        for qd, kd, vd in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
+    ]  # fmt: skip
+    return torch.cat(outs)
