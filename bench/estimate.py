@@ -58,7 +58,7 @@ def main() -> int:
     from pitstop.config import build_config
     from pitstop.corpus import sample_corpus_path
     from pitstop.data.prepare import prepare_data
-    from pitstop.report.memory import shape_from_model_dir
+    from pitstop.measure.cost_model import shape_from_model_dir
     from pitstop.tiny import build_model_dir
 
     work = Path(tempfile.mkdtemp(prefix="pitstop-bench-estimate-"))

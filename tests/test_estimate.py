@@ -9,6 +9,7 @@ import pytest
 from test_report_compare import make_run, run_cli
 
 from pitstop.errors import ConfigError, DataError
+from pitstop.measure.cost_model import ModelShape
 from pitstop.report.estimate import (
     DEFAULT_MFU,
     STEP_FLOOR_SECONDS,
@@ -20,7 +21,6 @@ from pitstop.report.estimate import (
     options_table,
 )
 from pitstop.report.gpus import find_gpu, get_gpu
-from pitstop.report.memory import ModelShape
 
 SHAPE = ModelShape(layers=2, hidden=64, intermediate=256, heads=4, kv_heads=2, vocab=1000)
 TOKENS = DataTokens(1_000_000, 1_000_000, None, None, "test")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from test_report_compare import make_run
 
+from pitstop.measure.cost_model import ModelShape
 from pitstop.report.estimate import (
     DataTokens,
     estimate,
@@ -16,7 +17,6 @@ from pitstop.report.estimate import (
     recompute_per_token,
 )
 from pitstop.report.gpus import get_gpu
-from pitstop.report.memory import ModelShape
 
 SHAPE = ModelShape(layers=2, hidden=64, intermediate=172, heads=4, kv_heads=4, vocab=4096)
 TOKENS = DataTokens(10**10, 10**10, None, 128, "test")
@@ -68,7 +68,7 @@ def test_mfu_above_one_is_not_shown(tmp_path: Path) -> None:
 
 
 def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
-    from pitstop.report.memory import shape_from_params
+    from pitstop.measure.cost_model import shape_from_params
 
     shape = shape_from_params(8e9)
     kw = {"tokens": TOKENS, "seq_len": 2048, "gpu": get_gpu("H100"), "mfu": 0.4}

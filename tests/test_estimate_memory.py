@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pitstop.errors import DataError
-from pitstop.report.memory import (
+from pitstop.measure.cost_model import (
     ModelShape,
     estimate_memory,
     lora_params,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.report.memory import estimate_memory, shape_from_config
+from pitstop.measure.cost_model import estimate_memory, shape_from_config
 
 SCRIPT = textwrap.dedent(
     """
