@@ -82,8 +82,8 @@ def device_bytes(device_type: str) -> int | None:
 def fitting_options(*, rows: int | None, checkpointing: bool, seq_len: int) -> list[str]:
     """Settings that need less memory for the same math (tokens per step stay the same).
 
-    Sizes follow from the failing micro-batch alone (half of it, or checkpointing), not
-    from the cost model's estimate: the estimate was what allowed the failing size.
+    Sizes follow from the failing micro-batch alone (half of it, or checkpointing): an
+    out-of-memory error is a measurement, and beats any estimate of the same size.
     """
     opts = []
     if rows and rows > 1:
