@@ -1,0 +1,122 @@
+"""The two CPU step kernels pitstop writes itself, against what they replace, side by side.
+
+    .venv/bin/python -m bench.step_kernels [--rows 2] [--max-len 1024] [--vocab 8192]
+
+- The loss: `train/token_loss.py` (labels shifted, fp32 cross-entropy a block of rows at a
+  time) against `F.cross_entropy(logits[:, :-1].float())`, forward + backward, bf16 and fp32
+  logits.
+- The attention: `sdpa_docs` (per-document causal SDPA over split views) against
+  transformers' SDPA path for packed rows (a dense block-diagonal mask), forward + backward,
+  heads 4 x 64, documents of 600/300/124 and 900/100/24 positions in two rows of 1024.
+
+Interleaved rounds, medians of 7. Writes bench/results/step_kernels.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+from bench.common import markdown_table, median, write_result
+
+
+def _timed(fn: Callable[[], object], rounds: int = 7) -> list[float]:
+    fn()  # warm-up: the kernels' first dispatch
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_loss(rows: int, max_len: int, vocab: int) -> list[list[str]]:
+    import torch
+    import torch.nn.functional as F
+
+    from pitstop.train.token_loss import chunked_token_ce, shifted_targets
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, vocab, (rows, max_len), generator=g)
+    out = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(rows, max_len, vocab, generator=g) * 3).to(dtype).requires_grad_()
+
+        def before(x: torch.Tensor = x) -> None:
+            loss = F.cross_entropy(
+                x[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="sum"
+            )
+            torch.autograd.grad(loss, x)
+
+        def now(x: torch.Tensor = x) -> None:
+            torch.autograd.grad(chunked_token_ce(x.flatten(0, 1), shifted_targets(labels)), x)
+
+        a, b = [], []
+        for _ in range(3):  # interleaved: a busy moment hits both
+            a += _timed(before, 3)
+            b += _timed(now, 3)
+        out.append([f"loss, {str(dtype).split('.')[-1]} logits", f"{median(a) * 1e3:.1f}",
+                    f"{median(b) * 1e3:.1f}", f"{median(a) / median(b):.2f}x"])  # fmt: skip
+    return out
+
+
+def bench_attention(max_len: int) -> list[list[str]]:
+    import torch
+
+    from pitstop.train.attention import doc_boundaries
+    from pitstop.train.doc_attention import per_document_sdpa
+
+    docs = [[600, 300, max_len - 900], [900, 100, max_len - 1000]]
+    pos = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in docs])
+    cu, _ = doc_boundaries(pos)
+    B, H, T, D = 2, 4, max_len, 64
+    # transformers' SDPA path for packed rows: a block-diagonal causal mask, all T x T scores.
+    doc = torch.cumsum((pos == 0).int(), dim=1)
+    same = doc[:, :, None] == doc[:, None, :]
+    mask = (same & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, v = (torch.randn(B, T, H, D, generator=g).to(dtype).transpose(1, 2).requires_grad_()
+                   for _ in range(3))  # fmt: skip
+
+        def dense(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> None:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            torch.autograd.grad(o.float().sum(), (q, k, v))
+
+        def per_doc(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> None:
+            torch.autograd.grad(per_document_sdpa(q, k, v, cu).float().sum(), (q, k, v))
+
+        a, b = [], []
+        for _ in range(3):
+            a += _timed(dense, 3)
+            b += _timed(per_doc, 3)
+        out.append([f"attention, {str(dtype).split('.')[-1]}", f"{median(a) * 1e3:.1f}",
+                    f"{median(b) * 1e3:.1f}", f"{median(a) / median(b):.2f}x"])  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=8192)
+    args = ap.parse_args()
+    if args.max_len < 1001:
+        ap.error("--max-len must be at least 1001 (the attention case's documents)")
+    rows = bench_loss(args.rows, args.max_len, args.vocab) + bench_attention(args.max_len)
+    table = markdown_table(["kernel (forward + backward)", "before / dense ms", "pitstop ms",
+                            "speed-up"], rows)  # fmt: skip
+    print(table)
+    body = (
+        f"{table}\n\nLoss: {args.rows} rows x {args.max_len} positions x {args.vocab} vocabulary; "
+        "before = `F.cross_entropy(logits[:, :-1].float())`. Attention: 2 rows of "
+        f"{args.max_len}, 4 heads x 64, 6 documents; dense = SDPA with the block-diagonal "
+        "causal mask transformers builds for packed rows. Medians of 9 interleaved samples."
+    )
+    write_result("step_kernels", "CPU step kernels: pitstop's loss and attention", body)
+
+
+if __name__ == "__main__":
+    main()
