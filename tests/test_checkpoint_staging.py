@@ -81,9 +81,10 @@ def test_checkpoint_through_buffers_is_identical_to_a_cloned_one(tmp_path):
     assert ra["trainer_state"] == rb["trainer_state"]
 
 
-def test_a_second_checkpoint_waits_for_the_first_write_and_never_mixes_values(tmp_path):
-    """The buffers are refilled only after the previous write has read them: a slow write of
-    step 1 still holds step 1's values though step 2 is staged while it runs."""
+def _slow_writer(
+    root: Path, keep: int
+) -> tuple[ckpt.CheckpointWriter, threading.Event, threading.Event]:
+    """A writer whose model save sets `writing`, then waits for `release` (10 s at most)."""
     release = threading.Event()
     writing = threading.Event()
 
@@ -92,7 +93,13 @@ def test_a_second_checkpoint_waits_for_the_first_write_and_never_mixes_values(tm
         release.wait(10)
         _save_model(dest, state)
 
-    w = ckpt.CheckpointWriter(tmp_path / "c", keep=3, save_model=slow_save)
+    return ckpt.CheckpointWriter(root, keep=keep, save_model=slow_save), writing, release
+
+
+def test_a_second_checkpoint_waits_for_the_first_write_and_never_mixes_values(tmp_path):
+    """The buffers are refilled only after the previous write has read them: a slow write of
+    step 1 still holds step 1's values though step 2 is staged while it runs."""
+    w, writing, release = _slow_writer(tmp_path / "c", keep=3)
     model, optim = _state(1.0)
     (m, o), ready = w.stage((model, optim))
     w.submit(_snap(1, m, o, ready))
@@ -130,15 +137,7 @@ def test_a_ctrl_c_inside_wait_leaves_the_write_waited_for(tmp_path):
     next `wait()` return before the write ends: with `Thread.join()` it did on Python < 3.13,
     the interpreter then exited under a thread inside `torch.save`, and the process aborted
     ("terminate called without an active exception", exit -6)."""
-    release = threading.Event()
-    writing = threading.Event()
-
-    def slow_save(dest: Path, state: dict[str, torch.Tensor]) -> None:
-        writing.set()
-        release.wait(10)
-        _save_model(dest, state)
-
-    w = ckpt.CheckpointWriter(tmp_path / "k", keep=2, save_model=slow_save)
+    w, writing, release = _slow_writer(tmp_path / "k", keep=2)
     model, optim = _state(1.0)
     w.submit(_snap(1, ckpt.to_host(model), ckpt.to_host(optim)))
     assert writing.wait(10)
