@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint format soak clean test-oldest test-newest
+.PHONY: install demo test test-fast bench lint format soak soak-load clean test-oldest test-newest
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ bench: $(STAMP)
 # The long crash-and-resume loop: at least 20 SIGKILLs at random moments, then bit-identical resume.
 soak: $(STAMP)
 	$(PY) -m pytest tests/reliability -m soak -s
+
+# The reliability suite RUNS times in a row while a busy loop per core keeps the machine
+# busy (docs/fault-injection.md): the check that no test there depends on the machine's speed.
+RUNS ?= 20
+soak-load: $(STAMP)
+	$(PY) scripts/under_load.py --runs $(RUNS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
