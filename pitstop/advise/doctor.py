@@ -19,12 +19,14 @@ from pitstop.advise.hf_args import class_reason, classify_fields, from_hf_args
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config
 from pitstop.advise.target import Target
+from pitstop.cache_layout import cache_root
 from pitstop.config import FIELDS, RunConfig
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
 from pitstop.errors import ConfigError
+from pitstop.measure.peak import model_precision_speed
 from pitstop.measure.verdict import verdict as profile_verdict
-from pitstop.probe import DeviceInfo
+from pitstop.probe import Choice, DeviceInfo, PrecisionSpeed, choose_precision, cpu_bf16_candidate
 
 
 def device_from_dict(d: dict[str, Any] | None) -> DeviceInfo | None:
@@ -41,6 +43,31 @@ def device_from_dict(d: dict[str, Any] | None) -> DeviceInfo | None:
         cpu_count=int(d.get("cpu_count") or 1),
         index=int(d.get("index") or 0),
     )
+
+
+def planned_precision(
+    setup: Setup,
+    device: DeviceInfo,
+    *,
+    here: bool,
+    model_dir: str | Path | None,
+    cache_dir: str | Path | None,
+) -> tuple[Choice, PrecisionSpeed | None]:
+    """The precision `pitstop train` would train this setup with, and the measurement behind it.
+
+    On a CPU with native bf16, `--precision auto` is decided by timing fp32 against bf16
+    autocast at the model's matmul shapes. The doctor reads the same cache entry training
+    writes (or measures it, ~0.2 s, and caches it for the run), so both say the same thing.
+    Only where the audit is for this machine as probed (`here`): a target machine, a
+    pretended device or a profile's device is not timed on this one.
+    """
+    if setup.precision != "auto":  # as configured (a rule reports one the device cannot run)
+        return Choice(setup.precision, "as configured"), None
+    measured = None
+    wanted = here and setup.source == "pitstop" and cpu_bf16_candidate(setup.precision, device)
+    if wanted and model_dir is not None and setup.max_len:
+        measured = model_precision_speed(cache_dir, model_dir, setup.max_len)
+    return choose_precision(setup.precision, device, measured), measured
 
 
 def profile_mismatch(
@@ -177,6 +204,7 @@ def doctor(
     if target is not None:
         setup = target.apply(setup)
     data_path = data if isinstance(data, (str, Path)) else None
+    probed_here = environment is None and device is None
     if environment is None:
         environment = probe_environment(
             data=data_path if disk_check else None,
@@ -185,10 +213,11 @@ def doctor(
             compile_check=compile_check,
             device=device,
         )
+    this_machine = device_from_dict(environment.get("device")) if probed_here else None
     local = (
         device_from_dict((profile or {}).get("device"))
         or device
-        or device_from_dict(environment.get("device"))
+        or this_machine
         or DeviceInfo(type="cpu", name="cpu")
     )
     dev = target.device if target is not None and target.given else local
@@ -211,6 +240,10 @@ def doctor(
         if target is not None:  # both files run on the target
             base_setup = target.apply(base_setup)
     foreign = profile_mismatch(profile, dev, model_dir)
+    precision, measured = planned_precision(
+        setup, dev, here=this_machine is not None and dev is this_machine, model_dir=model_dir,
+        cache_dir=cache_root((config.cache_dir if config is not None else None) or cache_dir),
+    )  # fmt: skip
     ctx = Context(
         setup=setup,
         device=dev,
@@ -220,6 +253,7 @@ def doctor(
         profile=None if foreign else profile,
         baseline=base_setup,
         transformers=target.transformers if target is not None else None,
+        measured_precision=measured,
     )
     found = run_rules(ctx)
     if foreign and profile:
@@ -229,7 +263,12 @@ def doctor(
         "environment": environment,
         "findings": [f.to_dict() for f in findings],
         "verdict": profile_verdict(profile).to_dict() if profile else None,
-        "setup": {"source": setup.source, "hf_class": setup.hf_class, "device": dev.to_dict()},
+        "setup": {
+            "source": setup.source,
+            "hf_class": setup.hf_class,
+            "device": dev.to_dict(),
+            "precision": {"value": precision.value, "reason": precision.reason},
+        },
         "target": target.to_dict() if target is not None else None,
         "audited_for": target.describe(local) if target is not None and target.given else None,
     }

@@ -36,7 +36,13 @@ from pitstop.measure.verdict import (
     phase_shares,
     verdict,
 )
-from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, DeviceInfo, choose_precision
+from pitstop.probe import (
+    COMPILE_GAIN_BASIS,
+    COMPILE_SECONDS_BASIS,
+    DeviceInfo,
+    PrecisionSpeed,
+    choose_precision,
+)
 
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
 PERIODIC_TARGET = 0.01
@@ -57,6 +63,8 @@ class Context:
     profile: dict[str, Any] | None = None
     baseline: Setup | None = None
     transformers: str | None = None  # the target's release; None: the installed one (env)
+    # What `--precision auto` measured on this CPU (doctor.planned_precision); None: unmeasured
+    measured_precision: PrecisionSpeed | None = None
 
     @property
     def cuda(self) -> bool:
@@ -74,7 +82,7 @@ class Context:
     def precision(self) -> str:
         """The precision the run uses; `auto` resolved the way pitstop's probe resolves it."""
         p = self.setup.precision
-        return p if p != "auto" else choose_precision(p, self.device).value
+        return p if p != "auto" else choose_precision(p, self.device, self.measured_precision).value
 
     def base_step_seconds(self) -> float | None:
         """Mean step seconds without the periodic phases (checkpoint, eval, logging)."""

@@ -153,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_environment(report["environment"]))
     if report.get("audited_for"):
         print(report["audited_for"])
+    precision = report["setup"].get("precision") or {}
+    if report["setup"]["source"] == "pitstop" and precision:
+        print(f"precision: {precision['value']} ({precision['reason']})")
     if report["setup"].get("hf_class_reason"):
         print("fields read as " + report["setup"]["hf_class_reason"])
     if report.get("verdict"):

@@ -208,6 +208,22 @@ def cpu_precision_speed(
     return PrecisionSpeed(fp32_s, bf16_s, shapes, "measured on this CPU")
 
 
+def model_precision_speed(
+    cache_dir: str | Path | None, model_dir: str | Path, max_seq_len: int
+) -> PrecisionSpeed:
+    """`cpu_precision_speed` at the matmul shapes of the model in `model_dir` (its
+    config.json) for rows of `max_seq_len`: what `pitstop train` decides `--precision auto`
+    with on a CPU, and what the doctor reads (the same cache entry, so neither measures twice).
+    An unreadable config.json measures default shapes: the model's own loading reports it."""
+    try:
+        model_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        model_config = {}
+    if not isinstance(model_config, dict):
+        model_config = {}
+    return cpu_precision_speed(cache_dir, model_matmul_shapes(model_config, max_seq_len))
+
+
 def device_peak(
     dev: Any, precision: str, tf32: bool, cache_dir: str | Path | None
 ) -> tuple[float | None, str]:

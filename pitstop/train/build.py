@@ -14,7 +14,6 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import time
@@ -36,7 +35,7 @@ from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.faults import NO_FAULTS, Faults, from_env
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
-from pitstop.measure.peak import cpu_precision_speed, device_peak, model_matmul_shapes
+from pitstop.measure.peak import device_peak, model_precision_speed
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.run_record import ChoiceRecord
@@ -522,14 +521,7 @@ def _cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionS
     bf16 on this CPU (measured once per machine and shapes, then cached); else None."""
     if not probe.cpu_bf16_candidate(cfg.precision, device):
         return None
-    try:  # the model directory is checked (with its own errors) when the model loads
-        model_config = json.loads((Path(cfg.model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        model_config = {}
-    if not isinstance(model_config, dict):
-        model_config = {}
-    shapes = model_matmul_shapes(model_config, cfg.max_seq_len)
-    return cpu_precision_speed(cache_root(cfg.cache_dir), shapes)
+    return model_precision_speed(cache_root(cfg.cache_dir), cfg.model, cfg.max_seq_len)
 
 
 def _custom_eval_set(
