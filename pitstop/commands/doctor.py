@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(report["audited_for"])
     precision = report["setup"].get("precision") or {}
     if report["setup"]["source"] == "pitstop" and precision:
-        print(f"precision: {precision['value']} ({precision['reason']})")
+        print(f"{'precision':<13}{precision['value']}: {precision['reason']}")
     if report["setup"].get("hf_class_reason"):
         print("fields read as " + report["setup"]["hf_class_reason"])
     if report.get("verdict"):
