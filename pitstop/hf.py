@@ -54,7 +54,7 @@ from pitstop.atomic import write_json_atomic
 from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
-from pitstop.measure.machine import machine_load
+from pitstop.measure.machine import cpu_snapshot, machine_load
 from pitstop.measure.peak import device_peak
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
@@ -172,6 +172,7 @@ class PitstopCallback(TrainerCallback):
         self._hooks: list[Any] = []
         self._dataloader: Any = None
         self._cuda = False
+        self._cpu_start = cpu_snapshot()  # other processes' share is measured from here
         self._flops_per_position: float | None = None
         self._t_begin = time.perf_counter()
         self._dataset: Any = None
@@ -347,7 +348,7 @@ class PitstopCallback(TrainerCallback):
         if not getattr(state, "is_world_process_zero", True):
             return
         self.profile = self._build_profile(args, kwargs.get("model"))
-        self.profile["machine"] = machine_load()
+        self.profile["machine"] = machine_load(since=self._cpu_start)
         out = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         if self.run_doctor:
             self.report = self._doctor(args)

@@ -43,7 +43,9 @@ def test_the_doctor_resolves_precision_auto_with_the_probe():
         DeviceInfo(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False),
         DeviceInfo(type="cuda", name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True),
     ):
-        ctx = SimpleNamespace(setup=SimpleNamespace(precision="auto"), device=dev)
+        ctx = SimpleNamespace(
+            setup=SimpleNamespace(precision="auto"), device=dev, measured_precision=None
+        )
         assert Context.precision.fget(ctx) == choose_precision("auto", dev).value
 
 

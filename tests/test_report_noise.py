@@ -29,6 +29,7 @@ def synthetic_run(
     seed: int = 0,
     load: float = 0.3,
     mark_warmup: bool = False,
+    machine: dict | None = None,
 ) -> Path:
     """A run dir like PitstopCallback writes: per-step lines (cumulative tokens) + summary."""
     rng = random.Random(seed)
@@ -50,7 +51,7 @@ def synthetic_run(
         "status": "completed", "trained_tokens": cum, "optimizer_steps": steps,
         "train_seconds": total, "wall_seconds": total + 5, "tokens_per_second": cum / total,
         "time_breakdown": {"data_wait": 0.1 * total, "forward": 0.9 * total},
-        "machine": {"load_average_1m": load, "cpu_cores": 2},
+        "machine": machine or {"load_average_1m": load, "cpu_cores": 2},
     }  # fmt: skip
     (dest / "summary.json").write_text(json.dumps(summary))
     return dest
@@ -101,6 +102,18 @@ def test_noisy_run_is_flagged_in_the_table_and_widens_the_band(tmp_path: Path) -
     text = format_compare(res)
     assert "NOISY: " in text and "load 3.5 on 2 cores" in text
     assert "noisy machine" in text  # the note saying how to settle it
+
+
+def test_a_steadily_shared_run_is_flagged_though_its_steps_are_even(tmp_path: Path) -> None:
+    # Another job held one of the two cores throughout: every step equally slow, load 1.9
+    # (under the cores), so only the measured CPU time of other processes shows it.
+    shared = {"load_average_1m": 1.9, "cpu_cores": 2, "other_cores": 1.0, "steal_cores": 0.0,
+              "window_seconds": 30.0, "machine_cores": 2}  # fmt: skip
+    a = synthetic_run(tmp_path / "a", jitter=0.02)
+    b = synthetic_run(tmp_path / "b", jitter=0.02, seed=1, machine=shared)
+    res = compare(a, b)
+    assert res["steady"]["b"]["noisy"] == ["other processes used 1.0 of 2 cores"]
+    assert not res["steady"]["a"]["noisy"] and res["noise_band"] >= NOISY_FLOOR
 
 
 def test_a_real_speedup_beyond_the_band_is_called(tmp_path: Path) -> None:

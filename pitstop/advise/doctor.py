@@ -240,10 +240,11 @@ def doctor(
         if target is not None:  # both files run on the target
             base_setup = target.apply(base_setup)
     foreign = profile_mismatch(profile, dev, model_dir)
+    here = this_machine is not None and dev is this_machine
+    precision_cache = cache_root((config.cache_dir if config is not None else None) or cache_dir)
     precision, measured = planned_precision(
-        setup, dev, here=this_machine is not None and dev is this_machine, model_dir=model_dir,
-        cache_dir=cache_root((config.cache_dir if config is not None else None) or cache_dir),
-    )  # fmt: skip
+        setup, dev, here=here, model_dir=model_dir, cache_dir=precision_cache
+    )
     ctx = Context(
         setup=setup,
         device=dev,

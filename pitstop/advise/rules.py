@@ -825,7 +825,8 @@ def _noisy(ctx: Context) -> dict[str, Any] | None:
     ev = found[0].evidence
     return {"step_spread": ev["step_spread"], "host_share": ev["host_share"],
             "load_average_1m": ev.get("load_average_1m"), "cpu_cores": ev.get("cpu_cores"),
-            "busy": ev["busy"], "share": found[0].share}  # fmt: skip
+            "busy": ev["busy"], "shared": ev.get("shared"), "erratic": ev.get("erratic", True),
+            "share": found[0].share}  # fmt: skip
 
 
 @rule("noisy-machine")
@@ -834,16 +835,26 @@ def noisy_machine(ctx: Context) -> Finding | None:
     if got is None:
         return None
     sp = got["step_spread"]
-    why = (f"load average {got['load_average_1m']:.1f} on {got['cpu_cores']} cores"
-           if got["busy"] else
-           f"host-side time (other + logging) is only {_pct(got['host_share'])} of the step")  # fmt: skip
+    why = got["shared"] or (
+        f"load average {got['load_average_1m']:.1f} on {got['cpu_cores']} cores"
+        if got["busy"]
+        else f"host-side time (other + logging) is only {_pct(got['host_share'])} of the step"
+    )
+    erratic = got["erratic"] and sp is not None
+    steps = (
+        f"steps vary (coefficient of variation {sp['cv']:.2f}, slowest {sp['max_over_median']:.1f}x "
+        f"the median) while {why}"
+        if erratic
+        else f"steps were steady, but {why} while they ran"
+    )
     return Finding(
         id="noisy-machine",
         severity="medium",
-        title="step times are erratic: the machine is noisy or shared",
+        title="step times are erratic: the machine is noisy or shared"
+        if erratic
+        else "the machine was shared while this profile was measured",
         evidence=got,
-        effect=f"steps vary (coefficient of variation {sp['cv']:.2f}, slowest {sp['max_over_median']:.1f}x "
-        f"the median) while {why}: another process competes for the CPU or device. Measured "
+        effect=f"{steps}: another process competes for the CPU or device. Measured "
         "speed-ups and estimates from this profile carry that noise; the steady (median) step is "
         "the better figure",
         basis="measured in this profile",
@@ -856,7 +867,8 @@ def noisy_machine(ctx: Context) -> Finding | None:
 @rule("sync-bound")
 def sync_bound(ctx: Context) -> Finding | None:
     """Stays quiet where noisy-machine explains the erratic steps (no sync advice then)."""
-    if not ctx.profile or _noisy(ctx) is not None:
+    noisy = _noisy(ctx)
+    if not ctx.profile or (noisy is not None and noisy["erratic"]):
         return None
     v = ctx.verdict
     found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]

@@ -19,7 +19,10 @@ Every verdict is read off the measured phase shares of a profile (see
   slowest step ≥ 3x the median, while checkpoint and eval, which legitimately make
   single steps long, take under 1%) and either the host-side time stays under the
   sync threshold or the machine's load average was at least its core count: another
-  process took the CPU or device. No configuration change follows from such a
+  process took the CPU or device. Steady steps are noisy-machine too when other processes
+  were measured using at least a fifth of the machine's cores while the profile ran
+  (`pitstop.measure.machine.shared_by_others`): a steadily shared CPU slows every step alike.
+  That one comes last, not first: the shares, slowed alike, still say where the step goes. No configuration change follows from such a
   profile, so this verdict comes first and every other share it lists is suspect.
 - compute-bound: none of the above; forward+backward dominate, which is where a
   training step should spend its time. Gains then come from fewer FLOPs (padding,
@@ -34,6 +37,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pitstop.measure.machine import shared_by_others
 
 INPUT_MODERATE, INPUT_SEVERE = 0.05, 0.20
 CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
@@ -136,10 +141,21 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     machine = profile.get("machine") or {}
     load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
     busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
+    shared = shared_by_others(machine)  # measured: others' CPU time during the run
     on_cpu = (profile.get("device") or {}).get("type") == "cpu"
-    noisy = erratic and spread is not None and (busy or not lvl)
+    noisy = erratic and spread is not None and (busy or shared is not None or not lvl)
+    shared_v = None
+    if shared is not None and not noisy:  # steady steps, but each one shared the machine
+        shared_v = Verdict(
+            "noisy-machine", "moderate", 0.0,
+            f"{shared} while this profile was measured (their CPU time, not a guess from the "
+            "step times, which stayed steady): every figure here is slower than this machine "
+            "gives a run alone, and no configuration change follows from it",
+            {**base, "step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
+             "cpu_cores": cores, "busy": True, "shared": shared, "erratic": False},
+        )  # fmt: skip
     if noisy and spread is not None:
-        why = (
+        why = shared or (
             f"load average {load:.1f} on {cores} cores"
             if busy
             else f"host-side time (other + logging) is only {_pct(host)} of the step"
@@ -151,7 +167,8 @@ def verdict(profile: dict[str, Any]) -> Verdict:
             "for the machine; the steady (median) step is the better figure and no configuration "
             "change follows from this profile",
             {**base, "step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
-             "cpu_cores": cores, "busy": busy},
+             "cpu_cores": cores, "busy": busy or shared is not None, "shared": shared,
+             "erratic": True},
         ))  # fmt: skip
     elif lvl or erratic:
         why = []
@@ -180,8 +197,11 @@ def verdict(profile: dict[str, Any]) -> Verdict:
         ))  # fmt: skip
 
     rank = {"severe": 0, "moderate": 1}
-    # A noisy machine comes first: every other share was measured through that noise.
+    # A noisy machine comes first: every other share was measured through that noise. A
+    # steadily shared one comes last (`shared_v`): it slowed every phase alike, so the shares
+    # still say where the step goes, and it is no bottleneck a setting can fix.
     found.sort(key=lambda v: (v.kind != "noisy-machine", rank[v.severity], -v.share))
+    last = [shared_v] if shared_v is not None else []
     compute = sum(shares.get(p, 0.0) for p in COMPUTE_PHASES)
     mfu = profile.get("mfu")
     if not found:
@@ -191,12 +211,12 @@ def verdict(profile: dict[str, Any]) -> Verdict:
             f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
             "fewer FLOPs (less padding, no recomputation) or faster kernels",
             {**base, "compute_share": round(compute, 4), "mfu": mfu,
-             "shares": {k: round(v, 4) for k, v in shares.items()}},
+             "shares": {k: round(v, 4) for k, v in shares.items()}}, last,
         )  # fmt: skip
     first, rest = found[0], found[1:]
     first.evidence["compute_share"] = round(compute, 4)
     first.evidence["shares"] = {k: round(v, 4) for k, v in shares.items()}
-    first.also = rest
+    first.also = rest + last
     return first
 
 

@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.measure.machine import shared_by_others
 from pitstop.report.runs import LoadedRun
 
 DEFAULT_WARMUP = 1  # steps left out when the run does not mark its warm-up
@@ -109,6 +110,9 @@ def noise_reasons(run: LoadedRun, spread: float) -> list[str]:
     load, cores = _num(machine.get("load_average_1m")), _num(machine.get("cpu_cores"))
     if load is not None and cores and load > cores:
         out.append(f"load {load:.1f} on {cores:.0f} cores")
+    shared = shared_by_others(machine)
+    if shared:
+        out.append(shared)
     if any(f.get("id") == "noisy-machine" for f in run.findings):
         out.append("noisy-machine finding")
     return out

@@ -35,6 +35,7 @@ from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.faults import NO_FAULTS, Faults, from_env
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
+from pitstop.measure.machine import CpuSnapshot, cpu_snapshot
 from pitstop.measure.peak import device_peak, model_precision_speed
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
@@ -55,6 +56,7 @@ class Run:
     cfg: RunConfig
     out: Path
     t_process: float  # when the process started (wall_seconds counts from it)
+    cpu_start: CpuSnapshot | None  # the CPU times other processes' share is measured from
     env: distributed.DistEnv
     dev: DeviceInfo
     device: torch.device
@@ -181,7 +183,7 @@ def build_run(
     `rank` / `world_size` place the run in a process group the caller made (else
     torchrun's, if any). Its steps follow the order the module docstring explains.
     """
-    t_process = _process_start()
+    t_process, cpu_start = _process_start(), cpu_snapshot()
     faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
     faults.reached("startup")
     out = check_output_dir(cfg)
@@ -207,8 +209,8 @@ def build_run(
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
     writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
     return Run(
-        cfg=cfg, out=out, t_process=t_process, env=m.env, dev=m.dev, device=m.device,
-        choices=choices, precision=m.precision, autocast_dtype=autocast_dtype,
+        cfg=cfg, out=out, t_process=t_process, cpu_start=cpu_start, env=m.env, dev=m.dev,
+        device=m.device, choices=choices, precision=m.precision, autocast_dtype=autocast_dtype,
         tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
         compiled=bool(choices["compile"].value), loader=loader, geometry=geometry,
         eval_set=eval_set, steps_per_epoch=steps_per_epoch, total_steps=total_steps,

@@ -22,7 +22,7 @@ from typing import Any
 
 from pitstop.atomic import write_text_atomic
 from pitstop.measure import flops as flops_mod
-from pitstop.measure.machine import machine_load
+from pitstop.measure.machine import CpuSnapshot, machine_load, shared_by_others
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.run_record import FINAL, ChoiceRecord, RunSummary
 from pitstop.train.state import RunState
@@ -109,13 +109,15 @@ def trainer_summary(
     peak_source: str | None,
     checkpoints: Any,
     t_process: float,
+    cpu_start: CpuSnapshot | None,
     out: Path,
     config: dict[str, Any],
     resumed_from: str | None,
 ) -> RunSummary:
     """The `pitstop train` run's summary.json so far. `checkpoints` is the run's checkpoint
     writer (its best checkpoint, write seconds and host buffer); `t_process` the
-    time.time() this process started (wall_seconds adds the runs before a resume)."""
+    time.time() this process started (wall_seconds adds the runs before a resume); `cpu_start`
+    the CPU times other processes' share of the machine is measured from."""
     import torch  # the trainer has it loaded; torch-free readers never call this
 
     ts = state.train_seconds
@@ -156,7 +158,7 @@ def trainer_summary(
         padding_waste=1 - eff if eff is not None else None,
         planned_efficiency=planned_efficiency,  # epoch 0 plan, before running
         device={**device.to_dict(), "torch": torch.__version__},
-        machine=machine_load(),  # the load its figures were measured under
+        machine=machine_load(since=cpu_start),  # the load its figures were measured under
         choices={k: c.to_dict() for k, c in choices.items()},
         measured_choices=measured.to_dict() if measured else None,
         resumed_from=str(resumed_from) if resumed_from else None,
@@ -172,8 +174,10 @@ def result_line(s: RunSummary) -> str:
     at = s.final_loss_step
     if at is not None and at != s.optimizer_steps:  # the last steps were skipped
         loss += f" (step {at}, the last finite one)"
+    shared = shared_by_others(s.machine)  # the rate was measured beside other work
+    shared = f" while {shared}, so slower than this machine alone" if shared else ""
     return (
         f"pitstop: {s.optimizer_steps} steps, {s.trained_tokens or 0:,} trained tokens in "
-        f"{s.train_seconds or 0:.1f} s ({(s.tokens_per_second or 0):,.0f} tokens/s{mfu}); "
-        f"final loss {loss}; model in {s.final_model}"
+        f"{s.train_seconds or 0:.1f} s ({(s.tokens_per_second or 0):,.0f} tokens/s{mfu}"
+        f"{shared}); final loss {loss}; model in {s.final_model}"
     )

@@ -494,5 +494,5 @@ class Trainer:
             measured=run.geometry.measured, planned_efficiency=run.geometry.efficiency,
             flops_per_token=run.flops_per_token, peak_flops=run.peak_flops,
             peak_source=run.peak_source, checkpoints=run.writer, t_process=run.t_process,
-            out=run.out, config=run.cfg.to_dict(), resumed_from=self.resumed_from,
+            cpu_start=run.cpu_start, out=run.out, config=run.cfg.to_dict(), resumed_from=self.resumed_from,
         )  # fmt: skip
