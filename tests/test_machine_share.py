@@ -134,3 +134,35 @@ def test_the_result_line_says_the_rate_was_measured_beside_other_work() -> None:
     assert "325 tokens/s while other processes used 1.0 of 2 cores, so slower" in shared
     quiet = result_line(RunSummary(**figures, machine={"load_average_1m": 0.1, "cpu_cores": 2}))
     assert "325 tokens/s); final loss" in quiet and "other processes" not in quiet
+
+
+MEASURE = (
+    "import json, time\n"
+    "from pitstop.measure.machine import cpu_snapshot\n"
+    "a = cpu_snapshot(); time.sleep(1.5); b = cpu_snapshot()\n"
+    "print(json.dumps(b.own - a.own))\n"
+)
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_torchruns_other_ranks_are_the_runs_own(torchrun: bool, tmp_path) -> None:
+    # A parent (torchrun's agent) starts a busy sibling and a measuring rank; with torchrun's
+    # variables set, the busy sibling is part of the run, else it is another process.
+    env = {"TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": "2"} if torchrun else {}
+    agent = (
+        "import json, os, subprocess, sys\n"
+        f"busy = subprocess.Popen([sys.executable, '-c', {BURN.format(s=20)!r}])\n"
+        f"env = {{k: v for k, v in os.environ.items() if k not in ('TORCHELASTIC_RUN_ID',)}}\n"
+        f"env.update({env!r})\n"
+        f"r = subprocess.run([sys.executable, '-c', {MEASURE!r}], env=env, capture_output=True, text=True)\n"
+        "busy.kill()\n"
+        "print(r.stdout or r.stderr)\n"
+    )  # fmt: skip
+    if M.cpu_snapshot() is None:
+        pytest.skip("psutil cannot read CPU times here")
+    out = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=120)
+    own = float(out.stdout.strip().splitlines()[-1])
+    if torchrun:  # the sibling burned ~1.5 s of CPU (under load, at least a fifth of that)
+        assert own >= 0.3, out.stdout
+    else:  # the measuring process slept
+        assert own < 0.3, out.stdout

@@ -34,8 +34,17 @@ class CpuSnapshot:
     t: float  # time.monotonic()
     busy: float  # all cores: user + nice + system + irq + softirq seconds
     steal: float  # seconds the hypervisor ran other guests instead of this machine
-    own: float  # this process, its threads, its live and reaped children
+    own: float  # this run's process tree: threads, loader workers, torchrun's other ranks
     cores: int  # the machine's logical cores (what the busy seconds are spread over)
+
+
+def _run_root(psutil: Any) -> Any:
+    """The process whose tree is this run: this process, or under torchrun (which starts every
+    local rank as a child of its agent) the agent, so the run's other ranks are not "others"."""
+    me = psutil.Process()
+    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("LOCAL_WORLD_SIZE") or 1) > 1:
+        return me.parent() or me
+    return me
 
 
 def cpu_snapshot() -> CpuSnapshot | None:
@@ -44,7 +53,7 @@ def cpu_snapshot() -> CpuSnapshot | None:
         import psutil
 
         m = psutil.cpu_times()
-        me = psutil.Process()
+        me = _run_root(psutil)
         own = sum(me.cpu_times()[:4])  # user, system, children_user, children_system
         for child in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):  # exited between the listing and the read
