@@ -343,7 +343,8 @@ def format_profile(profile: dict[str, Any]) -> str:
             f"max {sp['max_seconds']:.4f} s",
         ]
     dev = p.get("device") or {}
-    kind = "peak CUDA memory allocated" if dev.get("type") == "cuda" else "peak resident memory"
+    dev_type = dev.get("type") if isinstance(dev, dict) else dev  # a bare name: hand-written
+    kind = "peak CUDA memory allocated" if dev_type == "cuda" else "peak resident memory"
     lines.append(f"memory: {_gib(p.get('peak_memory_bytes') or 0)} ({kind})")
     u = p.get("utilisation") or {}
     parts = []

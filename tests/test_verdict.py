@@ -147,3 +147,14 @@ def test_disabled_sampler_is_a_noop() -> None:
     with s:
         pass
     assert s.summary() == {} and s.samples == []
+
+
+def test_a_device_given_by_name_is_read_as_its_type() -> None:
+    """check_profile accepts a bare device name; the verdict read it as an object (found by
+    tests/test_record_fuzz.py with device "0")."""
+    p = profile(0.0, steps=10, other=0.3)
+    for dev in ("0", "cpu", {"type": "cpu"}):
+        p["device"] = dev
+        v = V.verdict(p)
+        assert v.kind == "sync-bound"
+        assert ("no device to wait on" in v.summary) == (dev != "0"), (dev, v.summary)

@@ -142,7 +142,8 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
     busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
     shared = shared_by_others(machine)  # measured: others' CPU time during the run
-    on_cpu = (profile.get("device") or {}).get("type") == "cpu"
+    dev = profile.get("device")  # an object, or a bare name ("cpu") in hand-written profiles
+    on_cpu = (dev.get("type") if isinstance(dev, dict) else dev) == "cpu"
     noisy = erratic and spread is not None and (busy or shared is not None or not lvl)
     shared_v = None
     if shared is not None and not noisy:  # steady steps, but each one shared the machine
