@@ -36,7 +36,6 @@ Importing this module needs nothing beyond transformers (and torch).
 from __future__ import annotations
 
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ from pitstop.cache_layout import cache_root
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.machine import cpu_snapshot, machine_load
+from pitstop.measure.memory import peak_memory
 from pitstop.measure.peak import device_peak
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
@@ -453,12 +453,7 @@ class PitstopCallback(TrainerCallback):
             except Exception:  # peak unknown: MFU is reported as null
                 peak = None
             mfu = mfu_of(positions / seconds, fm.per_token(round(positions / rows)), peak)
-        if self._cuda:
-            import torch
-
-            peak_mem = int(torch.cuda.max_memory_allocated())
-        else:
-            peak_mem = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+        peak_mem = peak_memory("cuda" if self._cuda else "cpu")
         events = {
             k: sum(s["events"][k] for s in measured) for k in ("checkpoints", "evals", "logs")
         }

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import shutil
 import tempfile
 import time
@@ -36,54 +35,13 @@ import numpy as np
 
 from pitstop import run_record
 from pitstop.config import RunConfig
+from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.measure.timeline import PHASES
 from pitstop.run_record import RunSummary, read_steps
 
 # At most this many measured steps go into a Chrome trace: a trace of a real model
 # grows by tens of MB per step, and a few steps show the pattern.
 TRACE_MAX_STEPS = 5
-
-
-# --- peak memory of a window (CPU: resettable peak RSS on Linux) -------------------
-
-
-def reset_peak_memory(device_type: str) -> bool:
-    """Start a new peak-memory window; False when the platform cannot reset it.
-
-    CUDA: the allocator's peak counter. CPU (Linux): writing 5 to /proc/self/clear_refs
-    resets the process's resident-set high-water mark (VmHWM, which getrusage's
-    ru_maxrss reads too), so one process can measure several runs one after another.
-    """
-    if device_type == "cuda":
-        import torch
-
-        torch.cuda.reset_peak_memory_stats()
-        return True
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_memory(device_type: str) -> int:
-    """Peak bytes since the last `reset_peak_memory`: CUDA allocated, or peak RSS on CPU."""
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.max_memory_allocated())
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if os.uname().sysname == "Darwin" else rss * 1024)
 
 
 # --- the trainer, instrumented ------------------------------------------------------

@@ -14,12 +14,16 @@ import pitstop
 
 PEAK_LIMIT_MB = 1024  # per process (parent, and the largest worker); the input is ~80 MB
 
+# The parent's peak is read as VmHWM (`peak_memory`): its ru_maxrss would be the pytest
+# worker's own peak carried over at exec (tests/test_peak_memory.py). The tokenizer workers
+# are forked, not exec'd, so RUSAGE_CHILDREN's ru_maxrss is theirs.
 _CHILD = """
 import json, resource, sys
+from pitstop.measure.memory import peak_memory
 from pitstop.config import RunConfig
 from pitstop.data.prepare import prepare_data
 p = prepare_data(RunConfig(data=[sys.argv[1]], model=sys.argv[2], cache_dir=sys.argv[3], workers=2), progress=False)
-print(json.dumps({"self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"self_mb": peak_memory("cpu") / 2**20,
                   "children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
                   "tokens": p.stats["tokens"], "documents": p.stats["documents"]}))
 """

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from pitstop.atomic import write_text_atomic
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.machine import CpuSnapshot, machine_load, shared_by_others
+from pitstop.measure.memory import peak_memory
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.run_record import FINAL, ChoiceRecord, RunSummary
 from pitstop.train.state import RunState
@@ -82,17 +82,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def peak_memory_bytes(device_type: str) -> int:
-    """CUDA: max memory allocated by tensors; CPU: the process's peak resident set."""
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.max_memory_allocated())
-    # ru_maxrss is KiB on Linux (bytes on macOS).
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if os.uname().sysname == "Darwin" else rss * 1024)
-
-
 def trainer_summary(
     status: str,
     *,
@@ -141,7 +130,7 @@ def trainer_summary(
         flops_per_token=flops_per_token,
         peak_flops=peak_flops,
         peak_flops_source=peak_source,
-        peak_memory_bytes=peak_memory_bytes(device_type),
+        peak_memory_bytes=peak_memory(device_type),
         final_loss=state.last_loss,
         final_loss_step=state.last_loss_step,
         eval_loss=ev["eval_loss"] if ev else None,

@@ -28,6 +28,7 @@ from pitstop import log, runlock
 from pitstop.batching.loader import Loader
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.config import RunConfig
+from pitstop.measure.memory import peak_memory
 from pitstop.measure.timeline import Timeline
 from pitstop.probe import DeviceInfo
 from pitstop.run_record import RunSummary, write_summary
@@ -44,7 +45,7 @@ from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
 from pitstop.train.signals import RunInterrupted, StopSignals, interrupted
 from pitstop.train.state import RunState
-from pitstop.train.summary import peak_memory_bytes, result_line, trainer_summary
+from pitstop.train.summary import result_line, trainer_summary
 
 __all__ = ["RunInterrupted", "Trainer", "TrainingDiverged"]
 
@@ -394,7 +395,7 @@ class Trainer:
                 precision=run.precision, max_grad_norm=run.cfg.max_grad_norm,
             )  # fmt: skip
         if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
-            lines[-1]["peak_memory_gib"] = peak_memory_bytes(self.run.device.type) / 2**30
+            lines[-1]["peak_memory_gib"] = peak_memory(self.run.device.type) / 2**30
         self.run_log.write(lines, trained_tokens=self.state.trained_tokens,
                            train_seconds=self.train_seconds_now, progress=progress)  # fmt: skip
 

@@ -41,13 +41,8 @@ from typing import Any
 from pitstop import probe, run_record
 from pitstop.atomic import write_cache_entry
 from pitstop.config import RunConfig
-from pitstop.profiling import (
-    StepClock,
-    measured_trainer,
-    measurement_config,
-    peak_memory,
-    reset_peak_memory,
-)
+from pitstop.measure.memory import peak_memory, reset_peak_memory
+from pitstop.profiling import StepClock, measured_trainer, measurement_config
 from pitstop.run_record import RunSummary, read_steps
 from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
