@@ -6,15 +6,27 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The versions `make test` and `make demo` install (docs/development.md#the-locked-test-environment):
+# a fresh clone tests what the last green run tested, not whatever was released since.
+CONSTRAINTS := constraints.txt
 
-.PHONY: install demo test test-fast bench lint format soak soak-load clean test-oldest test-newest
+.PHONY: install demo test test-fast bench lint format soak soak-load clean test-oldest test-newest lock
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_PIN)"
-	$(PIP) install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
+
+# Refresh constraints.txt with the newest releases pip finds, then run `make test` on them.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet --upgrade pip
+	.venv-lock/bin/python -m pip install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	.venv-lock/bin/python scripts/write_constraints.py .venv-lock/bin/python $(CONSTRAINTS)
+	rm -rf .venv-lock
 
 install: $(STAMP)
 
@@ -85,4 +97,4 @@ test-newest: .venv-newest/.installed
 	.venv-newest/bin/python -m pytest -p no:cacheprovider $(VERSION_MATRIX_TESTS)
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-newest .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-newest .venv-lock .pytest_cache build *.egg-info

@@ -8,8 +8,9 @@ check of that claim, and the command behind the number in the notes:
     make soak-load RUNS=20                       # the same through the Makefile's venv
 
 Each pass runs `python -m pytest -p no:cacheprovider -n 2 -q <paths>` (as `make test` runs
-it, 2 workers, pytest-randomly's order drawn anew each time), so with one hog per core the
-machine holds at least twice as many busy processes as cores. It stops at the first failed
+it: 2 workers; xdist hands each test to whichever worker is free, so which tests share a
+worker changes from pass to pass), so with one hog per core the machine holds at least twice
+as many busy processes as cores. It stops at the first failed
 pass, prints one line per pass (seconds, pytest's last line, the load average) and a final
 "K of N passed in a row", and exits non-zero unless every pass passed. Each pass's whole
 output is kept in --log-dir.
