@@ -157,7 +157,7 @@ def test_torchruns_other_ranks_are_the_runs_own(torchrun: bool, tmp_path) -> Non
         f"r = subprocess.run([sys.executable, '-c', {MEASURE!r}], env=env, capture_output=True, text=True)\n"
         "busy.kill()\n"
         "print(r.stdout or r.stderr)\n"
-    )  # fmt: skip
+    )
     if M.cpu_snapshot() is None:
         pytest.skip("psutil cannot read CPU times here")
     out = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=120)

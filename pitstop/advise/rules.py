@@ -585,7 +585,7 @@ def fp32_on_gpu(ctx: Context) -> Finding | None:
         reference="NVIDIA datasheets (pitstop/measure/peak.py GPU_PEAKS)",
         fix=ctx.setup.fix(f"--precision {half} (or auto)", f"{half}=True"),
         gain=gain,
-    )  # fmt: skip
+    )
 
 
 @rule("flash-attn-missing")
@@ -940,7 +940,7 @@ def ga_loss_bug(ctx: Context) -> Finding | None:
         reference="transformers v4.46.0 release notes; https://huggingface.co/blog/gradient_accumulation (Oct 2024)",
         fix='pip install -U "transformers>=4.46" (a custom compute_loss must also accept num_items_in_batch)',
         gain=0.0,
-    )  # fmt: skip
+    )
 
 
 @rule("tf32-with-16-bit", sources=("hf",))
@@ -958,7 +958,7 @@ def tf32_with_half_precision(ctx: Context) -> Finding | None:
         basis="documented",
         reference="https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices",
         fix="no change needed; do not count tf32=True as a speed-up (it only matters with bf16=False, fp16=False)",
-    )  # fmt: skip
+    )
 
 
 @rule("empty-cache")

@@ -39,7 +39,7 @@ CASES = [
     ({"min_lr_ratio": "nan"}, "--min-lr-ratio must be between 0 and 1, got nan"),
     ({"max_steps": "1e30"}, "--max-steps is an integer of 100 bits; it must be at most"),
     ({"seed": "-1"}, "--seed must be between 0 and 2**63 - 1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("flags", "needle"), CASES, ids=[next(iter(c[0])) + "=" + next(iter(c[0].values())) for c in CASES])  # fmt: skip

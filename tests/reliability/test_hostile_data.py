@@ -200,7 +200,7 @@ def test_valid_oddities_prepare_normally(tiny_model_dir, tmp_path, capsys):
 SUBPROCESS_CASES = [
     ("truncated-gz", "t.jsonl.gz", _GZ[:-40], "the compressed file is truncated"),
     ("invalid-utf8", "u.jsonl", GOOD + b'{"text": "\xff"}\n', "u.jsonl:2: invalid UTF-8"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ PLANTS = {
     "loader_state.pt": ("loader_state.pt", "loader_state.json"),
     # a pytorch_model.bin instead of safetensors: weights load only from safetensors
     "pytorch_model.bin": ("pytorch_model.bin", "model.safetensors"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("plant", list(PLANTS))
