@@ -1,0 +1,115 @@
+"""Rules about periodic work: checkpoints, logging and evaluation."""
+
+from __future__ import annotations
+
+import math
+
+from pitstop.advise.finding import Finding
+from pitstop.advise.rules.context import Context, pct, rule
+from pitstop.measure.verdict import CHECKPOINT_SEVERE
+
+# A fix should bring a periodic cost under this share of the run (pitstop's target).
+PERIODIC_TARGET = 0.01
+CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
+
+
+def _periodic(
+    ctx: Context, phase: str, event: str, every: int | None
+) -> tuple[float, float, int | None, float] | None:
+    """(share of the run, seconds per event, every, base step seconds) from the profile."""
+    if not ctx.profile:
+        return None
+    secs = float((ctx.profile.get("phases") or {}).get(phase, 0.0))
+    if secs <= 0:
+        return None
+    n = (ctx.profile.get("events") or {}).get(event)
+    base = ctx.base_step_seconds()
+    share = ctx.shares.get(phase, 0.0)
+    if n and base and every:
+        per = secs / n
+        return per / (every * base + per), per, every, base
+    return share, secs / n if n else secs, every, base or 0.0
+
+
+def _every_for(per: float, base: float, target: float) -> int:
+    """Smallest interval (in steps) that keeps a per-event cost under `target` of the run."""
+    raw = per * (1 - target) / (target * base) if base > 0 else 1000
+    n = max(1, math.ceil(raw))
+    mag = 10 ** max(0, len(str(n)) - 2)  # round up to 2 significant digits
+    return math.ceil(n / mag) * mag
+
+
+@rule("checkpoint-overhead")
+def checkpoint_overhead(ctx: Context) -> Finding | None:
+    got = _periodic(ctx, "checkpoint", "checkpoints", ctx.setup.save_steps)
+    if got is None or got[0] <= CHECKPOINT_LIMIT:
+        return None
+    share, per, every, base = got
+    n = _every_for(per, base, PERIODIC_TARGET) if base else None
+    return Finding(
+        id="checkpoint-overhead",
+        severity="high" if share >= CHECKPOINT_SEVERE else "medium",
+        title=f"checkpointing costs {pct(share)} of the run",
+        evidence={"seconds_per_checkpoint": round(per, 4), "save_steps": every,
+                  "step_seconds_without_periodic": round(base, 6), "share": round(share, 4)},
+        effect=f"saving every {n} steps would cost about {pct(PERIODIC_TARGET)}" if n else
+        "fewer saves cost proportionally less",
+        basis="measured in this profile",
+        fix=ctx.setup.fix(f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
+                          f"save_steps={n}" if n else 'save_strategy="epoch"'),
+        gain=share - PERIODIC_TARGET,
+    )  # fmt: skip
+
+
+@rule("logging-overhead")
+def logging_overhead(ctx: Context) -> Finding | None:
+    s = ctx.setup
+    got = _periodic(ctx, "logging", "logs", s.log_steps)
+    if got is None:
+        if s.source == "hf" and s.log_steps == 1 and not ctx.profile:
+            return Finding(
+                id="logging-overhead",
+                severity="low",
+                title="logging every step (cost not measured: no profile)",
+                evidence={"logging_steps": 1},
+                effect="each log reads the loss back from the device (a host-device sync) and runs "
+                "every reporting callback; measure the cost with pitstop.hf.PitstopCallback",
+                basis="documented",
+                reference="transformers Trainer._maybe_log_save_evaluate",
+                fix="logging_steps=10",
+            )
+        return None
+    share, per, every, base = got
+    if share <= LOGGING_LIMIT:
+        return None
+    n = _every_for(per, base, PERIODIC_TARGET / 2) if base else None
+    return Finding(
+        id="logging-overhead",
+        severity="medium" if share >= 0.05 else "low",
+        title=f"logging costs {pct(share)} of the run",
+        evidence={"seconds_per_log": round(per, 6), "log_steps": every, "share": round(share, 4)},
+        effect=f"logging every {n} steps would cost under {pct(PERIODIC_TARGET / 2)}" if n else "log less often",
+        basis="measured in this profile",
+        fix=s.fix(f"--log-steps {n or 50}", f"logging_steps={n or 50}"),
+        gain=share,
+    )  # fmt: skip
+
+
+@rule("eval-overhead")
+def eval_overhead(ctx: Context) -> Finding | None:
+    got = _periodic(ctx, "eval", "evals", ctx.setup.eval_steps)
+    if got is None or got[0] <= EVAL_LIMIT:
+        return None
+    share, per, every, base = got
+    n = _every_for(per, base, PERIODIC_TARGET) if base else None
+    return Finding(
+        id="eval-overhead",
+        severity="medium" if share >= 0.05 else "low",
+        title=f"evaluation costs {pct(share)} of the run",
+        evidence={"seconds_per_eval": round(per, 4), "eval_steps": every, "share": round(share, 4)},
+        effect=(f"evaluating every {n} steps would cost about {pct(PERIODIC_TARGET)}; "
+                "or evaluate on a smaller held-out set") if n else "evaluate less often or on less data",
+        basis="measured in this profile",
+        fix=ctx.setup.fix(f"--eval-steps {n or 500}", f"eval_steps={n or 500}"),
+        gain=share - PERIODIC_TARGET,
+    )  # fmt: skip

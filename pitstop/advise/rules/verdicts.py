@@ -1,0 +1,125 @@
+"""Rules that read the profile's other verdicts: optimizer-bound, a noisy machine, sync-bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.advise.finding import Finding
+from pitstop.advise.rules.context import Context, pct, rule
+from pitstop.measure.verdict import BUSY_LOAD_PER_CORE, OPTIMIZER_MODERATE, OPTIMIZER_SEVERE
+
+
+@rule("optimizer-bound")
+def optimizer_bound(ctx: Context) -> Finding | None:
+    share = ctx.shares.get("optimizer", 0.0)
+    if not ctx.profile or share < OPTIMIZER_MODERATE:
+        return None
+    s = ctx.setup
+    caveat = ("more tokens per optimizer step amortise the update, but that changes the effective "
+              "batch (rows per device x accumulation x processes) and with it the training math: "
+              "retune the learning rate; it is not a free speed-up")  # fmt: skip
+    return Finding(
+        id="optimizer-bound",
+        severity="high" if share >= OPTIMIZER_SEVERE else "medium",
+        title=f"the optimizer step takes {pct(share)} of step time",
+        evidence={"optimizer_share": round(share, 4), "tokens_per_step": ctx.profile.get("tokens_per_step"),
+                  "optim": s.optimizer},
+        effect="AdamW reads and writes ~16 bytes per parameter per step whatever the batch; " + caveat,
+        basis="measured in this profile",
+        fix=s.fix("--tokens-per-step T (larger T: changes the training math, see effect)",
+                  'optim="adamw_torch_fused"; or a larger gradient_accumulation_steps (changes the effective batch, see effect)'),
+        gain=share / 2,
+    )  # fmt: skip
+
+
+BUSY_LOAD_PER_CORE = BUSY_LOAD_PER_CORE
+
+
+def _noisy(ctx: Context) -> dict[str, Any] | None:
+    """The verdict's noisy-machine evidence: erratic steps that host time does not explain,
+    or a machine whose load exceeded its cores (pitstop.measure.verdict decides it)."""
+    v = ctx.verdict
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "noisy-machine"]
+    if not found:
+        return None
+    ev = found[0].evidence
+    return {"step_spread": ev["step_spread"], "host_share": ev["host_share"],
+            "load_average_1m": ev.get("load_average_1m"), "cpu_cores": ev.get("cpu_cores"),
+            "busy": ev["busy"], "shared": ev.get("shared"), "erratic": ev.get("erratic", True),
+            "share": found[0].share}  # fmt: skip
+
+
+@rule("noisy-machine")
+def noisy_machine(ctx: Context) -> Finding | None:
+    got = _noisy(ctx)
+    if got is None:
+        return None
+    sp = got["step_spread"]
+    why = got["shared"] or (
+        f"load average {got['load_average_1m']:.1f} on {got['cpu_cores']} cores"
+        if got["busy"]
+        else f"host-side time (other + logging) is only {pct(got['host_share'])} of the step"
+    )
+    erratic = got["erratic"] and sp is not None
+    steps = (
+        f"steps vary (coefficient of variation {sp['cv']:.2f}, slowest {sp['max_over_median']:.1f}x "
+        f"the median) while {why}"
+        if erratic
+        else f"steps were steady, but {why} while they ran"
+    )
+    return Finding(
+        id="noisy-machine",
+        severity="medium",
+        title="step times are erratic: the machine is noisy or shared"
+        if erratic
+        else "the machine was shared while this profile was measured",
+        evidence=got,
+        effect=f"{steps}: another process competes for the CPU or device. Measured "
+        "speed-ups and estimates from this profile carry that noise; the steady (median) step is "
+        "the better figure",
+        basis="measured in this profile",
+        fix="measure on a quiet machine (no other training, tokenization or builds running), "
+        "or pin the run to its own cores; no configuration change follows from this profile",
+        gain=0.0,
+    )
+
+
+@rule("sync-bound")
+def sync_bound(ctx: Context) -> Finding | None:
+    """Stays quiet where noisy-machine explains the erratic steps (no sync advice then)."""
+    noisy = _noisy(ctx)
+    if not ctx.profile or (noisy is not None and noisy["erratic"]):
+        return None
+    v = ctx.verdict
+    found = [x for x in ([v, *v.also] if v else []) if x.kind == "sync-bound"]
+    if not found:
+        return None
+    x = found[0]
+    s = ctx.setup
+    hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
+    if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
+        return Finding(
+            id="sync-bound",
+            severity="high" if x.severity == "severe" else "medium",
+            title="host-side time between steps: Python overhead, logging or allocator stalls",
+            evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
+            effect=x.summary + f"; up to {pct(x.share)} of step time is at stake",
+            basis="measured in this profile",
+            fix=s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
+                      "tokenizing) in custom code", hf_fix),
+            gain=x.share,
+        )  # fmt: skip
+    if ctx.cuda and s.nan_inf_filter:
+        hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's loss "
+                  "for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
+    return Finding(
+        id="sync-bound",
+        severity="high" if x.severity == "severe" else "medium",
+        title="host-side time or erratic steps: the device waits on the host",
+        evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
+        effect=x.summary + f"; up to {pct(x.share)} of step time is at stake",
+        basis="measured in this profile",
+        fix=s.fix("--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
+                  "torch.cuda.empty_cache() calls in custom code", hf_fix),
+        gain=x.share,
+    )  # fmt: skip
