@@ -85,12 +85,27 @@ def test_identical_pairs_quiet_and_loaded_never_disagree(tmp_path: Path, seed: i
 def test_warmup_left_out_and_said(tmp_path: Path) -> None:
     run = load_run(synthetic_run(tmp_path / "r", warmup_s=8.7))
     st = steady(run)
-    assert st is not None and st.warmup == 1 and st.steps == 15
+    # not marked: the first DEFAULT_WARMUP (2) steps are left out
+    assert st is not None and st.warmup == 2 and st.steps == 14
     assert st.step_seconds == pytest.approx(1.4)
     marked = steady(load_run(synthetic_run(tmp_path / "m", warmup_s=8.7, mark_warmup=True)))
     assert marked is not None and marked.warmup == 1
     text = format_compare(compare(tmp_path / "r", tmp_path / "m"))
-    assert "median of 15 steady steps (1 warm-up step(s) left out)" in text
+    assert "A: median of 14 steady steps (2 warm-up step(s) left out)" in text
+    assert "B: median of 15 steady steps (1 warm-up step(s) left out)" in text
+
+
+def test_compare_and_estimate_leave_out_the_same_warmup_steps(tmp_path: Path) -> None:
+    from pitstop.report.estimate import load_measured
+
+    for mark in (False, True):  # first step marked (PitstopCallback), or not (pitstop train)
+        d = synthetic_run(tmp_path / f"r{mark}", warmup_s=8.7, mark_warmup=mark)
+        st = steady(load_run(d))
+        rate = load_measured(d).steady
+        assert st is not None and rate is not None
+        assert st.warmup == (1 if mark else 2)
+        assert f"median of {st.steps} steps after {st.warmup} warm-up steps" in rate.detail
+        assert rate.tokens_per_second == pytest.approx(1800 / 1.4)
 
 
 def test_noisy_run_is_flagged_in_the_table_and_widens_the_band(tmp_path: Path) -> None:

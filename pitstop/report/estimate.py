@@ -54,6 +54,7 @@ from pitstop.measure.cost_model import (
 from pitstop.measure.machine import describe_load
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
 from pitstop.report.runs import load_run
+from pitstop.report.steady import split_warmup
 from pitstop.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
@@ -308,11 +309,6 @@ def data_tokens(
     )
 
 
-# Steps of a run directory left out of its steady rate (allocator and kernel warm-up,
-# torch.compile): the same default as `pitstop profile --warmup`.
-RUN_WARMUP_STEPS = 2
-
-
 @dataclass
 class SteadyRate:
     """Trained tokens/s of the steady steps of a profile or run, and what it rests on."""
@@ -355,8 +351,10 @@ def steps_steady(lines: list[StepLine]) -> SteadyRate | None:
     )
     if len(timed) < 3:
         return None
-    left_out = RUN_WARMUP_STEPS if len(timed) >= RUN_WARMUP_STEPS + 3 else 1
-    warm, steady = timed[:left_out], timed[left_out:]
+    warm, steady = split_warmup(timed, lambda r: r.warmup is True, min_steady=2)
+    if len(steady) < 2:  # every timed step is marked warm-up
+        return None
+    left_out = len(warm)
     pauses = [r.pause_s for r in steady]
     secs = [float(r.step_seconds or 0.0) for r in steady]
     median = statistics.median(t - q for t, q in zip(secs, pauses))

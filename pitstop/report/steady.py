@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pitstop.measure.machine import shared_by_others
 from pitstop.report.runs import LoadedRun
 
-DEFAULT_WARMUP = 1  # steps left out when the run does not mark its warm-up
+# Steps left out when the run does not mark its warm-up: a process's first steps create
+# kernels for each new shape, grow the allocator's pools and run torch.compile.
+DEFAULT_WARMUP = 2
 MIN_STEADY_STEPS = 3  # fewer steady steps than this: no medians, no band
 Z = 2.0  # band half-width in standard errors (about 95% for a normal error)
 NOISE_FLOOR = 0.02  # ±2%: timer resolution and run-to-run variation on a quiet machine
@@ -48,6 +51,21 @@ class Steady:
     spread: float  # IQR / median of step seconds
     rel_se: float  # relative standard error of the median step time
     noisy: list[str] = field(default_factory=list)  # why the run counts as noisy (empty: quiet)
+
+
+T = TypeVar("T")
+
+
+def split_warmup(
+    steps: list[T], marked: Callable[[T], bool], min_steady: int = MIN_STEADY_STEPS
+) -> tuple[list[T], list[T]]:
+    """(warm-up steps, steady steps) of a run's steps in order: the steps the run marks as
+    warm-up (PitstopCallback, `pitstop profile`), else the first DEFAULT_WARMUP, fewer when
+    that would leave under `min_steady`. The one answer `compare` and `estimate` both use."""
+    if any(marked(s) for s in steps):
+        return [s for s in steps if marked(s)], [s for s in steps if not marked(s)]
+    k = min(DEFAULT_WARMUP, max(0, len(steps) - min_steady))
+    return steps[:k], steps[k:]
 
 
 def _num(v: Any) -> float | None:
@@ -85,10 +103,8 @@ def step_table(run: LoadedRun) -> list[tuple[bool, float, float | None]]:
 
 def steady(run: LoadedRun) -> Steady | None:
     """The run's steady figures, or None with fewer than MIN_STEADY_STEPS steady steps."""
-    table = step_table(run)
-    marked = sum(1 for w, _, _ in table if w)
-    warm = marked if marked else min(DEFAULT_WARMUP, max(0, len(table) - MIN_STEADY_STEPS))
-    rest = [row for row in table if not row[0]] if marked else table[warm:]
+    warm_rows, rest = split_warmup(step_table(run), lambda row: row[0])
+    warm = len(warm_rows)
     if len(rest) < MIN_STEADY_STEPS:
         return None
     secs = [s for _, s, _ in rest]
