@@ -17,10 +17,10 @@ from pitstop.report.estimate import (
     data_tokens,
     estimate,
     format_estimate,
-    load_measured,
     options_table,
 )
 from pitstop.report.gpus import find_gpu, get_gpu
+from pitstop.report.measured import load_measured
 
 SHAPE = ModelShape(layers=2, hidden=64, intermediate=256, heads=4, kv_heads=2, vocab=1000)
 TOKENS = DataTokens(1_000_000, 1_000_000, None, None, "test")

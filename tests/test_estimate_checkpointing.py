@@ -9,14 +9,9 @@ import pytest
 from test_report_compare import make_run
 
 from pitstop.measure.cost_model import ModelShape
-from pitstop.report.estimate import (
-    DataTokens,
-    estimate,
-    format_estimate,
-    load_measured,
-    recompute_per_token,
-)
+from pitstop.report.estimate import DataTokens, estimate, format_estimate, recompute_per_token
 from pitstop.report.gpus import get_gpu
+from pitstop.report.measured import load_measured
 
 SHAPE = ModelShape(layers=2, hidden=64, intermediate=172, heads=4, kv_heads=4, vocab=4096)
 TOKENS = DataTokens(10**10, 10**10, None, 128, "test")

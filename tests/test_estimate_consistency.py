@@ -13,8 +13,9 @@ from test_report_compare import make_run
 
 from pitstop.commands.estimate import register
 from pitstop.measure import cost_model as C
-from pitstop.report.estimate import DataTokens, Measured, estimate, format_estimate, load_measured
+from pitstop.report.estimate import DataTokens, estimate, format_estimate
 from pitstop.report.gpus import get_gpu
+from pitstop.report.measured import Measured, load_measured
 from pitstop.report.planned import estimate_planned_run, profile_settings
 
 LLAMA_1B = {

@@ -23,8 +23,8 @@ from pitstop.errors import PitstopError
 from pitstop.measure.schema import check_profile
 from pitstop.measure.verdict import verdict
 from pitstop.report.compare import compare
-from pitstop.report.estimate import load_measured
 from pitstop.report.html import render
+from pitstop.report.measured import load_measured
 from pitstop.report.runs import load_run
 from pitstop.run_record import ChoiceRecord, RunSummary, StepLine
 

@@ -96,7 +96,7 @@ def test_warmup_left_out_and_said(tmp_path: Path) -> None:
 
 
 def test_compare_and_estimate_leave_out_the_same_warmup_steps(tmp_path: Path) -> None:
-    from pitstop.report.estimate import load_measured
+    from pitstop.report.measured import load_measured
 
     for mark in (False, True):  # first step marked (PitstopCallback), or not (pitstop train)
         d = synthetic_run(tmp_path / f"r{mark}", warmup_s=8.7, mark_warmup=mark)

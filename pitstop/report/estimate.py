@@ -25,14 +25,11 @@ allocates), FSDP (full sharding) when it does not.
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record
 from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
@@ -53,9 +50,7 @@ from pitstop.measure.cost_model import (
 )
 from pitstop.measure.machine import describe_load
 from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
-from pitstop.report.runs import load_run
-from pitstop.report.steady import split_warmup
-from pitstop.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
+from pitstop.report.measured import Measured
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
 # fine-tuning figure for bf16 on A100/H100-class GPUs (PaLM reports 46% at scale;
@@ -163,99 +158,6 @@ class Estimate:
         }
 
 
-# The fields of a profile.json the estimate reads, and their kinds (a summary.json is read
-# as a RunSummary, whose fields are all checked).
-_PROFILE_FIELDS = {
-    "tokens_per_second": "num", "tokens_per_step": "num", "step_seconds": "num_list",
-    "phases": "num_map", "warmup": "int", "mfu": "num", "device": "dict_or_str",
-    "machine": "dict", "config": "dict",
-}  # fmt: skip
-
-
-@dataclass
-class Measured:
-    """A measured throughput for --from-profile: from a profile.json, a run's summary.json
-    (with its metrics.jsonl), or a killed run's metrics.jsonl alone."""
-
-    path: str  # the file the figures come from, for the basis
-    tokens_per_second: float  # trained tokens per second over the measured run
-    device: str  # the device it was measured on, as a person reads it
-    wall_seconds: float | None = None
-    train_seconds: float | None = None
-    mfu: float | None = None
-    time_breakdown: dict[str, float] = field(default_factory=dict)
-    machine: dict[str, Any] | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    steady: SteadyRate | None = None  # the median rate after the warm-up, where steps were kept
-    tokens_per_step: float | None = None  # trained tokens per optimizer step, where recorded
-    choices: dict[str, Any] = field(default_factory=dict)  # the run's recorded choices
-
-
-def load_measured(path: str | Path) -> Measured:
-    """The measured throughput of a profile.json, a run's summary.json, or a run directory
-    (only a tokens/s figure is required; `pitstop.measure.schema.load_profile` reads a
-    full profile for the doctor). Summaries and step lines are read through the typed run
-    record: a field of the wrong type is a DataError naming it."""
-    p = Path(path)
-    if p.is_dir():
-        for name in (run_record.SUMMARY, run_record.PROFILE):
-            if (p / name).is_file():
-                p = p / name
-                break
-        else:
-            if not (p / run_record.METRICS).is_file():
-                raise DataError(
-                    f"{path} holds neither summary.json, profile.json nor metrics.jsonl; give a "
-                    "run directory (`pitstop train`, or a Trainer run with PitstopCallback)"
-                )
-            # A killed run: its summary rebuilt from the step lines.
-            metrics = p / run_record.METRICS
-            summary = load_run(p).summary
-            if not summary.tokens_per_second:
-                raise DataError(f"{metrics} records no trained tokens per step")
-            return _from_summary(summary, metrics)
-    if not p.is_file():
-        raise DataError(f"--from-profile {path} does not exist")
-    if p.name == run_record.SUMMARY:
-        return _from_summary(read_summary(p), p)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{p} is not valid JSON ({e})") from None
-    if isinstance(data, dict) and "step_seconds" not in data and "schema" not in data:
-        return _from_summary(RunSummary.from_json(data, str(p)), p)  # a summary, renamed
-    prof = check_fields(data, _PROFILE_FIELDS, str(p))
-    tps = prof.get("tokens_per_second")
-    if not tps:
-        raise DataError(_NO_RATE.format(p=p))
-    return Measured(
-        str(p), float(tps), device_label(prof.get("device")), mfu=prof.get("mfu"),
-        machine=prof.get("machine"), config=prof.get("config") or {},
-        steady=_profile_steady(prof), tokens_per_step=prof.get("tokens_per_step"),
-        time_breakdown=prof.get("phases") or {},
-    )  # fmt: skip
-
-
-_NO_RATE = (
-    "{p} has no tokens_per_second; give a profile.json from `pitstop profile` or a "
-    "run directory / summary.json from `pitstop train`"
-)
-
-
-def _from_summary(s: RunSummary, path: Path) -> Measured:
-    if not s.tokens_per_second:
-        raise DataError(_NO_RATE.format(p=path))
-    return Measured(
-        str(path), float(s.tokens_per_second), device_label(s.device),
-        wall_seconds=s.wall_seconds, train_seconds=s.train_seconds, mfu=s.mfu,
-        time_breakdown=s.time_breakdown, machine=s.machine, config=s.config,
-        steady=steps_steady(read_steps(path.with_name(run_record.METRICS))),
-        tokens_per_step=(s.trained_tokens / s.optimizer_steps)
-        if s.trained_tokens and s.optimizer_steps else None,
-        choices=s.choices or {},
-    )  # fmt: skip
-
-
 def data_tokens(
     data: str | None,
     tokens: int | None,
@@ -307,84 +209,6 @@ def data_tokens(
         f"{where}: {n:,} tokens, {trained:,} carry loss"
         + (f", packing fills {eff:.1%} of positions" if eff else ""),
     )
-
-
-@dataclass
-class SteadyRate:
-    """Trained tokens/s of the steady steps of a profile or run, and what it rests on."""
-
-    tokens_per_second: float
-    extra_startup_seconds: float  # warm-up steps' time above steady steps (a run dir)
-    detail: str
-
-
-def _profile_steady(prof: dict[str, Any]) -> SteadyRate | None:
-    """The steady rate of a pitstop.profile/1 dict: its steps are already the measured ones,
-    and its pauses are totals (which steps paid them is not kept; the median skips those
-    rare steps). None without per-step times."""
-    secs = [float(x) for x in prof.get("step_seconds") or []]
-    tokens = float(prof.get("tokens_per_step") or 0.0)
-    if not secs or tokens <= 0:
-        return None
-    phases = prof.get("phases") or {}
-    pause = (float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)
-    return _steady(
-        statistics.median(secs), pause, tokens, 0.0, len(secs), int(prof.get("warmup") or 0)
-    )
-
-
-def steps_steady(lines: list[StepLine]) -> SteadyRate | None:
-    """The rate a long run keeps up, from a run's step lines: the median step time of the
-    steps after the warm-up.
-
-    A short run's whole-run mean counts its warm-up steps (the first steps of a process
-    run slower: kernels are created per new shape, allocator pools grow, torch.compile
-    compiles) as if every step of the full run paid them; the median of the later
-    steps is also robust to a burst of load on a shared machine. Checkpoint and
-    evaluation pauses inside the measured steps are added back at their mean per step,
-    since the full run pays them at the same cadence. The warm-up's time above steady
-    steps is paid once (start-up). None when there are too few per-step times to use.
-    """
-    timed = sorted(
-        (r for r in lines if r.step_seconds and r.step_trained_tokens is not None),
-        key=lambda r: r.step,
-    )
-    if len(timed) < 3:
-        return None
-    warm, steady = split_warmup(timed, lambda r: r.warmup is True, min_steady=2)
-    if len(steady) < 2:  # every timed step is marked warm-up
-        return None
-    left_out = len(warm)
-    pauses = [r.pause_s for r in steady]
-    secs = [float(r.step_seconds or 0.0) for r in steady]
-    median = statistics.median(t - q for t, q in zip(secs, pauses))
-    tokens = statistics.fmean(float(r.step_trained_tokens or 0.0) for r in steady)
-    warm_extra = max(0.0, sum(float(r.step_seconds or 0.0) for r in warm) - left_out * median)
-    return _steady(median, statistics.fmean(pauses), tokens, warm_extra, len(secs), left_out)
-
-
-def _steady(
-    median: float, pause: float, tokens: float, warm_extra: float, n: int, left_out: int
-) -> SteadyRate | None:
-    step = median + pause
-    if step <= 0 or tokens <= 0:
-        return None
-    added = f", checkpoint/eval pauses {pause:.3g} s per step added" if pause else ""
-    detail = (
-        f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (median of "
-        f"{n} steps after {left_out} warm-up steps{added})"
-    )
-    return SteadyRate(tokens / step, warm_extra, detail)
-
-
-def device_label(dev: Any) -> str:
-    """A recorded device as a person reads it (a DeviceInfo dict, or a string)."""
-    if isinstance(dev, dict):  # a pitstop.probe.DeviceInfo as a dict
-        name = str(dev.get("name") or "")
-        if dev.get("type") == "cpu":
-            return f"cpu ({name})" if name else "cpu"
-        return name or str(dev.get("type") or "unknown")
-    return str(dev or "unknown")
 
 
 def _is_cpu(device: str) -> bool:

@@ -18,12 +18,11 @@ from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
     Estimate,
-    Measured,
     data_tokens,
     estimate,
-    load_measured,
 )
 from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
+from pitstop.report.measured import Measured, load_measured
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")
