@@ -98,28 +98,23 @@ def sync_bound(ctx: Context) -> Finding | None:
     s = ctx.setup
     hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
     if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
-        return Finding(
-            id="sync-bound",
-            severity="high" if x.severity == "severe" else "medium",
-            title="host-side time between steps: Python overhead, logging or allocator stalls",
-            evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
-            effect=x.summary + f"; up to {pct(x.share)} of step time is at stake",
-            basis="measured in this profile",
-            fix=s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
-                      "tokenizing) in custom code", hf_fix),
-            gain=x.share,
-        )  # fmt: skip
-    if ctx.cuda and s.nan_inf_filter:
-        hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's loss "
-                  "for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
+        title = "host-side time between steps: Python overhead, logging or allocator stalls"
+        fix = s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
+                    "tokenizing) in custom code", hf_fix)  # fmt: skip
+    else:
+        if s.nan_inf_filter:
+            hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's "
+                      "loss for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
+        title = "host-side time or erratic steps: the device waits on the host"
+        fix = s.fix("--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
+                    "torch.cuda.empty_cache() calls in custom code", hf_fix)  # fmt: skip
     return Finding(
         id="sync-bound",
         severity="high" if x.severity == "severe" else "medium",
-        title="host-side time or erratic steps: the device waits on the host",
+        title=title,
         evidence={k: x.evidence.get(k) for k in ("other_share", "logging_share", "step_spread")},
         effect=x.summary + f"; up to {pct(x.share)} of step time is at stake",
         basis="measured in this profile",
-        fix=s.fix("--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
-                  "torch.cuda.empty_cache() calls in custom code", hf_fix),
+        fix=fix,
         gain=x.share,
-    )  # fmt: skip
+    )
