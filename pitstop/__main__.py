@@ -1,7 +1,5 @@
 """`python -m pitstop ...` is the `pitstop` command (torchrun launches it this way)."""
 
-import sys
+from pitstop.cli import entry
 
-from pitstop.cli import main
-
-sys.exit(main())
+entry()

@@ -98,5 +98,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.logger.setLevel(before)  # main() called again in one process starts afresh
 
 
+def entry() -> None:
+    """The process's entry point (the `pitstop` script, `python -m pitstop`): `main`, then exit.
+
+    A torchrun worker (WORLD_SIZE > 1) leaves without the interpreter's teardown once its
+    work is flushed. After a distributed run, torch keeps the gloo process group alive
+    past `destroy_process_group` (its device meshes stay referenced, its worker threads
+    keep running), and tearing those down while the interpreter finalizes sometimes
+    aborts the rank ("terminate called without an active exception", SIGABRT): torchrun
+    then reports a finished run as failed and SIGTERMs the other ranks, rank 0 included
+    while it writes the report. Everything a rank writes is closed or flushed before
+    `main` returns; garbage is collected first so loader workers are shut down as usual.
+    """
+    rc = main()
+    if "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        import gc
+        import logging
+
+        gc.collect()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
+                pass
+        os._exit(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
