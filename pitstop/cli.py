@@ -8,6 +8,7 @@ configuration, 1 for data).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -118,10 +119,8 @@ def entry() -> None:
         gc.collect()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing to say
                 stream.flush()
-            except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
-                pass
         os._exit(rc)
     sys.exit(rc)
 
