@@ -33,8 +33,12 @@ def reset_peak_memory(device_type: str) -> bool:
         return False
 
 
-def resident_peak_bytes() -> int:
-    """This process's peak resident set since it started (or since the last reset)."""
+def peak_memory(device_type: str) -> int:
+    """Peak bytes since the last `reset_peak_memory`: CUDA allocated, or peak RSS on CPU."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -44,12 +48,3 @@ def resident_peak_bytes() -> int:
         pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if os.uname().sysname == "Darwin" else rss * 1024)
-
-
-def peak_memory(device_type: str) -> int:
-    """Peak bytes since the last `reset_peak_memory`: CUDA allocated, or peak RSS on CPU."""
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.max_memory_allocated())
-    return resident_peak_bytes()
