@@ -72,3 +72,44 @@ def test_a_small_model_on_a_large_gpu_is_not_free(capsys):
     out = capsys.readouterr().out
     assert "Time: 0 s" not in out and "0.00 USD" not in out
     assert "time floor:" in out and "ASSUMED floor" in out
+
+
+# NVIDIA's datasheets quote Hopper's tensor-core peaks with 2:4 sparsity; the table holds
+# half of them. The NVL boards are the same die at a lower power limit, so their peaks are
+# not the SXM's, and a name match of "H100" alone would give an H100 NVL the SXM's 989.
+@pytest.mark.parametrize(
+    "torch_name,row,bf16_tflops,tf32_tflops,fp32_tflops,memory_gib",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100", 989.4, 494.7, 66.9, 79.1),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 378.0, 51.2, 79.1),
+        ("NVIDIA H100 NVL", "H100 NVL", 835.5, 417.5, 60.0, 93.0),
+        ("NVIDIA H200", "H200", 989.4, 494.7, 66.9, 139.8),
+        ("NVIDIA H200 NVL", "H200 NVL", 835.5, 417.5, 60.0, 139.8),
+        ("NVIDIA GH200 480GB", "GH200", 989.4, 494.7, 66.9, 95.0),
+        ("NVIDIA GH200 144G HBM3e", "GH200 144G", 989.4, 494.7, 66.9, 142.9),
+    ],
+)
+def test_hopper_variants_resolve_to_their_own_row(
+    torch_name, row, bf16_tflops, tf32_tflops, fp32_tflops, memory_gib
+):
+    gpu = find_gpu(torch_name)
+    assert gpu.name == row
+    assert gpu.memory_bytes == int(memory_gib * 1024**3)
+    for precision, tflops in (("bf16", bf16_tflops), ("fp16", bf16_tflops),
+                              ("tf32", tf32_tflops), ("fp32", fp32_tflops)):  # fmt: skip
+        # The MFU path (the device name torch reports) and the estimate's (the table row).
+        assert gpu_peak(torch_name, precision)[0] == pytest.approx(tflops * 1e12)
+        assert gpu.peak_flops(precision)[0] == pytest.approx(tflops * 1e12)
+    assert gpu_peak(torch_name, "bf16")[1].startswith(f"{gpu.peak_key} bf16")
+
+
+def test_an_nvl_card_is_not_the_sxm_row():
+    assert gpu_peak("NVIDIA H100 NVL", "bf16")[0] != gpu_peak("NVIDIA H100 80GB HBM3", "bf16")[0]
+    assert not gpu_peak("NVIDIA H100 NVL", "bf16")[1].startswith("H100 bf16")
+    assert not gpu_peak("NVIDIA H200 NVL", "bf16")[1].startswith("H200 bf16")
+    # "GH200" contains "H200" but not as a word: a GH200 is its own row, not the H200's.
+    assert gpu_peak("NVIDIA GH200 480GB", "bf16")[1].startswith("GH200 bf16")
+    for typed, row in (("h100-nvl", "H100 NVL"), ("H100NVL", "H100 NVL"),
+                       ("h200 nvl", "H200 NVL"), ("gh200", "GH200"),
+                       ("GH200 144GB", "GH200 144G")):  # fmt: skip
+        assert get_gpu(typed).name == row

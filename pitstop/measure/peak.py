@@ -26,12 +26,23 @@ from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_c
 from pitstop.probe import PrecisionSpeed, cpu_name
 
 # name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
-# Matching is by substring of torch.cuda.get_device_name(), most specific first.
+# Matching is by whole word in torch.cuda.get_device_name(), the longest row name found
+# winning (`gpu_peak`), so "NVIDIA H100 NVL" is the NVL row, not the SXM's "H100", and
+# "NVIDIA GH200 480GB" is not the "H200" (the "G" joins the word).
 GPU_PEAKS: list[tuple[str, dict[str, float], str]] = [
     ("B200", {"bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
      "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 per GPU, dense = half the sparse figure)"),
     ("H200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "https://www.nvidia.com/en-us/data-center/h200/"),
+     "https://www.nvidia.com/en-us/data-center/h200/ (SXM, dense = half the sparse figure)"),
+    # The NVL cards are PCIe boards of the same GH100 die at a lower power limit (350-600 W):
+    # 1,671 TFLOPS bf16 and 835 TF32 with sparsity per GPU, not the SXM's 1,979 and 989.
+    ("H200 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
+     "https://www.nvidia.com/en-us/data-center/h200/ (H200 NVL, dense = half the sparse figure)"),
+    # Grace Hopper's GPU runs at SXM clocks: the H100 SXM's peaks (GH200 datasheet).
+    ("GH200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+     "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/ (dense = half the sparse figure)"),
+    ("H100 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
+     "https://www.nvidia.com/en-us/data-center/h100/ (H100 NVL per GPU, dense = half the sparse figure)"),
     ("H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378.0e12, "fp32": 51.2e12},
      "https://www.nvidia.com/en-us/data-center/h100/ (PCIe, dense = half the sparse figure)"),
     ("H100", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},

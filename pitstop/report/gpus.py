@@ -37,7 +37,7 @@ class Gpu:
     """One card: the name users type, the name fragment `gpu_peak` matches, memory, example price."""
 
     name: str
-    peak_key: str  # the row of pitstop.measure.peak.GPU_PEAKS (matched by substring)
+    peak_key: str  # the row of pitstop.measure.peak.GPU_PEAKS (matched as in `gpu_peak`)
     memory_bytes: int
     example_price_per_hour: float | None
     bf16: bool = True  # bf16 tensor cores (Ampere and newer)
@@ -60,10 +60,18 @@ def _g(gib: float) -> int:
 GPUS: list[Gpu] = [
     Gpu("B200", "B200", _g(179.0), 5.99),  # 180 GB HBM3e (HGX B200 datasheet)
     Gpu("H200", "H200", _g(139.8), 3.50),
+    # The three below have no example price noted: pass --price-per-gpu-hour.
+    Gpu("H200 NVL", "H200 NVL", _g(139.8), None),  # 141 GB HBM3e, as the H200 SXM
+    # GH200: torch names it "NVIDIA GH200 480GB" (96 GB HBM3; the 480 GB is the Grace CPU's
+    # LPDDR5X) or "NVIDIA GH200 144G HBM3e". Not read from a card: the marketed size less
+    # what the H100 rows lose (0.5% reserved, then 0.5 GiB).
+    Gpu("GH200", "GH200", _g(95.0), None),
+    Gpu("GH200 144G", "GH200", _g(142.9), None),
     Gpu("H20", "H20", _g(95.0), 1.50),  # 96 GB HBM3
     Gpu("MI300X", "MI300X", _g(191.5), 2.49),  # 192 GB HBM3 (AMD datasheet)
     Gpu("H100", "H100", _g(79.1), 2.99),  # SXM
     Gpu("H100 PCIe", "H100 PCIe", _g(79.1), 2.49),
+    Gpu("H100 NVL", "H100 NVL", _g(93.0), None),  # 94 GB HBM3; nvidia-smi reports 95830 MiB
     Gpu("A100 80GB", "A100", _g(79.1), 1.79),
     Gpu("A100 40GB", "A100", _g(39.4), 1.29),
     Gpu("L40S", "L40S", _g(44.4), 0.99),
@@ -85,6 +93,15 @@ _ALIASES = {
     "h100-sxm": "H100",
     "h100 sxm5": "H100",
     "h100-pcie": "H100 PCIe",
+    "h100-nvl": "H100 NVL",
+    "h100nvl": "H100 NVL",
+    "h200-nvl": "H200 NVL",
+    "h200nvl": "H200 NVL",
+    "gh200 96gb": "GH200",
+    "gh200-96gb": "GH200",
+    "gh200 480gb": "GH200",
+    "gh200 144gb": "GH200 144G",
+    "gh200-144gb": "GH200 144G",
     "a100": "A100 80GB",
     "a100-80gb": "A100 80GB",
     "a100 80g": "A100 80GB",
