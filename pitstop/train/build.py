@@ -441,34 +441,42 @@ def packed_attention_check(
     model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
     precision: str,
 ) -> tuple[packcheck.PackCheck, Choice | None]:  # fmt: skip
-    """The start-up packed-attention self-check (train/packcheck.py), and the attention
-    choice to use instead when `attention` could not even run it (None: keep it).
+    """The start-up attention self-check (train/packcheck.py), and the attention choice to
+    use instead when `attention` could not even run it (None: keep it).
 
-    A kernel other than sdpa/eager that raises here (flex_attention failing to compile
-    its kernel on this GPU, a broken flash-attn build) is an optimisation that failed:
-    the model switches to sdpa, with a warning naming the failure, and sdpa is checked."""
+    A kernel that raises on its first forward is an optimisation that does not apply here:
+    flex_attention failing to compile on this GPU, a broken flash-attn build, or sdpa_docs
+    (or sdpa) refusing an attention it does not compute (a logit softcap, attention sinks;
+    doc_attention.KernelMismatch). The model switches to the next of sdpa, eager that runs,
+    with a warning naming the failure, and that kernel is checked instead. Eager is the
+    model's own attention: if it cannot run, nothing can."""
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
 
     def check(kernel: str) -> packcheck.PackCheck:
         return packcheck.check_packed_attention(
             model, forward_kwargs=forward_kwargs,
-            to_device=lambda mb: to_device(mb, device, kernel),
+            to_device=lambda mb, k: to_device(mb, device, k),
             device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
             attention=kernel, vocab_size=vocab,
         )  # fmt: skip
 
-    try:
-        return check(attention), None
-    except Exception as e:
-        if attention in ("sdpa", "eager") or isinstance(e, PitstopError):
-            raise  # the plain path itself cannot run: nothing to fall back to
-        failure = f"{type(e).__name__}: {e}"
-    log.warning(
-        f"pitstop: warning: attention {attention} failed on its first forward "
-        f"({failure[:300]}); falling back to sdpa"
-    )
-    model_io.set_attention(model, "sdpa")
-    return check("sdpa"), Choice("sdpa", f"{attention} failed here ({failure[:200]}); sdpa instead")
+    failures: list[str] = []
+    for kernel in [attention] + [k for k in ("sdpa", "eager") if k != attention]:
+        if failures:
+            model_io.set_attention(model, kernel)
+        try:
+            result = check(kernel)
+        except Exception as e:
+            if kernel == "eager" or isinstance(e, PitstopError):
+                raise  # the model's own attention cannot run: nothing to fall back to
+            failures.append(f"{kernel} failed on its first forward ({type(e).__name__}: {e})")
+            continue
+        if not failures:
+            return result, None
+        why = "; ".join(f[:300] for f in failures)
+        log.warning(f"pitstop: warning: {why}; falling back to {kernel}")
+        return result, Choice(kernel, f"{why}; {kernel} instead")
+    raise AssertionError("unreachable: eager either returns or raises")
 
 
 def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: int) -> Choice:

@@ -1,27 +1,50 @@
-"""The packed-attention self-check: before step 1, packed documents must not see each other.
+"""The start-up attention self-check: before step 1, the kernel a run trains with must
+compute the model's own attention on packed documents.
 
 pitstop passes no attention mask; which kernel keeps a packed row's documents apart, and
-how, depends on the transformers and torch versions and on the device (train/attention.py,
+how, depends on the transformers and torch versions, the device and the model (a sliding
+window, a logit softcap, attention sinks; train/attention.py, train/doc_attention.py,
 pitstop/versions.py). A version the static check does not know, a kernel patched by a
-plug-in, or a device-specific path can still let them attend to each other: the loss
-falls, nothing flags it. So every run checks, on its own device and versions, with the
-kernel it trains with and the call the trainer makes (`to_device` for the kernel's extra
-kwargs, `forward_kwargs`, the run's autocast):
+plug-in, a device-specific path, or a kernel that drops what a layer asks of it can
+train a different attention than the model is served with: the loss falls, nothing flags
+it. So every run checks, on its own device, versions and model, with the kernel it trains
+with and the call the trainer makes (`to_device` for the kernel's extra kwargs,
+`forward_kwargs`, the run's autocast):
 
-    one packed micro-batch of 2 rows x 16 positions holding 5 documents (position ids
-    restarting at 0 at each) gives, for every document, the logits of that document
-    run alone (B=1, positions 0..n-1), up to `tolerance(precision)`.
+    one packed micro-batch of 2 rows x 24 positions holding 5 documents (position ids
+    restarting at 0 at each) gives, for every document, the logits of the model's EAGER
+    attention on that document alone (B=1, positions 0..n-1), within a tolerance
+    calibrated on this model.
 
-It is six forwards of at most 32 tokens without gradients, in eval mode (no dropout):
-milliseconds next to loading the model, so it runs always instead of being cached.
-A mismatch stops the run (`PackedAttentionLeak`) with the ways out, unless the run has
-no packed rows (bucket/pad: one document per row), where it only warns.
+The reference is the model's eager attention, never the kernel under test. Every layer
+type runs: a model with sliding windows longer than the probe's documents has its windows
+shrunk to `CHECK_WINDOW` tokens for the check (kernel and reference alike, then restored),
+so every document but one is longer than its window and a kernel that ignores windows
+cannot pass.
+
+The tolerance is calibrated on the user's own model and precision, with eager forwards:
+- the noise: eager on the packed rows against eager on each document alone, which differ
+  only in rounding (batch shape, summation order; large in bf16, TF32 or a deep model);
+- a planted leak: eager on the packed rows with documents that see each other (a padding
+  mask of ones turns off the document detection), and, for a windowed model, with its
+  windows opened; the smaller of the two is the subtlest error the check must catch.
+The tolerance is their geometric mean: as far, in ratio, from the model's rounding as from
+a leak. Where the two are within `MIN_SEPARATION` of each other the check cannot tell
+them apart on this model, and the fixed `TOLERANCE` of the precision is used (and said).
+
+It is about ten forwards of at most 48 tokens without gradients, in eval mode (no
+dropout): milliseconds next to loading the model, so it runs always instead of being
+cached. A mismatch stops the run (`PackedAttentionLeak`) with the ways out and the
+numbers, unless the run has no packed rows (bucket/pad: one document per row), where it
+only warns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,23 +52,35 @@ import torch
 
 from pitstop.errors import ConfigError
 
-__all__ = ["PackCheck", "PackedAttentionLeak", "check_packed_attention", "packed_probe"]
+__all__ = [
+    "PackCheck",
+    "PackedAttentionLeak",
+    "check_packed_attention",
+    "model_windows",
+    "packed_probe",
+]
 
-# Two rows of 16 positions, full (no padding): [6, 10] and [3, 8, 5]. Several documents
+# Two rows of 24 positions, full (no padding): [7, 17] and [3, 12, 9]. Several documents
 # per row and more than one row: flash-attn's varlen path and the mask's per-row
-# detection both get exercised, and every document but the first of a row can leak.
-ROWS = ((6, 10), (3, 8, 5))
+# detection both get exercised, every document but the first of a row can leak, and all
+# but the 3-token one are longer than CHECK_WINDOW.
+ROWS = ((7, 17), (3, 12, 9))
+# A model's sliding windows, when longer than the probe's documents, are this long during
+# the check: the window logic is what is checked, on every layer that has one.
+CHECK_WINDOW = 5
 
-# Largest |packed - alone| over a document's logits, relative to the largest |alone| logit.
-# fp32 kernels differ only in summation order (~1e-6); bf16/fp16 round every matmul to an
-# 8/11-bit mantissa, and a deep model's logits move by a few 1e-3 of their scale between
-# a B=2 and a B=1 call. A leak shifts later documents' logits by a large fraction of it
-# (tests/test_packcheck.py measures it on the tiny Llama: tens of percent).
+# The fallback tolerance, where the calibration cannot separate noise from a leak: the
+# largest |packed - reference| over a document's logits relative to its largest |logit|.
 TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 2e-2}
+# The smallest noise the calibration assumes: a model whose packed and alone forwards are
+# bit-equal (fp32 on a CPU) still has a kernel that sums in another order.
+NOISE_FLOOR = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}
+# A planted leak must be this many times the noise for the calibration to be used.
+MIN_SEPARATION = 16.0
 
 
 class PackedAttentionLeak(ConfigError):
-    """Packed documents attend to each other with this kernel, device and versions."""
+    """The kernel does not compute the model's attention on packed documents here."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +91,35 @@ class PackCheck:
     worst_doc: int  # index of that document (row-major)
     seconds: float
     attention: str
+    noise: float = 0.0  # eager packed vs eager alone: this model's rounding
+    leak: float = math.inf  # the subtlest planted leak (eager)
+    window: str = ""  # how windows were checked ("" without windows)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the tolerance came from this model's noise and planted leak."""
+        return self.leak > MIN_SEPARATION * self.noise
 
     def summary(self) -> str:
         n = sum(len(r) for r in ROWS)
-        verdict = "equal" if self.ok else "DIFFER from"
+        verdict = "equal to" if self.ok else "DIFFER from"
+        if self.calibrated:
+            tol = (
+                f"tolerance {self.tolerance:.1e}, between this model's rounding "
+                f"{self.noise:.1e} and a planted leak {self.leak:.1e}"
+            )
+        else:
+            tol = (
+                f"tolerance {self.tolerance:.0e}, the precision's fixed one: a planted leak "
+                f"({self.leak:.1e}) is too close to this model's rounding ({self.noise:.1e}) "
+                "to calibrate"
+            )
+        win = f"; {self.window}" if self.window else ""
         return (
             f"{self.attention}: one packed micro-batch ({len(ROWS)} rows, {n} documents) gives "
-            f"logits {verdict} each document run alone (largest relative difference "
-            f"{self.worst:.1e}, tolerance {self.tolerance:.0e}; {self.seconds:.2f} s)"
+            f"logits {verdict} the model's eager attention on each document alone (largest "
+            f"relative difference {self.worst:.1e}, document {self.worst_doc}; {tol}{win}; "
+            f"{self.seconds:.2f} s)"
         )
 
 
@@ -91,50 +147,143 @@ def _mb(ids: torch.Tensor, pos: torch.Tensor) -> dict[str, Any]:
     return {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
 
 
+def model_windows(model: torch.nn.Module) -> list[int]:
+    """The sliding windows the model's layers use (config and attention layers), sorted."""
+    found = set()
+    for obj in _window_holders(model):
+        w = getattr(obj, "sliding_window", None)
+        if isinstance(w, int) and not isinstance(w, bool):
+            found.add(w)
+    return sorted(found)
+
+
+def _window_holders(model: torch.nn.Module) -> list[Any]:
+    """Every object a layer reads its window from: the configs (Mistral, Phi-3 read
+    ``config.sliding_window`` per forward; masks are built from it) and the attention
+    modules that keep their own (Gemma 2/3, Qwen2: set per layer type)."""
+    holders: dict[int, Any] = {}
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "sliding_window"):
+            holders[id(cfg)] = cfg
+            sub = getattr(cfg, "text_config", None)
+            if sub is not None and hasattr(sub, "sliding_window"):
+                holders[id(sub)] = sub
+        if "sliding_window" in vars(m):
+            holders[id(m)] = m
+    return list(holders.values())
+
+
+@contextlib.contextmanager
+def _windows_set(model: torch.nn.Module, size: int | None) -> Iterator[None]:
+    """Every sliding window of the model set to `size` (None: left as it is), restored after."""
+    saved = []
+    if size is not None:
+        for obj in _window_holders(model):
+            w = getattr(obj, "sliding_window", None)
+            if isinstance(w, int) and not isinstance(w, bool):
+                saved.append((obj, w))
+                obj.sliding_window = size
+    try:
+        yield
+    finally:
+        for obj, w in saved:
+            obj.sliding_window = w
+
+
+@contextlib.contextmanager
+def _attention_set(model: torch.nn.Module, kernel: str, current: str) -> Iterator[None]:
+    if kernel == current:
+        yield
+        return
+    from pitstop.train.model_io import set_attention
+
+    set_attention(model, kernel)
+    try:
+        yield
+    finally:
+        set_attention(model, current)
+
+
 def check_packed_attention(
     model: torch.nn.Module,
     *,
     forward_kwargs: Callable[[dict[str, Any]], dict[str, Any]],
-    to_device: Callable[[dict[str, Any]], dict[str, Any]],
+    to_device: Callable[[dict[str, Any], str], dict[str, Any]],
     device_type: str,
     autocast_dtype: torch.dtype | None,
     precision: str,
     attention: str,
     vocab_size: int,
 ) -> PackCheck:
-    """Run the check (see the module docstring); returns the verdict, raises nothing.
+    """Run the check (see the module docstring); returns the verdict. An exception of the
+    kernel's own forward (it cannot run, or refuses an attention it does not compute)
+    propagates: the caller switches kernel.
 
-    `to_device(mb)`: the trainer's host-to-device step (adds the kernel's kwargs);
-    `forward_kwargs(batch)`: what the trainer passes to the model's forward.
+    `to_device(mb, kernel)`: the trainer's host-to-device step for `kernel` (adds its
+    kwargs); `forward_kwargs(batch)`: what the trainer passes to the model's forward.
     """
     t0 = time.perf_counter()
     packed, alone = packed_probe(vocab_size)
+    longest = max(max(r) for r in ROWS)
+    windows = model_windows(model)
+    shrink = CHECK_WINDOW if windows and min(windows) >= longest else None
     was_training = model.training
-    model.eval()  # dropout would make the two calls differ
+    model.eval()  # dropout would make the calls differ
     _keep_4bit_layout(model)
+
+    def logits(mb: dict[str, Any], kernel: str, **extra: Any) -> torch.Tensor:
+        kwargs = forward_kwargs(to_device(mb, kernel))
+        kwargs.update(extra)
+        return _logits(model, kwargs, device_type, autocast_dtype)
+
     try:
-        with torch.no_grad():
-            full = _logits(model, forward_kwargs(to_device(packed)), device_type, autocast_dtype)
-            docs = [
-                _logits(model, forward_kwargs(to_device(a)), device_type, autocast_dtype)[0]
-                for a in alone
-            ]
+        with torch.no_grad(), _windows_set(model, shrink):
+            full = logits(packed, attention)
+            with _attention_set(model, "eager", attention):
+                ref = [logits(a, "eager")[0] for a in alone]
+                eager_packed = logits(packed, "eager")
+                ones = torch.ones_like(packed["input_ids"]).to(full.device)
+                leaks = [logits(packed, "eager", attention_mask=ones)]
+                if windows:
+                    with _windows_set(model, 1 << 30):
+                        leaks.append(logits(packed, "eager"))
     finally:
         model.train(was_training)
+    worst, worst_doc = _worst(full, ref)
+    noise = max(_worst(eager_packed, ref)[0], NOISE_FLOOR.get(precision, NOISE_FLOOR["bf16"]))
+    leak = min(_worst(x, ref)[0] for x in leaks)
+    if leak > MIN_SEPARATION * noise:
+        tol = math.sqrt(noise * leak)
+    else:
+        tol = TOLERANCE.get(precision, TOLERANCE["bf16"])
+    window = ""
+    if windows:
+        shown = ", ".join(str(w) for w in windows)
+        window = (
+            f"sliding windows {shown} shrunk to {shrink} for the check, so its documents are "
+            "longer than their window"
+            if shrink
+            else f"sliding windows {shown}, shorter than the longest document"
+        )
+    seconds = time.perf_counter() - t0
+    return PackCheck(worst <= tol, worst, tol, worst_doc, seconds, attention, noise, leak, window)
+
+
+def _worst(full: torch.Tensor, ref: list[torch.Tensor]) -> tuple[float, int]:
+    """(the largest relative difference over the documents, that document's index)."""
     worst, worst_doc, k = 0.0, 0, 0
     for b, row in enumerate(ROWS):
         col = 0
         for n in row:
-            ref = docs[k]
-            diff = (full[b, col : col + n] - ref).abs().max()
-            scale = ref.abs().max().clamp_min(1e-6)
+            diff = (full[b, col : col + n] - ref[k]).abs().max()
+            scale = ref[k].abs().max().clamp_min(1e-6)
             rel = float(diff / scale)  # start-up, once: a sync is fine here
             if not rel <= worst:  # NaN counts as the worst
                 worst, worst_doc = rel if rel == rel else float("inf"), k
             col += n
             k += 1
-    tol = TOLERANCE.get(precision, TOLERANCE["bf16"])
-    return PackCheck(worst <= tol, worst, tol, worst_doc, time.perf_counter() - t0, attention)
+    return worst, worst_doc
 
 
 def _logits(
@@ -157,9 +306,9 @@ def leak_error(
     ways.append("--batching bucket (one document per row: nothing to keep apart)")
     ways.append("an upgrade: pip install -U torch transformers (docs/versions.md)")
     return PackedAttentionLeak(
-        f"packed documents attend to each other here: {check.summary()}. Training on "
-        f"--batching {batching} would let each document see the ones packed before it. "
-        "Ways out: " + "; ".join(ways)
+        f"this attention kernel does not compute the model's own attention on packed "
+        f"documents: {check.summary()}. Training on --batching {batching} would train a "
+        "different attention than the model is served with. Ways out: " + "; ".join(ways)
     )
 
 
