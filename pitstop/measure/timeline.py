@@ -84,11 +84,17 @@ class Timeline:
         t = time.perf_counter()
         try:
             yield
-        finally:
+        except BaseException:
+            # The body failed, perhaps with a CUDA error that leaves the device unusable:
+            # recording the end event would then raise a second CUDA error over the one
+            # the caller must see. Only the host clock is charged; the unpaired start event
+            # is dropped (the step is cut short and never resolved as a whole).
             self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - t
-            if ev is not None:
-                ev[1].record()
-                self._events.append((name, ev[0], ev[1]))
+            raise
+        self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - t
+        if ev is not None:
+            ev[1].record()
+            self._events.append((name, ev[0], ev[1]))
 
     def add(self, name: str, seconds: float) -> None:
         """Charge `seconds` measured elsewhere to a phase of the current step."""
