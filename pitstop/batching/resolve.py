@@ -49,12 +49,16 @@ class MicroSizer:
     `measure(batch)`: (peak bytes, seconds) of a forward+backward of a micro-batch dict
     (math.inf for both when it ran out of memory);
     `capacity_bytes`: device memory this run can use; `reserved_bytes`: what the first
-    optimizer step still allocates (not in a measured peak).
+    optimizer step still allocates (not in a measured peak);
+    `start_peak_window()`: called once the batch shape is decided, after the last trial
+    pass (the sizer's and `batching: auto`'s), so that the run's peak memory
+    (pitstop.measure.memory) is its steps' and not its largest trial's.
     """
 
     measure: Callable[[dict[str, Any]], tuple[float, float]]
     capacity_bytes: float
     reserved_bytes: float
+    start_peak_window: Callable[[], None] | None = None
 
 
 def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
@@ -152,6 +156,10 @@ def resolve_batch_shape(
     choices = {"batching": Choice(settings.strategy, reason or settings.reason or "set"), **choices}
     if micro_mc is not None:
         measured = measured.merged(micro_mc, "micro_batch") if measured else micro_mc
+    if sizer is not None and sizer.start_peak_window is not None:
+        # The trials above ran forward+backward passes as large as the device holds (one
+        # may even have run out of memory): none of them is a training step.
+        sizer.start_peak_window()
     return BatchShape(settings, choices, measured)
 
 

@@ -612,7 +612,10 @@ def _cuda_sizer(
     free, _ = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
-    return MicroSizer(measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp))
+    return MicroSizer(
+        measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp),
+        start_peak_window=lambda: torch.cuda.reset_peak_memory_stats(device),
+    )  # fmt: skip
 
 
 def sizer_reserved_bytes(
