@@ -464,9 +464,10 @@ PACKED_ROWS = {
     "block is computed",
     "flex_attention": "packed rows get a block mask (documents x causal) that skips the "
     "blocks no query may see; no dense mask is built",
-    "sdpa_docs": "packed rows run causal SDPA over each document's own span (pitstop's "
-    "per-document kernel; documents of equal length share one call), so a row costs the sum "
-    "of its documents' squared lengths, not T x T, and no mask is built",
+    "sdpa_docs": "packed rows run causal SDPA over each document's own span, within the "
+    "model's sliding window where it has one (pitstop's per-document kernel; on a GPU documents "
+    "of equal length share one call), so a row costs the sum of its documents' squared "
+    "lengths, not T x T, and no mask is built",
     "sdpa": "packed rows get a dense [B, 1, T, T] document mask, which rules out SDPA's flash "
     "kernel",
     "eager": "packed rows get a dense [B, 1, T, T] document mask and the T x T scores are kept",
@@ -544,11 +545,20 @@ def estimated_run_seconds(
     return steps * tokens_per_step * flops_per_token / (peak_flops * ASSUMED_MFU_FOR_ESTIMATE)
 
 
-def choose_compile(requested: str, dev: DeviceInfo, estimated_run_seconds: float | None) -> Choice:
-    """`auto` compiles only when the estimated saving repays the compile time several times.
+def choose_compile(
+    requested: str,
+    dev: DeviceInfo,
+    estimated_run_seconds: float | None,
+    attention: str | None = None,
+) -> Choice:
+    """`auto` compiles only when the estimated saving repays the compile time several times,
+    and never with pitstop's per-document attention (`sdpa_docs`).
 
     The basis is pitstop's own measurement (COMPILE_SECONDS_BASIS, COMPILE_GAIN_BASIS);
-    it is an estimate, and the banner says so.
+    it is an estimate, and the banner says so. sdpa_docs reads each micro-batch's document
+    boundaries on the host, so the compiled graph breaks in every layer and its rest is
+    specialised to the layout: each new layout recompiles until dynamo's recompile limit,
+    then that code runs eagerly. The saving the basis assumes does not exist there.
     """
     ok, why = compile_status()
     if requested == "off":
@@ -559,6 +569,13 @@ def choose_compile(requested: str, dev: DeviceInfo, estimated_run_seconds: float
         return Choice(True, "asked for (--compile on); a compile failure falls back to eager")
     if not ok:
         return Choice(False, why)
+    if attention == "sdpa_docs":
+        return Choice(
+            False,
+            "attention sdpa_docs reads each micro-batch's document boundaries on the host: "
+            "a graph break in every layer and a recompile for each new document layout "
+            "(--compile on compiles anyway)",
+        )
     if estimated_run_seconds is None:
         return Choice(False, "run length unknown, so the compile time may not pay back")
     saving = estimated_run_seconds * (1 - 1 / COMPILE_GAIN_BASIS)

@@ -149,6 +149,12 @@ def test_probe_precision_tf32_attention_compile():
     assert short.value is False and "63 s" in short.reason
     assert choose_compile("auto", CPU, 10 * 3600.0).value is True
     assert choose_compile("off", CPU, 1e9).value is False
+    # sdpa_docs reads the boundaries on the host: a graph break per layer, a recompile per
+    # layout. auto never compiles it, however long the run; `on` still does.
+    docs = choose_compile("auto", CPU, 10 * 3600.0, attention="sdpa_docs")
+    assert docs.value is False and "graph break" in docs.reason
+    assert choose_compile("on", CPU, 1.0, attention="sdpa_docs").value is True
+    assert choose_compile("auto", CPU, 10 * 3600.0, attention="sdpa").value is True
 
 
 def test_timeline_phases_sum_to_step_time():

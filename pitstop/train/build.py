@@ -372,7 +372,9 @@ def plan_compute(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
     wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env, precision=m.precision)
-    choices["compile"] = probe.choose_compile(cfg.compile, device, est)
+    choices["compile"] = probe.choose_compile(
+        cfg.compile, device, est, attention=choices["attention"].value
+    )
     compiled = bool(choices["compile"].value)
     forward_model = compile_module(wrapped, m.env.rank, faults) if compiled else wrapped
     return flops, peak_flops, peak_source, wrapped, forward_model

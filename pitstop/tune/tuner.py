@@ -158,7 +158,8 @@ def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps
     if not peak or not fpt:
         return False
     est = probe.estimated_run_seconds(steps, tps, fpt, peak)
-    return bool(probe.choose_compile("auto", dev, est).value)
+    attention = baseline.settings.attention
+    return bool(probe.choose_compile("auto", dev, est, attention=attention).value)
 
 
 def _warm_process(runner: Any, say: Callable[[str], None]) -> float:
