@@ -30,10 +30,17 @@ CPU = torch.device("cpu")
 CPU_DEV = DeviceInfo("cpu", "test cpu", cpu_count=2)
 WINDOW = 4
 _SMALL = {
-    "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-}  # fmt: skip
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
     "qwen2": ("qwen2", {}),
@@ -41,14 +48,21 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3-window": ("phi3", {"sliding_window": WINDOW}),
     "gemma3-sliding-and-full": (
         "gemma3_text",
-        {"sliding_window": WINDOW, "head_dim": 16,
-         "layer_types": ["sliding_attention", "full_attention"]},
-    ),  # fmt: skip
+        {
+            "sliding_window": WINDOW,
+            "head_dim": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
     "gemma2-softcap": (
         "gemma2",
-        {"sliding_window": WINDOW, "head_dim": 16, "attn_logit_softcapping": 50.0,
-         "layer_types": ["sliding_attention", "full_attention"]},
-    ),  # fmt: skip
+        {
+            "sliding_window": WINDOW,
+            "head_dim": 16,
+            "attn_logit_softcapping": 50.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 
@@ -80,9 +94,13 @@ def save_family(family: str, root: Path, **over: Any) -> Path:
 def load_as_train_does(model_dir: Path, attention: str = "auto") -> tuple[Any, str, str]:
     """(model, the kernel the run trains with, why) as `pitstop train` decides on a CPU."""
     cfg = SimpleNamespace(
-        model=str(model_dir), trust_remote_code=False, lora_r=None, load_in_4bit=False,
-        gradient_checkpointing=False, attention=attention,
-    )  # fmt: skip
+        model=str(model_dir),
+        trust_remote_code=False,
+        lora_r=None,
+        load_in_4bit=False,
+        gradient_checkpointing=False,
+        attention=attention,
+    )
     choice = probe.choose_attention(attention, CPU_DEV, "fp32")
     model, chosen, _ = model_io.load_model(cfg, CPU_DEV, "fp32", choice)
     check, fallback = packed_attention_check(model, CPU, chosen.value, None, "fp32")
@@ -114,9 +132,11 @@ def test_the_chosen_kernel_computes_the_models_own_attention(family, data, tmp_p
     loss.backward()
     with torch.no_grad():
         out = model(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
             **{k: v for k, v in batch.items() if k.startswith(("cu_seq", "max_length"))},
-        ).logits  # fmt: skip
+        ).logits
         want = alone_logits(ref, alone)
     for i, (got, exp) in enumerate(zip(per_doc_logits(out, spans), want, strict=True)):
         torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-5, msg=f"document {i}")
@@ -196,7 +216,10 @@ def test_grouped_query_heads_repeated_where_sdpa_would_take_its_math_kernel() ->
 
 
 def test_what_the_kernel_cannot_compute_it_refuses_by_name() -> None:
-    assert doc_attention.unmatched({"position_ids": 1, "sliding_window": None, "softcap": None}) is None
+    assert (
+        doc_attention.unmatched({"position_ids": 1, "sliding_window": None, "softcap": None})
+        is None
+    )
     assert doc_attention.unmatched({"use_cache": False, "output_router_logits": True}) is None
     assert "softcap" in doc_attention.unmatched({"softcap": 30.0})
     assert "sinks" in doc_attention.unmatched({"s_aux": torch.zeros(4)})
