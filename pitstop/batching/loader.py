@@ -319,7 +319,9 @@ class MicroBatchLoader:
 
     def efficiency(self, epoch: int = 0) -> Efficiency:
         """Packing efficiency and padding waste of an epoch, over all ranks, without running a model."""
-        return plan_efficiency(self.plan(epoch), self.settings, lockstep=self.lockstep)
+        return plan_efficiency(
+            self.plan(epoch), self.settings, lockstep=self.lockstep, lengths=self.lengths
+        )
 
     def _keys(self, start: int) -> Iterator[_Key]:
         total = self.total_steps

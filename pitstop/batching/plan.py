@@ -392,6 +392,10 @@ class Efficiency:
     positions: int  # every position computed, padding and filler rows included
     steps: int
     micro_batches: int
+    # Sum over the attention segments of every computed row of (segment length)^2: a
+    # segment is a document, the row's padding continuing its last one (as collate lays
+    # them out), a filler row one segment. Whole rows where the lengths were not given.
+    attention_squares: int = 0
 
     @property
     def packing_efficiency(self) -> float:
@@ -401,16 +405,50 @@ class Efficiency:
     def padding_waste(self) -> float:
         return 1.0 - self.packing_efficiency
 
+    @property
+    def attention_span(self) -> float | None:
+        """Positions a computed position attends over, on average over positions: sum of
+        squared segment lengths / positions (a segment of n positions attends n^2 pairs).
+        The T of the FLOPs formula's 12·L·d·T: the row length for one document per row,
+        less for packed rows of shorter documents. None when nothing was counted."""
+        return self.attention_squares / self.positions if self.attention_squares else None
 
-def plan_efficiency(plan: Plan, settings: BatchSettings, *, lockstep: bool = False) -> Efficiency:
-    """Efficiency of `plan` over all ranks' micro-batches, without reading tokens or running a model."""
-    positions = micro = 0
+
+def plan_efficiency(
+    plan: Plan, settings: BatchSettings, *, lockstep: bool = False,
+    lengths: np.ndarray | None = None,
+) -> Efficiency:  # fmt: skip
+    """Efficiency of `plan` over all ranks' micro-batches, without reading tokens or running a model.
+
+    `lengths` (the store's sequence lengths, indexed by the plan's store ids) lets packed
+    rows count their documents' attention segments; without them a packed row counts as
+    one segment (its whole width), as every row of the one-sequence-per-row layouts does."""
+    positions = micro = row_squares = 0
     for step in range(plan.n_steps):
         for rank in range(settings.world_size):
             specs = step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
             micro += len(specs)
             positions += sum(s.n_positions for s in specs)
-    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro)
+            row_squares += sum(s.n_positions * s.width for s in specs)
+    squares = row_squares
+    if plan.strategy == "pack" and lengths is not None and plan.n_rows:
+        squares = _packed_attention_squares(plan, np.asarray(lengths, dtype=np.int64), positions)
+    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
+
+
+def _packed_attention_squares(plan: Plan, lengths: np.ndarray, positions: int) -> int:
+    """Sum of squared attention segments over a packed plan's computed rows: each row's
+    documents, its last one extended through the row's padding to max_seq_len, plus one
+    full-width segment per filler row (every packed micro-batch is max_seq_len wide)."""
+    msl = plan.max_seq_len
+    lens = lengths[plan.seqs]  # int64: n <= max_seq_len, so n^2 sums stay far below 2^63
+    csum = np.concatenate([[0], np.cumsum(lens * lens)])
+    docs = int((csum[plan.row_bounds[1:]] - csum[plan.row_bounds[:-1]]).sum())
+    last = lens[plan.row_bounds[1:] - 1]
+    padded = last + (msl - plan.row_tokens)
+    extended = int((padded * padded - last * last).sum())
+    fillers = positions // msl - plan.n_rows
+    return docs + extended + fillers * msl * msl
 
 
 def measure_efficiency(
@@ -431,4 +469,4 @@ def measure_efficiency(
         seed=seed,
         epoch=epoch,
     )
-    return plan_efficiency(plan, settings)
+    return plan_efficiency(plan, settings, lengths=lengths)

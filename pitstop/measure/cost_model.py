@@ -300,13 +300,15 @@ class FlopsModel:
     n_layers: int
     d_model: int
 
-    def per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token for rows of `seq_len` positions (model FLOPs)."""
+    def per_token(self, seq_len: float) -> float:
+        """Training FLOPs per token where each position attends over `seq_len` positions
+        (model FLOPs): the row length for one document per row; for packed rows the mean
+        document span, sum(n_i^2) / sum(n_i) (pitstop.batching.plan.Efficiency.attention_span)."""
         dense = 6 * self.n_trainable + 4 * self.n_frozen
         attention = 12 * self.n_layers * self.d_model * seq_len
         return float(dense + attention)
 
-    def recompute_per_token(self, seq_len: int) -> float:
+    def recompute_per_token(self, seq_len: float) -> float:
         """FLOPs per position that full activation recomputation adds: the forward again.
 
         The forward pass is 2 FLOPs per parameter (frozen or not) plus a third of the
@@ -316,7 +318,7 @@ class FlopsModel:
             2.0 * (self.n_trainable + self.n_frozen) + 4.0 * self.n_layers * self.d_model * seq_len
         )
 
-    def recompute_share(self, seq_len: int) -> float:
+    def recompute_share(self, seq_len: float) -> float:
         """Extra compute per step that recomputation costs, as a share of the step's FLOPs."""
         return self.recompute_per_token(seq_len) / self.per_token(seq_len)
 

@@ -214,7 +214,7 @@ def build_run(
         tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
         compiled=bool(choices["compile"].value), loader=loader, geometry=geometry,
         eval_set=eval_set, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-        warmup=warmup, flops=flops, flops_per_token=flops.per_token(geometry.max_seq_len),
+        warmup=warmup, flops=flops, flops_per_token=flops.per_token(geometry.flops_seq_len),
         peak_flops=peak_flops, peak_source=peak_source, params=params, optimizer=optimizer,
         scaler=scaler, sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
         faults=faults,
@@ -364,7 +364,7 @@ def plan_compute(
     timing (it times the plain model); compile decided from the estimated run time."""
     device = m.dev
     flops = cost_model.flops_model(model)
-    flops_per_token = flops.per_token(geometry.max_seq_len)
+    flops_per_token = flops.per_token(geometry.flops_seq_len)
     peak_flops, peak_source = device_peak(
         device, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir)
     )

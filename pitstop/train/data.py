@@ -33,6 +33,18 @@ class Geometry:
     choices: dict[str, Choice] = field(default_factory=dict)
     efficiency: dict[str, float] = field(default_factory=dict)
     measured: Any = None  # pitstop.batching.choices.MeasuredChoices of `auto`, else None
+    # Epoch 0's mean attention span per position (plan.Efficiency.attention_span): None
+    # where the documents' lengths are unknown (a loader given by the caller).
+    attention_span: float | None = None
+
+    @property
+    def flops_seq_len(self) -> float:
+        """The T of the FLOPs formula's 12·L·d·T (cost_model.FlopsModel.per_token): the
+        positions each position attends over. Packed rows of short documents attend over
+        their documents, not max_seq_len, whatever the kernel: a kernel that computes the
+        whole row under a document mask discards the rest, which no model needs (as the
+        recomputation of gradient checkpointing is not model FLOPs either)."""
+        return self.attention_span or float(self.max_seq_len)
 
 
 def open_training_store(cfg: RunConfig) -> Any:
@@ -101,6 +113,7 @@ def build_loader(
         choices["micro_batch"] = shape.choices["micro_batch"]
     geo = Geometry(s.strategy, s.max_seq_len, s.tokens_per_step, micro, choices, efficiency)
     geo.measured = shape.measured
+    geo.attention_span = eff.attention_span
     return loader, geo
 
 
