@@ -74,6 +74,7 @@ TORCH_OLDEST ?= torch==2.6.0
 TRANSFORMERS_OLDEST ?= transformers==4.56.*
 MATRIX_DEPS = pytest pytest-timeout hypothesis
 VERSION_MATRIX_TESTS = tests/test_versions.py tests/test_attention_packed.py tests/test_packcheck.py \
+	tests/test_attention_families.py tests/test_attention_per_document.py \
 	tests/test_positions.py
 
 .venv-oldest/.installed: pyproject.toml Makefile

@@ -87,3 +87,51 @@ def test_sdpa_docs_offsets_stay_on_the_host() -> None:
     kw = attention_kwargs({"position_ids": position_ids}, "sdpa_docs", torch.device("cuda"))
     assert kw["cu_seq_lens_q"].device.type == "cpu"
     assert kw["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12]
+
+
+def _masking_work(attention: str, monkeypatch) -> tuple[set[str], int]:
+    """(host reads of tensors made by transformers' mask code, calls of its packed-row
+    detection) in one training forward."""
+    import transformers.masking_utils as mu
+    from _attention_util import tiny_llama
+
+    from pitstop.train.build import forward_kwargs, to_device
+    from pitstop.train.doc_attention import register
+
+    register()
+    model = tiny_llama(attention)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+    ids = torch.randint(1, 100, (2, 6))
+    mb = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
+    seen: set[str] = set()
+    detections = [0]
+    for name in READS:
+        orig = getattr(torch.Tensor, name)
+
+        def read(self, *a, _orig=orig, **k):
+            f = sys._getframe(1)
+            if "masking_utils" in f.f_code.co_filename:
+                seen.add(f.f_code.co_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    detect = mu.find_packed_sequence_indices
+
+    def counted(*a, **k):
+        detections[0] += 1
+        return detect(*a, **k)
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", counted)
+    with torch.no_grad():
+        model(**forward_kwargs(to_device(mb, torch.device("cpu"), attention)))
+    monkeypatch.undo()
+    return seen, detections[0]
+
+
+def test_sdpa_docs_forward_skips_transformers_packed_row_detection(monkeypatch) -> None:
+    """transformers' packed-row detection builds a mask sdpa_docs never uses, and (in
+    transformers 5.24 here, not 4.56) reads its answer on the host: a device sync per forward
+    on a GPU.
+    sdpa_docs' marker mask skips it; sdpa, which needs that mask, runs it (the spy works)."""
+    assert _masking_work("sdpa_docs", monkeypatch) == (set(), 0)
+    assert _masking_work("sdpa", monkeypatch)[1] > 0

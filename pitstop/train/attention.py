@@ -34,6 +34,26 @@ VARLEN_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
 # Backends whose kernel reads the offsets on the device (flash-attn's varlen kernel).
 _DEVICE_OFFSETS = frozenset({"flash_attention_2"})
 VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# What the training forward passes beyond input_ids and position_ids (build.forward_kwargs).
+FORWARD_KEYS = (*VARLEN_KEYS, "attention_mask")
+
+
+def boundaries_only_mask(batch_size: int) -> torch.Tensor:
+    """sdpa_docs' training-forward `attention_mask`: an empty [B, 1, 0, 0] host tensor.
+
+    With no mask and position ids, transformers looks for packed documents itself
+    (``masking_utils.find_packed_sequence_indices``) and reads the answer on the host: one
+    device sync per forward on a GPU, for a mask sdpa_docs never uses. A 4-d mask is taken
+    as already built and handed to the layers untouched, so this empty one costs nothing,
+    and sdpa_docs reads it as "documents from cu_seq_lens_q" (`is_boundaries_only`). It
+    stays on the host even for a GPU run: only its shape is ever read. Any other kernel
+    would misread it: it is passed to sdpa_docs only."""
+    return torch.empty((batch_size, 1, 0, 0), dtype=torch.bool)
+
+
+def is_boundaries_only(mask: Any) -> bool:
+    """Whether `mask` is `boundaries_only_mask`'s marker."""
+    return isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] == 0
 
 
 def doc_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -72,9 +92,12 @@ def attention_kwargs(
     # so a GPU run pays no device-to-host copy per layer for them.
     host = attention not in _DEVICE_OFFSETS
     cu = cu.to("cpu" if host else device, dtype=torch.int32, non_blocking=device.type == "cuda")
-    return {
+    kwargs: dict[str, torch.Tensor | int] = {
         "cu_seq_lens_q": cu,
         "cu_seq_lens_k": cu,
         "max_length_q": longest,
         "max_length_k": longest,
     }
+    if host:  # sdpa_docs: no packed-row detection (and its sync) in transformers
+        kwargs["attention_mask"] = boundaries_only_mask(int(mb["position_ids"].shape[0]))
+    return kwargs

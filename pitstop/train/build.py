@@ -41,8 +41,9 @@ from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.run_record import ChoiceRecord
 from pitstop.train import checkpoint, data, distributed, model_io, optim, packcheck
-from pitstop.train.attention import VARLEN_KEYS, attention_kwargs
+from pitstop.train.attention import FORWARD_KEYS, attention_kwargs
 from pitstop.train.compile import compile_module
+from pitstop.train.doc_attention import KernelMismatch
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
@@ -119,14 +120,15 @@ def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[
 def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
     """What the training forward passes to the model for a `to_device` batch."""
     # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other); flash-attn reads the
-    # documents' boundaries from the varlen kwargs instead, when to_device added them.
+    # (documents packed in one row never attend to each other); flash-attn and sdpa_docs
+    # read the documents' boundaries from the varlen kwargs instead, when to_device added
+    # them (sdpa_docs also an empty marker mask: train/attention.py boundaries_only_mask).
     # train/packcheck.py checks that this holds on the run's device before step 1.
     return {
         "input_ids": batch["input_ids"],
         "position_ids": batch["position_ids"],
         "use_cache": False,
-        **{k: batch[k] for k in VARLEN_KEYS if k in batch},
+        **{k: batch[k] for k in FORWARD_KEYS if k in batch},
     }
 
 
@@ -449,9 +451,10 @@ def packed_attention_check(
     A kernel that raises on its first forward is an optimisation that does not apply here:
     flex_attention failing to compile on this GPU, a broken flash-attn build, or sdpa_docs
     (or sdpa) refusing an attention it does not compute (a logit softcap, attention sinks;
-    doc_attention.KernelMismatch). The model switches to the next of sdpa, eager that runs,
-    with a warning naming the failure, and that kernel is checked instead. Eager is the
-    model's own attention: if it cannot run, nothing can."""
+    doc_attention.KernelMismatch). The model switches to the next of sdpa, eager that runs
+    (straight to eager after a KernelMismatch), with a warning naming the failure, and that
+    kernel is checked instead. Eager is the model's own attention: if it cannot run,
+    nothing can."""
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
 
     def check(kernel: str) -> packcheck.PackCheck:
@@ -463,7 +466,9 @@ def packed_attention_check(
         )  # fmt: skip
 
     failures: list[str] = []
-    for kernel in [attention] + [k for k in ("sdpa", "eager") if k != attention]:
+    chain = [attention] + [k for k in ("sdpa", "eager") if k != attention]
+    while chain:
+        kernel = chain.pop(0)
         if failures:
             model_io.set_attention(model, kernel)
         try:
@@ -472,6 +477,10 @@ def packed_attention_check(
             if kernel == "eager" or isinstance(e, PitstopError):
                 raise  # the model's own attention cannot run: nothing to fall back to
             failures.append(f"{kernel} failed on its first forward ({type(e).__name__}: {e})")
+            if isinstance(e, KernelMismatch):
+                # What sdpa_docs cannot compute (softcap, sinks) sdpa cannot either, and
+                # some transformers releases let sdpa drop a softcap without a word.
+                chain = ["eager"]
             continue
         if not failures:
             return result, None

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pitstop.train.attention import doc_boundaries
+from pitstop.train.attention import doc_boundaries, is_boundaries_only
 
 DOC_ATTENTION = "sdpa_docs"
 
@@ -157,6 +157,8 @@ def doc_sdpa_attention(
         )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     B, H, T, D = query.shape
+    if is_boundaries_only(attention_mask):  # pitstop's training forward: no mask was built
+        attention_mask = None
     if attention_mask is not None or key.shape[2] != T:
         # transformers built the mask (a caller's padding, or decoding with a cache): its
         # own SDPA applies it, windows included (padding_only_mask).
