@@ -89,6 +89,12 @@ def test_with_per_document_attention_the_cost_model_picks_the_leanest_untimed(st
     run.attention = "sdpa"
     assert choose_batching(store, cfg, run, clock=dev.clock).strategy == "bucket"
     assert dev.calls > 0
+    # sdpa_docs on a GPU pays a launch per document, which positions do not count: timed.
+    run.attention, run.device_type, dev.calls = "sdpa_docs", "cuda", 0
+    assert choose_batching(store, cfg, run, clock=dev.clock).strategy == "bucket"
+    assert dev.calls > 0
+    run.attention = "flash_attention_2"  # one varlen kernel: the cost model holds on a GPU
+    assert choose_batching(store, cfg, run, clock=dev.clock).strategy == "pack"
 
 
 def test_auto_skips_pack_when_steps_are_not_whole_rows(store):

@@ -8,7 +8,7 @@ a first run must not pay a start-up tax):
   only to each micro-batch's longest instead of max_seq_len, so it never computes more
   positions, with the same kernels. pad is not timed.
 - with a per-document attention kernel (`PER_DOCUMENT_ATTENTION`: flash-attn's varlen
-  path, pitstop's sdpa_docs), a packed row's attention costs the sum of its documents'
+  path, pitstop's sdpa_docs on a CPU), a packed row's attention costs the sum of its documents'
   squared lengths, the same as each document in a row of its own; only padding (which
   a one-document row's attention includes) differs, and everything else costs per
   position. So the layout computing the fewest positions is the cheapest, and is chosen
@@ -66,6 +66,17 @@ _T = TypeVar("_T")
 
 # Kernels that compute each packed document's attention alone (the cost model above).
 PER_DOCUMENT_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
+# Where the positions-only cost model does not hold for a per-document kernel: sdpa_docs on
+# a GPU pays a kernel launch per document (or per length; a dense mask past its launch cap,
+# train/doc_attention.py MAX_CALLS), which positions do not count, so the layouts are timed.
+TIMED_ON = {"sdpa_docs": frozenset({"cuda"})}
+
+
+def cost_model_applies(kernel: str | None, device_type: str) -> bool:
+    """Whether `batching: auto` may pick the layout from positions alone for `kernel` on
+    `device_type` (else it times them)."""
+    return kernel in PER_DOCUMENT_ATTENTION and device_type not in TIMED_ON.get(kernel, ())
+
 
 # A handful of rounds can underestimate the noise; a margin this small flipped the
 # choice between runs of the same command on a busy 2-core machine (issue 16).
@@ -126,8 +137,9 @@ def choose_batching(
     measures under the same load as training. `indices` and `lockstep` are the
     loader's (held-out split, FSDP micro-batch padding).
 
-    `run_micro_batch.attention` (an optional attribute): the attention kernel it runs;
-    with one in PER_DOCUMENT_ATTENTION the cost model may decide without timing.
+    `run_micro_batch.attention` and `.device_type` (optional attributes, default CPU):
+    the attention kernel it runs and where; where `cost_model_applies` the cost model
+    decides without timing.
     """
     lengths = np.asarray(store.lengths, dtype=np.int64)
     targets = sequence_targets(store)
@@ -175,7 +187,7 @@ def choose_batching(
         )
         del prepared["pad"]
     kernel = getattr(run_micro_batch, "attention", None)
-    if kernel in PER_DOCUMENT_ATTENTION:
+    if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
         choice = _cost_model_choice(store, prepared, positions, skipped, kernel)
         return rank0_choice(choice, world_size) if broadcast else choice
 

@@ -319,9 +319,11 @@ def build_data(
         model.zero_grad(set_to_none=True)
         return float(loss.item())  # the sync makes the timing cover the device work
 
-    # The kernel it runs: with per-document attention, `batching: auto` decides pack vs
-    # bucket from a cost model instead of timing them (pitstop.batching.auto).
+    # The kernel it runs, and where: with per-document attention, `batching: auto` decides
+    # pack vs bucket from a cost model instead of timing them (batching.auto, which
+    # still times sdpa_docs on a GPU: launches per document are not positions).
     timing_micro_batch.attention = attention.value  # type: ignore[attr-defined]
+    timing_micro_batch.device_type = tdev.type  # type: ignore[attr-defined]
 
     eval_set: EvalSet | None = None
     data_key: str | None = None
