@@ -265,3 +265,35 @@ def test_a_kernel_that_refuses_falls_back_to_one_that_computes_it(tmp_path) -> N
     check, fallback = packed_attention_check(model, CPU, doc_attention.DOC_ATTENTION, None, "fp32")
     assert check.ok and fallback is not None and fallback.value == "eager"
     assert "logit softcap" in fallback.reason and "eager instead" in fallback.reason
+
+
+def test_other_callers_keep_the_window(tmp_path) -> None:
+    """Calls that are not pitstop's training forward (no boundaries: documents from the
+    position restarts; a padding mask; decoding with a cache past the window) give what
+    eager gives, window included."""
+    doc_attention.register()
+    model_dir = save_family("mistral-window", tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    docs = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa_docs").eval()
+    ref = eager_model(model_dir).eval()
+    torch.manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 12))
+    pos = torch.tensor([list(range(5)) + list(range(7)), list(range(12))])
+    pad = torch.ones_like(ids)
+    pad[1, :2] = 0  # left padding
+    with torch.no_grad():
+        for kw in ({"position_ids": pos}, {"attention_mask": pad}):
+            got = docs(input_ids=ids, use_cache=False, **kw).logits
+            want = ref(input_ids=ids, use_cache=False, **kw).logits
+            real = pad.bool() if "attention_mask" in kw else slice(None)  # padding: no query
+            torch.testing.assert_close(
+                got[real], want[real], rtol=1e-5, atol=1e-5, msg=str(list(kw))
+            )
+        gen = {"max_new_tokens": 8, "do_sample": False, "output_logits": True}
+        gen |= {"return_dict_in_generate": True, "pad_token_id": 0}
+        got = docs.generate(ids[:1, :3], **gen)
+        want = ref.generate(ids[:1, :3], **gen)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
