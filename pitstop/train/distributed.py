@@ -185,7 +185,9 @@ def check_strategy(cfg: RunConfig, env: DistEnv) -> list[str]:
 # DDP copies every gradient into its all-reduce buckets unless the gradients are views into
 # the buckets. As views the buckets are the gradients: one copy fewer (12 GB for a 3B full
 # fine-tune in fp32), and what the micro-batch sizer measures on the bare model is what DDP
-# holds. The sizer counts a copy only where this is off (`ddp_gradient_copy_bytes`).
+# holds, provided the views live through a step's no_sync micro-batches too (`wrap` makes
+# them views at once; `zero_grad` keeps them). The sizer counts a copy only where this is
+# off (`ddp_gradient_copy_bytes`).
 GRADIENT_AS_BUCKET_VIEW = True
 
 
@@ -231,11 +233,21 @@ def wrap(
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         dev_ids = [torch.cuda.current_device()] if on_cuda else None
+        if GRADIENT_AS_BUCKET_VIEW:
+            # DDP points a gradient at its bucket only when one exists: at construction or
+            # at the first synced backward. Without this, step 1's no_sync micro-batches
+            # would allocate gradients beside the buckets (a second copy). Each bucket DDP
+            # builds takes over its parameters' zeros, which are freed as it goes: about
+            # one gradient copy throughout, before the optimizer has any state.
+            for p in model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
         ddp = DDP(model, device_ids=dev_ids, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW)
         return ddp, Choice(
             "ddp",
             f"{env.world_size} processes ({env.backend}): model replicated, gradients all-reduced "
-            "(gradients are views into the all-reduce buckets: no second copy)",
+            "(gradients are views into the all-reduce buckets, zeroed in place between steps: "
+            "no second copy, also while micro-batches accumulate)",
         )
     from torch.distributed.fsdp import fully_shard
 
@@ -260,12 +272,33 @@ def wrap(
 
 
 def no_sync(wrapped: Any, strategy: str, last: bool) -> AbstractContextManager[Any]:
-    """Gradient communication only on a step's last micro-batch (accumulate locally before)."""
+    """DDP: gradient all-reduce only on a step's last micro-batch (accumulate locally before).
+
+    FSDP2: every micro-batch reduce-scatters (gradient sync stays on, as in torchtitan).
+    With sync off, each rank would keep the *unsharded* gradients of the whole model (in
+    fp32 under bf16 mixed precision) until the last micro-batch: a full model's gradients
+    per GPU, the memory FSDP exists to shard. Sharded gradients accumulate instead; the
+    price is one reduce-scatter per micro-batch rather than per step.
+    """
     if strategy == "ddp" and hasattr(wrapped, "no_sync"):
         return nullcontext() if last else wrapped.no_sync()
-    if strategy == "fsdp" and hasattr(wrapped, "set_requires_gradient_sync"):
-        wrapped.set_requires_gradient_sync(last)
     return nullcontext()
+
+
+def zero_grad(optimizer: torch.optim.Optimizer, wrapped: Any) -> None:
+    """Clear the gradients after an optimizer step.
+
+    DDP with bucket views: zeroed in place, so each `.grad` stays a view into its bucket
+    and the next step's no_sync backwards accumulate into the bucket. Set to None, the
+    no_sync micro-batches would allocate fresh gradients beside the buckets, a second
+    copy (4 bytes a parameter in fp32) the micro-batch sizer does not reserve. Every
+    trainable parameter gets a gradient in every DDP step (find_unused_parameters is
+    off), so zeros instead of None change no update. Otherwise: set to None (freed).
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    in_place = isinstance(wrapped, DDP) and wrapped.gradient_as_bucket_view
+    optimizer.zero_grad(set_to_none=not in_place)
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -144,7 +144,8 @@ class Trainer:
         """One micro-batch; returns its share of the step's loss (sum CE / step targets).
 
         `last`: the step's last micro-batch on this rank, the one whose backward
-        communicates gradients (DDP no_sync / FSDP2 gradient sync off before it).
+        all-reduces DDP's gradients (no_sync before it). FSDP2 reduce-scatters after
+        every micro-batch (distributed.no_sync says why).
         """
         run = self.run
         with distributed.no_sync(run.wrapped, run.cfg.strategy, last):
@@ -195,7 +196,7 @@ class Trainer:
             run.scaler.update()
         elif not bool(bad):  # CPU: no device sync; a GPU's 8-bit optimizer: the one per step
             run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        distributed.zero_grad(run.optimizer, run.wrapped)  # DDP: in place (bucket views)
         return norm.detach(), bad, lr
 
     # --- the loop -----------------------------------------------------------------
