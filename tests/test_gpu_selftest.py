@@ -1,5 +1,6 @@
-"""`python -m bench.gpu_selftest`: a clean "no CUDA device" exit on the CPU, its packed
-check runs here, and on a GPU every check passes (`pytest -m gpu`)."""
+"""`python -m bench.gpu_selftest`: a clean "no CUDA device" exit on the CPU, the checks that
+can run here do (the sliding-window check above all), a planted fault turns a row red,
+and on a GPU every check passes (`pytest -m gpu`)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,55 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+WINDOWED = ("mistral", "gemma3_text", "phi3")
+
+
+def _selftest(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "bench.gpu_selftest", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
 def test_without_cuda_it_says_so_and_exits_cleanly() -> None:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "bench.gpu_selftest"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = _selftest()
     assert r.returncode == 0, r.stderr[-2000:]
     assert "no CUDA device" in r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_the_window_check_runs_on_the_cpu_with_a_row_per_windowed_config() -> None:
+    r = _selftest("--cpu", "--only", "window")
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    rows = {
+        line.split("  ")[0].strip(): line
+        for line in r.stdout.splitlines()
+        if line.startswith("sliding window: ")
+    }
+    for name in WINDOWED:
+        line = rows[f"sliding window: {name}"]
+        assert " pass " in line or " FAIL " in line, line
+        assert "sdpa_docs fp32" in line and "raised" not in line, line
+    assert not any(line.startswith("packed attention") for line in r.stdout.splitlines())
+
+
+def test_a_kernel_that_ignores_the_window_fails_the_window_rows() -> None:
+    """The check can fail: sdpa_docs with its window dropped leaks past the window."""
+    from transformers import AttentionInterface
+
+    from bench import gpu_checks_attention as att
+    from pitstop.train import doc_attention
+
+    def windowless(module, query, key, value, attention_mask, **kwargs):
+        kwargs.pop("sliding_window", None)
+        return doc_attention.doc_sdpa_attention(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("planted_windowless", windowless)
+    configs = {k: v for k, v in att.window_configs().items() if k in ("mistral", "phi3")}
+    rows = att.check_window(torch.device("cpu"), "fp32", kernel="planted_windowless",
+                            configs=configs)  # fmt: skip
+    assert [r.status for r in rows] == ["FAIL", "FAIL"], [r.detail for r in rows]
+    assert all("TOO LARGE" in r.detail for r in rows)
 
 
 def test_the_packed_rows_run_on_the_cpu() -> None:
@@ -29,23 +69,82 @@ def test_the_packed_rows_run_on_the_cpu() -> None:
 
     rows = st.check_packed(torch.device("cpu"), "fp32")
     by = {r.check: r.status for r in rows}
-    assert by["packed attention: sdpa"] == "pass" and by["packed attention: eager"] == "pass"
+    for kernel in ("sdpa_docs", "sdpa", "eager"):
+        assert by[f"packed attention: {kernel}"] == "pass"
     assert by["packed attention: flash_attention_2"] == "skip"
     assert "FAIL" not in st.table(rows)
 
 
-def test_a_crashing_check_is_a_failed_row_and_the_rest_still_run(monkeypatch) -> None:
+def test_a_crashing_check_is_a_failed_row_and_the_rest_still_run() -> None:
     from bench import gpu_selftest as st
 
-    def boom(dev, precision):
+    def check_boom(dev, precision):
         raise RuntimeError("kaput")
 
-    def fine(dev, precision):
+    def check_fine(dev, precision):
         return [st.Row("fine", "pass", "ok")]
 
-    monkeypatch.setattr(st, "CHECKS", [boom, fine])
-    rows = st.run_checks(torch.device("cpu"), "fp32")
+    rows = st.run_checks(torch.device("cpu"), "fp32", [check_boom, check_fine])
     assert [r.status for r in rows] == ["FAIL", "pass"] and "kaput" in rows[0].detail
+    assert rows[0].check == "boom"
+
+
+def test_only_picks_checks_by_name_and_refuses_unknown_ones() -> None:
+    from bench import gpu_selftest as st
+
+    picked = st.select("window,staging", None)
+    assert [st.check_name(fn) for fn in picked] == ["window", "staging"]
+    assert "unknown check(s) nope" in st.select("window,nope", None)
+    assert "needs --model" in st.select("model", None)
+    model = st.model_check("some/dir", None)
+    assert st.select(None, model) == [model]  # --model alone: only the model's check
+    assert st.check_name(st.select("window", model)[-1]) == "model"
+    assert st.main(["--only", "nope"]) == 2
+    assert st.main(["--lora-r", "4"]) == 2
+
+
+def test_the_model_check_runs_the_start_up_check_on_a_model_dir(tiny_model_dir) -> None:
+    from bench import gpu_selftest as st
+
+    rows = st.run_checks(torch.device("cpu"), "fp32", [st.model_check(str(tiny_model_dir), None)])
+    assert [r.status for r in rows] == ["pass"], rows
+    assert "one packed micro-batch" in rows[0].detail
+
+
+def test_the_matmul_verdict_catches_a_table_row_wrong_for_the_card() -> None:
+    from bench.gpu_checks_speed import matmul_row
+
+    assert matmul_row("NVIDIA H100 80GB HBM3", 700e12, 989.4e12, "src").status == "pass"
+    wrong = matmul_row("NVIDIA H100 PCIe", 300e12, 989.4e12, "src")  # the SXM row on a PCIe
+    assert wrong.status == "FAIL" and "300 TFLOP/s" in wrong.detail and "989" in wrong.detail
+    assert matmul_row("NVIDIA H100", 1100e12, 989.4e12, "src").status == "FAIL"  # above peak
+    assert matmul_row("Mystery GPU", 100e12, None, "not in the table").status == "skip"
+
+
+def test_two_rank_results_become_rows() -> None:
+    from bench.gpu_checks_multi import _rows
+
+    good = {"grad_rel": 1e-7, "ranks_apart": 0.0, "parameters": 10}
+    mem = {"predicted": 100.0, "measured": 80.0, "reserved": 20.0, "actual": 104.0}
+    rows = _rows([{"ddp": good, "fsdp": good, "memory": mem}] * 2, True, "")
+    assert [r.status for r in rows] == ["pass", "pass", "pass"]
+    apart = {**good, "ranks_apart": 1e-3}
+    over = {**mem, "actual": 120.0}
+    rows = _rows([{"ddp": apart, "fsdp": {"error": "boom"}, "memory": over}, {}], True, "")
+    assert [r.status for r in rows] == ["FAIL", "FAIL", "FAIL"]
+    assert "boom" in rows[1].detail and "no result" in rows[1].detail
+
+
+def test_where_raised_names_the_frame() -> None:
+    from bench.gpu_checks_util import where_raised
+
+    def inner() -> None:
+        raise RuntimeError("x")
+
+    try:
+        inner()
+    except RuntimeError as e:
+        assert "in inner" in where_raised(e)
 
 
 @pytest.mark.gpu
@@ -53,6 +152,7 @@ def test_a_crashing_check_is_a_failed_row_and_the_rest_still_run(monkeypatch) ->
 def test_every_gpu_check_passes() -> None:
     from bench import gpu_selftest as st
 
-    rows = st.run_checks(torch.device("cuda"), "bf16")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows = st.run_checks(dev, "bf16")
     failed = [r for r in rows if r.status == "FAIL"]
     assert not failed, st.table(rows)
