@@ -1,13 +1,14 @@
 """One rank of tests/test_grad_accum_memory.py, started by torchrun (2 processes, gloo).
 
-    torchrun --nproc-per-node 2 tests/_grad_accum_worker.py {ddp|fsdp} OUT_DIR
+    torchrun --nproc-per-node 2 tests/_grad_accum_worker.py {ddp|fsdp|resume} OUT_DIR
 
 Trains a small block model for STEPS optimizer steps of MICRO micro-batches per rank
 through pitstop's own wrap / no_sync / zero_grad, beside a one-process reference that
 sees the same rows in one batch, and writes what it observed to OUT_DIR/rank-R.json:
 where each micro-batch's gradients live (DDP), how many gradient bytes a rank holds
 after a micro-batch that is not the step's last (FSDP2), and the largest difference
-from the reference in loss, gradient and parameters at every step.
+from the reference in loss, gradient and parameters at every step. `resume`: an FSDP2
+model restored from a full state only rank 0 reads continues bit-identically.
 """
 
 from __future__ import annotations
@@ -169,5 +170,59 @@ def main(strategy: str, out: Path) -> None:
     dist.destroy_process_group()
 
 
+def _train_step(wrapped: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                y: torch.Tensor, rank: int, world: int) -> None:  # fmt: skip
+    mine_x, mine_y = x[rank::world], y[rank::world]
+    ((wrapped(mine_x) - mine_y) ** 2).sum().div(x.shape[0]).mul(world).backward()
+    opt.step()
+    distributed.zero_grad(opt, wrapped)
+
+
+def resume(out: Path) -> None:
+    """FSDP2 resume from a full state that only rank 0 reads (`load_full_state`): a fresh
+    model continues bit-identically to the one that was saved."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    env = distributed.DistEnv(rank, world, rank, "gloo")
+    cfg = RunConfig(model="m", data="d", output="o", strategy="fsdp")
+    g = torch.Generator().manual_seed(2)
+    xs, ys = torch.randn(3, 8, 8, generator=g), torch.randn(3, 8, 1, generator=g)
+
+    def fresh(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model, _ = distributed.wrap(Net(), cfg, env)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    a, opt_a = fresh(0)
+    _train_step(a, opt_a, xs[0], ys[0], rank, world)
+    model_sd = distributed.full_state(a)  # what a checkpoint holds (rank 0; others empty)
+    optim_sd = distributed.full_optimizer_state(a, opt_a)
+    reads: list[int] = []
+
+    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        reads.append(rank)
+        # Copies, as a checkpoint read from disk is: the gathered state shares tensors
+        # with model `a` (AdamW's step counts), which keeps training beside `b`.
+        return copy.deepcopy(model_sd), copy.deepcopy(optim_sd)
+
+    b, opt_b = fresh(1)  # other initial weights: all of them must come from the checkpoint
+    distributed.load_full_state(b, opt_b, read, env)
+    for s in (1, 2):
+        _train_step(a, opt_a, xs[s], ys[s], rank, world)
+        _train_step(b, opt_b, xs[s], ys[s], rank, world)
+    same = all(
+        torch.equal(_local(p.detach()), _local(q.detach()))
+        for p, q in zip(a.parameters(), b.parameters())
+    )
+    res = {"reads": reads, "held_full_state": bool(model_sd), "bit_identical": same}
+    (out / f"rank-{rank}.json").write_text(json.dumps(res), encoding="utf-8")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1] == "resume":
+        resume(Path(sys.argv[2]))
+    else:
+        main(sys.argv[1], Path(sys.argv[2]))

@@ -584,12 +584,16 @@ def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
 # --- reading -------------------------------------------------------------------
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Everything but the model weights: optimizer, trainer state, RNG, loader state."""
+def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """Everything but the model weights: optimizer, trainer state, RNG, loader state.
+
+    `mmap`: optimizer.pt's tensors are mapped from the file, not read: host memory only
+    for what is touched (an FSDP rank whose optimizer state comes from rank 0).
+    """
     current = path / "optimizer.pt"
     try:
         out: dict[str, Any] = {
-            "optimizer": torch.load(current, weights_only=True, map_location="cpu"),
+            "optimizer": torch.load(current, weights_only=True, map_location="cpu", mmap=mmap),
             "trainer_state": json.loads((path / "trainer_state.json").read_text(encoding="utf-8")),
             "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
         }

@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -322,18 +323,45 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, An
 
 
 def load_full_state(
-    model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+    model: torch.nn.Module,
+    optimizer: Any,
+    read: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+    env: DistEnv,
 ) -> None:
-    """FSDP: load full (unsharded) model and optimizer state; every rank passes the same dicts."""
+    """FSDP: load a checkpoint's full (unsharded) model and optimizer state. Collective.
+
+    Only rank 0 calls `read()` (-> model state by name, optimizer state) and so holds the
+    full state in host memory; FSDP2 broadcasts it one tensor at a time and every rank
+    keeps its shard. Every rank reading it would hold weights + optimizer state (12 bytes
+    a parameter for AdamW in fp32) once per GPU of the machine at the same time. A failed
+    read stops every rank (the others would otherwise wait in the broadcast).
+    """
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    opts = StateDictOptions(full_state_dict=True)
+    model_sd: dict[str, Any] = {}
+    optim_sd: dict[str, Any] = {}
+    failed: BaseException | None = None
+    if env.rank == 0:
+        try:
+            model_sd, optim_sd = read()
+            optim_sd = optimizer_state_by_name(model, optimizer, optim_sd)
+        except Exception as e:
+            failed = e
+    problem = broadcast_object(None if failed is None else str(failed), env)
+    if failed is not None:
+        raise failed
+    if problem is not None:
+        raise CheckpointError(f"rank 0 could not read the checkpoint: {problem}")
+    # LoRA: the checkpoint holds the adapter only (rank 0 checked it matches the model:
+    # model_io.read_weights); the frozen base keeps what was loaded from --model.
+    opts = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, strict=not is_peft(model)
+    )
     set_model_state_dict(model, model_sd, options=opts)
-    optim_sd = optimizer_state_by_name(model, optimizer, optim_sd)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=optim_sd, options=opts)
 
 

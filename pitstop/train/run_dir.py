@@ -88,7 +88,9 @@ def prepare_output(run: Run, *, total_steps: int) -> Restored | None:
 
 def restore(run: Run, path: Path, total_steps: int) -> Restored:
     """Load checkpoint `path` into the run's model, optimizer, RNG and loader."""
-    st = checkpoint.read_checkpoint(path)
+    # FSDP: optimizer.pt is mapped, not read: rank 0 broadcasts its tensors from the page
+    # cache (load_full_state), the other ranks take only the small scaler state beside them.
+    st = checkpoint.read_checkpoint(path, mmap=run.fsdp)
     changed = resume.check_same_run(
         st["trainer_state"].get("identity"), identity(run, total_steps),
         allow=run.cfg.resume_with_changes, path=path,
@@ -99,11 +101,13 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
             + "; ".join(changed)
         )
     if run.fsdp:
-        # Saved as full (unsharded) state by name; every rank loads it and keeps its shard.
+        # Saved as full (unsharded) state by name; rank 0 reads it, each rank keeps its shard.
+        optim = st["optimizer"].pop("optimizer")
         distributed.load_full_state(
-            run.model, run.optimizer, model_io.read_weights(path, run.model),
-            st["optimizer"]["optimizer"],
+            run.model, run.optimizer, lambda: (model_io.read_weights(path, run.model), optim),
+            run.env,
         )  # fmt: skip
+        del optim
     else:
         model_io.load_weights(run.model, path)
         run.optimizer.load_state_dict(st["optimizer"]["optimizer"])

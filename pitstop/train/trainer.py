@@ -94,6 +94,8 @@ class Trainer:
         self.state = RunState()
         self._last_ckpt_step: int | None = None  # on every rank (the writer lives on rank 0)
         self._ckpt_copy: Any = None  # the CUDA event of a checkpoint copy still in flight
+        # FSDP: (step, weights) gathered by the last step's checkpoint, for final/ to reuse.
+        self._final_state: tuple[int, dict[str, torch.Tensor]] | None = None
         self.resumed_from: str | None = None
         self._bad_run_t = torch.zeros((), device=run.device)
         self._pending: list[dict[str, Any]] = []
@@ -428,6 +430,11 @@ class Trainer:
             # Collective: every rank sends its shards; rank 0 gets full CPU copies.
             model_state = distributed.full_state(run.model)
             optim_state = distributed.full_optimizer_state(run.model, run.optimizer)
+            # The last step's weights are also final/'s: kept so that the end of the run
+            # does not gather a second full copy while the writer still holds this one.
+            # A shallow copy: save_pretrained may drop tied keys from the dict it is given.
+            last = self.state.step >= self.total_steps
+            self._final_state = (self.state.step, dict(model_state)) if last else None
         if not self.is_main:  # DDP: rank 0's replica is the same as this one
             self.state.ckpt_pause += time.perf_counter() - t0
             return
@@ -466,7 +473,15 @@ class Trainer:
         if self._last_ckpt_step != self.state.step:
             self.checkpoint(t_train0)  # on every rank: FSDP gathers the state collectively
         run = self.run
-        state = distributed.full_state(run.model) if run.fsdp else None
+        state = None
+        if run.fsdp:
+            kept, self._final_state = self._final_state, None
+            if kept is not None and kept[0] == self.state.step:  # the same on every rank
+                state = kept[1]  # the last checkpoint's gather: no second full copy
+            else:  # e.g. resumed from the last step's checkpoint: gather once, alone
+                if self.is_main:
+                    run.writer.wait()  # rank 0 never holds two full copies
+                state = distributed.full_state(run.model)
         if self.is_main:
             write_final(
                 run.model, run.tokenizer, run.out, state, run.cfg, before_publish=run.writer.wait
