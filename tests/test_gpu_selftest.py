@@ -135,6 +135,46 @@ def test_two_rank_results_become_rows() -> None:
     assert "boom" in rows[1].detail and "no result" in rows[1].detail
 
 
+@pytest.fixture()
+def fake_sync_debug(monkeypatch):
+    """torch.cuda's sync debug mode as a plain value (this CPU build has no CUDA)."""
+    mode = [0]
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode[0])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.__setitem__(0, m))
+    return mode
+
+
+def test_the_sync_check_fails_a_step_that_syncs_and_passes_one_that_does_not(
+    tmp_path, fake_sync_debug
+) -> None:
+    """The CUDA branch of the sync check, driven on the CPU: a planted sync in the optimizer
+    step (raised as torch raises it in "error" mode) is a FAIL naming the step and where."""
+    from types import SimpleNamespace
+
+    from bench.gpu_checks_train import quiet_pitstop, small_trainer, sync_row
+
+    cuda = SimpleNamespace(type="cuda")
+    with quiet_pitstop():
+        clean = small_trainer(tmp_path, torch.device("cpu"))
+        row = sync_row(clean, cuda)
+        assert row.status == "pass" and "3 steps" in row.detail, row
+        assert fake_sync_debug[0] == 0  # put back after every step
+
+        planted = small_trainer(tmp_path, torch.device("cpu"), attention="sdpa")
+        real = planted.optimizer_step
+
+        def syncing_step(loss):
+            if fake_sync_debug[0] == "error":
+                raise RuntimeError("called a synchronizing CUDA operation")
+            return real(loss)
+
+        planted.optimizer_step = syncing_step
+        row = sync_row(planted, cuda)
+    assert row.status == "FAIL" and "step 1 of 3" in row.detail, row
+    assert "syncing_step" in row.detail and "synchronizing CUDA operation" in row.detail
+    assert fake_sync_debug[0] == 0
+
+
 def test_where_raised_names_the_frame() -> None:
     from bench.gpu_checks_util import where_raised
 
