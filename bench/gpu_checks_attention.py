@@ -290,14 +290,16 @@ def backends_case(model: Any, dev: torch.device, autocast: torch.dtype | None) -
     from pitstop.train.build import to_device, token_loss_sum
 
     backends = [b for b in (getattr(SDPBackend, n, None) for n in FUSED_BACKENDS) if b is not None]
-    rows = window_batches(dev)[0]  # documents around the window, one longer than a query block
-    mb, _ = packed_rows(rows)
-    with sdpa_kernel(backends):
-        loss = token_loss_sum(model, to_device(mb, dev, "sdpa_docs"), dev.type, autocast)
-        loss.backward()
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise RuntimeError(f"the loss is {value}")
+    # Documents around the window, one longer than a query block; on a GPU also more
+    # distinct lengths than the call limit (the masked per-row path).
+    for seed, rows in enumerate(window_batches(dev)):
+        mb, _ = packed_rows(rows, seed=seed)
+        with sdpa_kernel(backends):
+            loss = token_loss_sum(model, to_device(mb, dev, "sdpa_docs"), dev.type, autocast)
+            loss.backward()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise RuntimeError(f"the loss is {value}")
 
 
 def check_backends(dev: torch.device, precision: str) -> list[Row]:

@@ -64,6 +64,24 @@ def test_a_kernel_that_ignores_the_window_fails_the_window_rows() -> None:
     assert all("TOO LARGE" in r.detail for r in rows)
 
 
+def test_the_gpu_window_batches_reach_the_masked_path() -> None:
+    """On a GPU the window check adds a micro-batch past sdpa_docs' call limit; its rows
+    must pack (equal widths) and hold more distinct lengths than the limit."""
+    from types import SimpleNamespace
+
+    from bench.gpu_checks_attention import window_batches
+    from bench.gpu_checks_util import packed_rows
+    from pitstop.train import doc_attention
+
+    few, many = window_batches(SimpleNamespace(type="cuda"))
+    assert max(max(r) for r in few) > getattr(doc_attention, "BAND_BLOCK", 256)
+    assert len({n for r in many for n in r}) > getattr(doc_attention, "MAX_CALLS", 32)
+    for rows in (few, many):
+        mb, docs = packed_rows(rows)
+        assert mb["input_ids"].shape == (len(rows), sum(rows[0]))
+        assert [len(d) for d in docs] == [n for r in rows for n in r]
+
+
 def test_the_packed_rows_run_on_the_cpu() -> None:
     from bench import gpu_selftest as st
 
