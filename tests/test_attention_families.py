@@ -201,7 +201,7 @@ def test_grouped_and_capped_paths_equal_one_call_per_document(window, monkeypatc
         torch.testing.assert_close(a, b)
 
 
-def test_grouped_query_heads_repeated_where_sdpa_would_take_its_math_kernel() -> None:
+def test_grouped_query_heads_repeated_where_sdpa_would_take_its_math_kernel(monkeypatch) -> None:
     """On CUDA, SDPA's enable_gqa runs fused only in fp16/bf16 on sm80+; anywhere else the
     keys and values are repeated per head (as eager does) instead."""
     assert doc_attention.native_gqa("cpu", torch.float32, None)
@@ -209,10 +209,22 @@ def test_grouped_query_heads_repeated_where_sdpa_would_take_its_math_kernel() ->
     assert not doc_attention.native_gqa("cuda", torch.float32, (9, 0))  # fp32 / TF32
     assert not doc_attention.native_gqa("cuda", torch.float16, (7, 5))  # T4
     assert not doc_attention.native_gqa("cuda", torch.float16, (7, 0))  # V100
+    # A mask (a window's band, the launch cap's document mask) rules flash out.
+    assert not doc_attention.native_gqa("cuda", torch.bfloat16, (9, 0), masked=True)
     k = torch.randn(1, 2, 5, 3)
     rep = doc_attention._repeat_heads(k, 3)
     assert torch.equal(rep[:, 0:3], k[:, 0:1].expand(1, 3, 5, 3))
     assert torch.equal(rep[:, 3:6], k[:, 1:2].expand(1, 3, 5, 3))
+    # Repeated heads compute what SDPA's grouped path computes, on every path.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 24, 8), torch.randn(2, 2, 24, 8), torch.randn(2, 2, 24, 8)
+    cu = torch.tensor([0, 6, 12, 24, 30, 36, 48], dtype=torch.int32)
+    paths = [{"window": None}, {"window": 3}, {"group": True}, {"group": True, "max_calls": 1}]
+    native = [doc_attention.per_document_sdpa(q, k, v, cu, **kw) for kw in paths]
+    monkeypatch.setattr(doc_attention, "native_gqa", lambda *a, **kw: False)
+    for kw, want in zip(paths, native, strict=True):
+        got = doc_attention.per_document_sdpa(q, k, v, cu, **kw)
+        torch.testing.assert_close(got, want, msg=str(kw))
 
 
 def test_what_the_kernel_cannot_compute_it_refuses_by_name() -> None:

@@ -196,18 +196,24 @@ def doc_sdpa_attention(
     return out.view(B, T, H, D), None
 
 
-def native_gqa(device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None) -> bool:
+def native_gqa(
+    device_type: str,
+    dtype: torch.dtype,
+    capability: tuple[int, int] | None,
+    *,
+    masked: bool = False,
+) -> bool:
     """Whether SDPA's own grouped-query path (``enable_gqa``) runs a fused kernel here.
 
-    On CUDA only the flash kernel takes it (fp16/bf16, sm80+); anywhere else there it falls
-    back to the math kernel, which materialises every [B, H, T, T] score. There the keys
-    and values are repeated per head instead, as transformers' eager path does. The CPU's
-    fused kernel takes grouped heads in every dtype."""
+    On CUDA only the flash kernel takes it: fp16/bf16, sm80+, and no mask (a banded or
+    document mask rules flash out, and the memory-efficient kernel does not group heads).
+    Anywhere else there SDPA falls back to its math kernel, which materialises every
+    [B, H, T, T] score; the keys and values are repeated per head instead, as transformers'
+    eager path does. The CPU's fused kernel takes grouped heads in every dtype."""
     if device_type != "cuda":
         return True
-    return (
-        dtype in (torch.float16, torch.bfloat16) and capability is not None and capability >= (8, 0)
-    )
+    half = dtype in (torch.float16, torch.bfloat16)
+    return half and not masked and capability is not None and capability >= (8, 0)
 
 
 def per_document_sdpa(
@@ -233,10 +239,6 @@ def per_document_sdpa(
     h_kv = key.shape[1]
     if window is not None and window < 1:
         raise ValueError(f"sliding_window must be at least 1, got {window}")
-    if h_kv != H and not native_gqa(query.device.type, query.dtype, _capability(query)):
-        key, value = _repeat_heads(key, H // h_kv), _repeat_heads(value, H // h_kv)
-        h_kv = H
-    gqa = h_kv != H
     bounds = cu_seqlens.tolist()  # host ints: a CPU tensor costs nothing, a GPU one one sync
     if not bounds or bounds[0] != 0 or bounds[-1] != B * T:
         raise ValueError(
@@ -246,7 +248,7 @@ def per_document_sdpa(
     spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
     if len(spans) == B and all(b - a == T for a, b in spans):
         # One document per row (bucket, pad): one call over the rows as they are.
-        o = _causal(query, key, value, window, scale=scale, dropout_p=dropout_p, gqa=gqa)
+        o = _causal(query, key, value, window, scale=scale, dropout_p=dropout_p)
         return o.transpose(1, 2).reshape(B * T, H, D)
     if group is None:
         group = query.device.type == "cuda"
@@ -257,8 +259,8 @@ def per_document_sdpa(
     sizes = [b - a for a, b in spans]
     if group:
         if _calls(sizes, window) > max_calls:
-            return _masked_rows(query, key, value, spans, window, scale, dropout_p, gqa)
-        return _grouped(q, k, v, sizes, window, scale, dropout_p, gqa)
+            return _masked_rows(query, key, value, spans, window, scale, dropout_p)
+        return _grouped(q, k, v, sizes, window, scale, dropout_p)
     # Each document is a contiguous span of the flattened rows: its q/k/v are views (no
     # gather), and the outputs, in document order, tile [B*T] exactly.
     # [1, heads, L, D]: SDPA's fused CPU kernel takes 4-d inputs only (3-d ones fall back
@@ -273,7 +275,6 @@ def per_document_sdpa(
             window,
             scale=scale,
             dropout_p=dropout_p,
-            gqa=gqa,
         )[0].transpose(0, 1)  # [L, H, D]
         for qd, kd, vd in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
     ]
@@ -293,6 +294,34 @@ def _repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n, t, d).reshape(b, h * n, t, d)
 
 
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scale: float | None,
+    dropout_p: float,
+) -> torch.Tensor:
+    """One SDPA call, causal without `mask`; grouped key/value heads passed as a fused
+    kernel takes them here (`native_gqa`), else repeated per head."""
+    h, h_kv = q.shape[1], k.shape[1]
+    gqa = h_kv != h
+    if gqa and not native_gqa(q.device.type, q.dtype, _capability(q), masked=mask is not None):
+        k, v = _repeat_heads(k, h // h_kv), _repeat_heads(v, h // h_kv)
+        gqa = False
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=gqa,
+    )
+
+
 def _causal(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -301,14 +330,11 @@ def _causal(
     *,
     scale: float | None,
     dropout_p: float,
-    gqa: bool,
 ) -> torch.Tensor:
     """Causal attention of [b, h, L, D] sequences, within `window` when they are longer."""
     L = q.shape[2]
     if window is None or window >= L:  # every key a query may see is within its window
-        return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
-        )
+        return _sdpa(q, k, v, None, scale=scale, dropout_p=dropout_p)
     # Blocks of queries, each over the keys its window reaches: memory and work grow with
     # L x (block + window), not L^2.
     block = max(window, BAND_BLOCK)
@@ -318,14 +344,8 @@ def _causal(
         ks = max(0, s - window + 1)
         mask = _band(s, e, ks, window, q.device)
         outs.append(
-            F.scaled_dot_product_attention(
-                q[:, :, s:e],
-                k[:, :, ks:e],
-                v[:, :, ks:e],
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                scale=scale,
-                enable_gqa=gqa,
+            _sdpa(
+                q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e], mask, scale=scale, dropout_p=dropout_p
             )
         )
     return torch.cat(outs, dim=2)
@@ -355,7 +375,6 @@ def _grouped(
     window: int | None,
     scale: float | None,
     dropout_p: float,
-    gqa: bool,
 ) -> torch.Tensor:
     """Documents of equal length stacked into one call each; outputs back in order."""
     by_len: dict[int, list[int]] = defaultdict(list)
@@ -368,7 +387,7 @@ def _grouped(
         qd = torch.stack([qs[i] for i in idx]).transpose(1, 2)
         kd = torch.stack([ks_[i] for i in idx]).transpose(1, 2)
         vd = torch.stack([vs[i] for i in idx]).transpose(1, 2)
-        o = _causal(qd, kd, vd, window, scale=scale, dropout_p=dropout_p, gqa=gqa)
+        o = _causal(qd, kd, vd, window, scale=scale, dropout_p=dropout_p)
         for j, i in enumerate(idx):
             outs[i] = o[j].transpose(0, 1)  # [L, H, D]
     return torch.cat(outs)  # type: ignore[arg-type]
@@ -382,7 +401,6 @@ def _masked_rows(
     window: int | None,
     scale: float | None,
     dropout_p: float,
-    gqa: bool,
 ) -> torch.Tensor:
     """One call over all rows under a dense [B, 1, T, T] document (and window) mask: the
     launch cap's path, for micro-batches of many short documents."""
@@ -395,13 +413,5 @@ def _masked_rows(
     allowed = (doc[:, :, None] == doc[:, None, :]) & (pos[None, :] <= pos[:, None])[None]
     if window is not None:
         allowed &= (pos[None, :] > pos[:, None] - window)[None]
-    o = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=allowed[:, None],
-        dropout_p=dropout_p,
-        scale=scale,
-        enable_gqa=gqa,
-    )
+    o = _sdpa(query, key, value, allowed[:, None], scale=scale, dropout_p=dropout_p)
     return o.transpose(1, 2).reshape(B * T, H, D)
