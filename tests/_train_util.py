@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,22 @@ def train_config(model: Path, store: Path, out: Path, **over: Any) -> RunConfig:
     }
     values.update(over)
     return build_config(values, None)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback (torchrun's --master-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    """The environment for a pitstop child process under torchrun: offline, one OpenMP
+    thread per rank (two ranks on two cores), this checkout first on the path."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update({"OMP_NUM_THREADS": "1", **extra})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env

@@ -27,6 +27,19 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    tiny models gain nothing from threads, and on a busy CI box OpenMP's spinning threads
+    make them many times slower; restored afterwards for the rest of the session."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture()
 def cache_dir(tmp_path: Path) -> Path:
     d = tmp_path / "cache"

@@ -26,6 +26,8 @@ from pitstop.probe import DeviceInfo
 from pitstop.train import doc_attention, model_io, packcheck
 from pitstop.train.build import packed_attention_check, to_device, token_loss_sum
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CPU = torch.device("cpu")
 CPU_DEV = DeviceInfo("cpu", "test cpu", cpu_count=2)
 WINDOW = 4
@@ -64,14 +66,6 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

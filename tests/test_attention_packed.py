@@ -34,18 +34,11 @@ from pitstop.probe import DeviceInfo
 from pitstop.train.attention import VARLEN_KEYS, doc_boundaries
 from pitstop.train.build import to_device, token_loss_sum
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CPU = torch.device("cpu")
 A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), bf16=True, total_memory_bytes=80 << 30)
 CPU_DEV = DeviceInfo("cpu", "test cpu", cpu_count=2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads and a busy CI box makes them slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,11 @@ from pitstop.probe import DeviceInfo
 from pitstop.train.build import to_device, token_loss_sum
 from pitstop.train.doc_attention import DOC_ATTENTION, per_document_sdpa, register
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CPU = torch.device("cpu")
 CPU_DEV = DeviceInfo("cpu", "test cpu", cpu_count=2)
 A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), bf16=True, total_memory_bytes=80 << 30)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,11 @@ from test_batching_support import make_store
 from pitstop.batching.collate import collate
 from pitstop.batching.plan import MicroBatchSpec
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 128
 LENS = [9, 14, 6]  # three documents packed into a row of 32 (3 padding positions)
 WIDTH = 32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy CI box OpenMP's spinning threads
-    make them many times slower; restored afterwards for the rest of the session."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def build(attn: str):

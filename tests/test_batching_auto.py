@@ -9,17 +9,9 @@ from test_batching_support import long_tailed_lengths, make_store
 from pitstop.batching.auto import choose_batching
 from pitstop.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MSL = 128
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy CI box OpenMP's spinning threads
-    make them many times slower; restored afterwards for the rest of the session."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture()

@@ -4,17 +4,14 @@ out-of-memory to the OOM path (pitstop/train/compile.py), on the CPU with fakes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _train_util import rank_env
 
 from pitstop.train.compile import GuardedForward
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Wrapper:
@@ -127,13 +124,6 @@ def test_an_oom_in_compile_backs_off_and_keeps_compile(
     assert "backed off" in s["choices"]["micro_batch"]["reason"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 @pytest.mark.slow
 def test_ddp_compile_failure_on_one_rank_all_ranks_go_eager_wrapped(
     tiny_model_dir, store, tmp_path
@@ -154,7 +144,7 @@ def test_ddp_compile_failure_on_one_rank_all_ranks_go_eager_wrapped(
             "--report-to", "none", "--compile", "on", "--nproc", "2",
             "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "pitstop", *args], capture_output=True, text=True,
-                       env=_env(PITSTOP_TEST_COMPILE_FAILS_ON_RANK="1"), timeout=600)  # fmt: skip
+                       env=rank_env(PITSTOP_TEST_COMPILE_FAILS_ON_RANK="1"), timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["choices"]["compile"]["value"] is False  # rank 0 went eager too

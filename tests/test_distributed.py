@@ -10,17 +10,16 @@ step, one process with 2-row micro-batches vs two processes with 1-row micro-bat
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _train_util import free_port, rank_env
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+
 STEPS = 4
 
 
@@ -49,19 +48,6 @@ def _args(model: Path, store: Path, out: Path, *extra: str) -> list[str]:
             "--batching", "pack", "--max-steps", str(STEPS), "--log-steps", "2", "--lr", "1e-3",
             "--report-to", "none", "--compile", "off", "--save-steps", "2",
             "--cache-dir", str(out.parent / "cache"), *extra]  # fmt: skip
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -96,12 +82,12 @@ def test_nproc_2_ddp_matches_one_process_and_resumes(tiny_model_dir, store, refe
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "pitstop", *_args(tiny_model_dir, store, out), "--nproc", "2"]
     # Stop after step 2 (as SIGTERM would), then resume with two processes again.
-    cut = subprocess.run(cmd, env=_env(PITSTOP_TEST_STOP_AT_STEP="2"), capture_output=True,
+    cut = subprocess.run(cmd, env=rank_env(PITSTOP_TEST_STOP_AT_STEP="2"), capture_output=True,
                          text=True, timeout=240)  # fmt: skip
     assert cut.returncode != 0 and "launching 2 processes" in cut.stderr, cut.stderr
     assert "--nproc-per-node 2" in cut.stderr
     assert (out / "checkpoints" / "step-2" / "COMPLETE.json").is_file()
-    done = subprocess.run([*cmd, "--resume"], env=_env(), capture_output=True, text=True,
+    done = subprocess.run([*cmd, "--resume"], env=rank_env(), capture_output=True, text=True,
                           timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     s = json.loads((out / "summary.json").read_text())
@@ -116,9 +102,9 @@ def test_torchrun_fsdp2_on_gloo_matches_one_process(tiny_model_dir, store, refer
 
     out = tmp_path / "fsdp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), "-m", "pitstop",
+           "--master-port", str(free_port()), "-m", "pitstop",
            *_args(tiny_model_dir, store, out), "--strategy", "fsdp"]  # fmt: skip
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["choices"]["strategy"]["value"] == "fsdp"
@@ -151,10 +137,10 @@ def test_torchrun_fsdp2_lora_matches_one_process_and_resumes(
 
     def torchrun(*extra: str, **env: str) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(_free_port()), "-m", "pitstop",
+               "--master-port", str(free_port()), "-m", "pitstop",
                *_args(tiny_model_dir, store, out), "--strategy", "fsdp", "--lora-r", "4",
                *extra]  # fmt: skip
-        return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=240)
+        return subprocess.run(cmd, env=rank_env(**env), capture_output=True, text=True, timeout=240)
 
     cut = torchrun(PITSTOP_TEST_STOP_AT_STEP="2")  # stops after step 2, as SIGTERM would
     assert cut.returncode != 0 and "stopped" in cut.stderr, cut.stderr
@@ -197,10 +183,10 @@ def test_fsdp2_lora_resumes_a_one_process_checkpoint(
     for later in (out / "checkpoints" / "step-4", out / "final"):
         shutil.rmtree(later)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), "-m", "pitstop",
+           "--master-port", str(free_port()), "-m", "pitstop",
            *_args(tiny_model_dir, store, out), "--strategy", "fsdp", "--lora-r", "4",
            "--resume"]  # fmt: skip
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("step-2")
     _same_run(lora_reference, out, weights="adapter_model.safetensors")

@@ -9,8 +9,6 @@ gloo), and the resumed run continues bit-identically.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import weakref
@@ -19,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _train_util import free_port, rank_env
 from safetensors.torch import load_file
 
 from pitstop.train import distributed as dist_mod
@@ -112,25 +111,12 @@ def test_final_save_without_a_kept_gather_waits_for_the_writer_first(monkeypatch
     assert seen.live_at_gather == [0, 0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 @pytest.mark.slow
 def test_fsdp2_load_full_state_reads_on_rank_0_only_and_resumes_exactly(tmp_path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), str(REPO / "tests" / "_grad_accum_worker.py"),
+           "--master-port", str(free_port()), str(REPO / "tests" / "_grad_accum_worker.py"),
            "resume", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
     assert r0["reads"] == [0] and r1["reads"] == []  # only rank 0 read the checkpoint
@@ -151,13 +137,13 @@ def test_fsdp2_full_fine_tune_resumes_bit_identically(tiny_model_dir, store, tmp
 
     def torchrun(out: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(_free_port()), "-m", "pitstop", "train",
+               "--master-port", str(free_port()), "-m", "pitstop", "train",
                "--model", str(tiny_model_dir), "--data", str(store), "--output", str(out),
                "--max-seq-len", "64", "--tokens-per-step", "256", "--micro-batch-size", "1",
                "--batching", "pack", "--max-steps", "4", "--log-steps", "2", "--lr", "1e-3",
                "--report-to", "none", "--compile", "off", "--save-steps", "2",
                "--cache-dir", str(tmp_path / "cache"), "--strategy", "fsdp", *extra]  # fmt: skip
-        return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=240)
+        return subprocess.run(cmd, env=rank_env(**env), capture_output=True, text=True, timeout=240)
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     done = torchrun(whole)

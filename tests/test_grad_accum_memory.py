@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +19,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _train_util import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("_grad_accum_worker.py")
 TOL = 1e-6  # fp32: the ranks sum in another order than one process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ranks(strategy: str, out: Path) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), str(WORKER), strategy, str(out)]  # fmt: skip
+           "--master-port", str(free_port()), str(WORKER), strategy, str(out)]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
@@ -78,7 +72,7 @@ def gloo_world_of_one(monkeypatch):
     import torch.distributed as dist
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
