@@ -28,7 +28,8 @@ from pitstop.probe import DeviceInfo
 # MI300X is an AMD card: it has no CUDA compute capability (flash-attn for ROCm is a
 # separate build), so the capability rules stay quiet for it.
 CAPABILITY: dict[str, tuple[int, int] | None] = {
-    "B200": (10, 0), "H200": (9, 0), "H20": (9, 0), "MI300X": None, "H100": (9, 0),
+    "B200": (10, 0), "H200": (9, 0), "H200 NVL": (9, 0), "GH200": (9, 0), "GH200 144G": (9, 0),
+    "H20": (9, 0), "MI300X": None, "H100": (9, 0), "H100 NVL": (9, 0),
     "H100 PCIe": (9, 0), "A100 80GB": (8, 0), "A100 40GB": (8, 0), "L40S": (8, 9),
     "L40": (8, 9), "L4": (8, 9), "A10": (8, 6), "RTX 5090": (12, 0), "RTX 4090": (8, 9),
     "RTX A6000": (8, 6), "RTX 3090": (8, 6), "V100 32GB": (7, 0), "V100 16GB": (7, 0),
