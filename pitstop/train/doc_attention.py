@@ -44,6 +44,7 @@ hand: no library computes per-document windowed attention with SDPA's fused kern
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 from typing import Any
@@ -284,7 +285,13 @@ def per_document_sdpa(
 def _capability(t: torch.Tensor) -> tuple[int, int] | None:
     if t.device.type != "cuda":
         return None
-    return torch.cuda.get_device_capability(t.device)
+    return _cuda_capability(t.device.index or 0)
+
+
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    """Asked once per device: `_sdpa` consults it on every call of every layer."""
+    return torch.cuda.get_device_capability(index)
 
 
 def _repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
