@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from pitstop.errors import ConfigError, short_repr
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -37,18 +39,51 @@ def hub_id_of(path: str | Path) -> str | None:
     return None
 
 
+def _snapshot_of_ref(name: str) -> Path | None:
+    """The snapshot `refs/main` of `name`'s cache folder names, refused unless it is one.
+
+    huggingface_hub joins the ref's text to `snapshots/` as it is, so a ref holding
+    `../..` would hand over any directory as the model; the cache may be shared or
+    copied from elsewhere, so a ref must name a snapshot inside `snapshots/` (links
+    followed). None when there is no ref (huggingface_hub then says "not cached").
+    """
+    repo = hub_cache_dir() / ("models--" + name.replace("/", "--"))
+    try:
+        ref = (repo / "refs" / "main").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    snapshots = repo / "snapshots"
+    target = snapshots / ref
+    if not ref or ref in (".", "..") or any(c in ref for c in "/\\\0"):
+        why = "which is not the name of one snapshot (a commit hash)"
+    elif not target.exists():
+        return None
+    elif not target.resolve().is_relative_to(snapshots.resolve()):
+        why = f"whose snapshot is a link to {target.resolve()}, outside {snapshots}"
+    else:
+        return target.resolve()
+    raise ConfigError(
+        f"{repo}: refs/main holds {short_repr(ref)}, {why}; a model's files must come from "
+        f"its snapshots/ folder, so it is not used: download {name} again with: hf download {name}"
+    )
+
+
 def resolve_model(name: str) -> str:
     """A local directory for `name`: the cached snapshot of a Hub id, else `name` unchanged
-    (whoever opens it then says what is missing, with `missing_hint`)."""
+    (whoever opens it then says what is missing, with `missing_hint`). A cache entry whose
+    ref points outside its snapshots is refused (ConfigError)."""
     if Path(name).expanduser().exists() or not looks_like_hub_id(name):
         return name
+    expected = _snapshot_of_ref(name)
     try:
         from huggingface_hub import snapshot_download
 
         path = snapshot_download(name, cache_dir=str(hub_cache_dir()), local_files_only=True)
     except Exception:  # ImportError, LocalEntryNotFoundError and kin: not resolvable here
         return name
-    return str(Path(path).resolve())
+    if expected is None or Path(path).resolve() != expected:
+        return name  # not the snapshot its checked ref names: left as given, "not cached"
+    return str(expected)
 
 
 def missing_hint(name: str) -> str:

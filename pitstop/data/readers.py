@@ -13,11 +13,13 @@ Formats, detected from the extension unless `--format` says otherwise:
 - Parquet (`.parquet`, `.pq`): read in row batches of only the record columns.
 - CSV (`.csv`): a header row names the fields; streamed row by row.
 - Arrow (`.arrow`): the files `datasets` writes (IPC stream, or the IPC file format),
-  read in record batches of only the record columns.
+  read in record batches of only the record columns. A stream without its end-of-stream
+  marker (or a file without its footer) was cut short, and is refused as truncated.
 - A `datasets` directory (`Dataset.save_to_disk` / `DatasetDict.save_to_disk`): its
   `.arrow` files in the order its `state.json` lists them; of a `DatasetDict`, the
   split `--split` names (default `train`; the only split when there is one).
-  Read with pyarrow, so the `datasets` package itself is not needed.
+  Read with pyarrow, so the `datasets` package itself is not needed. Every file and
+  split these list must lie inside the directory (links followed), each file once.
 - Plain text (`.txt`, `.text`, `.md`): **one document per file** — splitting prose
   at blank lines would cut documents into paragraphs and teach the model to end
   text after every paragraph. A file over `TEXT_SPLIT_BYTES` (a corpus dump rather
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pitstop.data.records import Fields
-from pitstop.errors import DataError
+from pitstop.errors import DataError, short_repr
 
 TEXT_SPLIT_BYTES = 64 << 20
 TEXT_PIECE_BYTES = 4 << 20
@@ -111,17 +113,63 @@ def is_hf_dataset(path: Path) -> bool:
     )
 
 
+def _hub_blobs(folder: Path) -> Path | None:
+    """The `blobs/` of the Hub-cache repository whose snapshot holds `folder`, if it is one.
+
+    huggingface_hub stores a snapshot's files as links into `REPO/blobs/`, so the data
+    files of a dataset downloaded from the Hub resolve there, outside the folder itself.
+    """
+    parts = folder.absolute().parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots":
+            blobs = Path(*parts[:i]) / "blobs"
+            return blobs.resolve() if blobs.is_dir() else None
+    return None
+
+
+def _inside(folder: Path, entry: Any, listed: str) -> Path:
+    """`folder / entry`, refused unless it lies inside `folder` (links followed).
+
+    A state.json or dataset_dict.json is data, and may come from anyone: a name like
+    `../x.arrow`, an absolute path or a link out of the folder must not make pitstop
+    read a file the user did not point at.
+    """
+    if not isinstance(entry, str) or not entry:
+        raise TypeError(entry)
+    target = folder / entry
+    try:
+        real = target.resolve()
+        allowed = [folder.resolve(), *filter(None, [_hub_blobs(folder)])]
+    except (OSError, RuntimeError):  # a link loop
+        real, allowed = None, []
+    if Path(entry).is_absolute() or ".." in Path(entry).parts:
+        why = "a path outside the dataset folder"
+    elif real is None:
+        why = "a link that cannot be resolved"
+    elif not any(real.is_relative_to(a) for a in allowed):
+        why = f"a link to {real}, outside the dataset folder"
+    else:
+        return target
+    raise DataError(
+        f"{folder}: {listed} {short_repr(entry)}, {why}; everything a dataset lists must "
+        "lie inside the dataset folder: save the dataset again with save_to_disk (or copy "
+        "its files into the folder)"
+    )
+
+
 def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str | None]:
     """The .arrow files of a save_to_disk directory, and the split read (None: not a dict).
 
     A DatasetDict without `split` among its splits is read from its only split, or
     refused with the list of splits when there are several: guessing would train on
-    a test set.
+    a test set. Every file and split must lie inside the directory, each file once.
     """
     chosen = None
     if (path / "dataset_dict.json").is_file():
         try:
             splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+            if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+                raise TypeError(splits)
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(
                 f"{path}/dataset_dict.json is not readable; save the dataset again with save_to_disk"
@@ -135,10 +183,11 @@ def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str 
                 f"{path} is a DatasetDict without a {split!r} split; its splits are "
                 f"{', '.join(map(str, splits))}: pass --split NAME"
             )
-        path = path / chosen
+        path = _inside(path, chosen, "dataset_dict.json lists the split")
     try:
         state = json.loads((path / "state.json").read_text())
-        files = [path / f["filename"] for f in state["_data_files"]]
+        names = [f["filename"] for f in state["_data_files"]]
+        files = [_inside(path, name, "state.json lists the data file") for name in names]
     except (OSError, ValueError, KeyError, TypeError):
         raise DataError(
             f"{path}/state.json is missing or not readable, so the order of the .arrow files is "
@@ -146,6 +195,15 @@ def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str 
         ) from None
     if not files:
         raise DataError(f"{path}: the dataset has no data files; give a dataset with records")
+    seen: dict[Path, str] = {}
+    for name, f in zip(names, files):
+        if f.resolve() in seen:
+            raise DataError(
+                f"{path}: state.json lists the data file {short_repr(name)} twice (as "
+                f"{short_repr(seen[f.resolve()])} too), so its records would be read twice; "
+                "save the dataset again with save_to_disk"
+            )
+        seen[f.resolve()] = name
     for f in files:
         if not f.is_file():
             raise DataError(
@@ -423,22 +481,83 @@ def _parquet(
         raise DataError(f"{path}: row {row}: the Parquet data is damaged ({e})") from None
 
 
+_ARROW_FILE_MAGIC = b"ARROW1"
+_ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker + zero length
+_ARROW_LEGACY_EOS = b"\x00\x00\x00\x00"  # streams written before Arrow 0.15
+_REWRITE = "the write or copy was cut short: write the file again (or copy it whole)"
+
+
+def _arrow_stream_end(path: Path, source: Any) -> None:
+    """Refuse an IPC stream that does not end with its end-of-stream marker.
+
+    pyarrow's stream reader takes the end of the bytes for the end of the data, so a
+    stream cut at a record-batch boundary would read as a complete, shorter dataset.
+    The messages are walked here (metadata only; bodies are slices of the memory map)
+    to find where the last whole message ends: what follows must be the marker.
+    """
+    import pyarrow as pa
+
+    reader = pa.ipc.MessageReader.open_stream(source)
+    end, batches, damage = 0, 0, None
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as e:
+            if end == 0:  # not one whole message: not an Arrow stream at all (said by the caller)
+                raise
+            damage = e
+            break
+        end = source.tell()
+        batches += message.type == "record batch"
+    if end == 0:  # no message at all: open_stream says what the file is not
+        return
+    source.seek(end)
+    tail = source.read(8)
+    if damage is None and (tail.startswith(_ARROW_EOS) or tail.startswith(_ARROW_LEGACY_EOS)):
+        return
+    source.seek(0)
+    try:  # the whole messages before the cut read as a stream of their own
+        rows = sum(b.num_rows for b in pa.ipc.open_stream(pa.py_buffer(source.read(end))))
+        done = f"{batches:,} record batch{'es' * (batches != 1)} ({rows:,} rows)"
+    except (pa.ArrowException, OSError):
+        done = f"{batches:,} record batch{'es' * (batches != 1)}"
+    if damage is None:
+        raise DataError(f"{path}: truncated: no end-of-stream marker after {done}; {_REWRITE}")
+    raise DataError(
+        f"{path}: truncated or damaged: the stream breaks off after {done}, inside the "
+        f"next message ({damage}); {_REWRITE}"
+    )
+
+
 def _arrow(
     path: Path, compression: str | None, fields: Fields, chunk_bytes: int
 ) -> Iterator[Chunk]:
     import pyarrow as pa
 
-    # datasets writes the IPC stream format; other tools write the IPC file format.
+    # datasets writes the IPC stream format; other tools write the IPC file format, which
+    # starts (and, when complete, ends) with the magic bytes ARROW1.
     try:
         source = pa.memory_map(str(path), "r")
-        try:
+        if source.read(6) != _ARROW_FILE_MAGIC:
+            source.seek(0)
+            _arrow_stream_end(path, source)
+            source.seek(0)
             batches: Any = pa.ipc.open_stream(source)
-        except pa.ArrowInvalid:
-            batches = pa.ipc.open_file(source)
-            batches = (batches.get_batch(i) for i in range(batches.num_record_batches))
-            schema = None
-        else:
             schema = batches.schema
+        else:
+            source.seek(0)
+            try:
+                ipc_file = pa.ipc.open_file(source)
+            except pa.ArrowInvalid:
+                if source.size() < 12 or source.read_at(6, source.size() - 6) != _ARROW_FILE_MAGIC:
+                    raise DataError(
+                        f"{path}: truncated: an Arrow IPC file without its footer; {_REWRITE}"
+                    ) from None
+                raise
+            batches = (ipc_file.get_batch(i) for i in range(ipc_file.num_record_batches))
+            schema = None
     except (pa.ArrowException, OSError) as e:
         raise DataError(
             f"{path}: not a readable Arrow file ({e}); check the file or pass the right --format"
