@@ -25,7 +25,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, "prepare")
     # Deferred: preparing loads tokenizers (transformers), which `pitstop --help` must not.
+    from pitstop import log
     from pitstop.data.prepare import format_stats, prepare_data
+    from pitstop.data.stats import eos_only_message
 
     result = prepare_data(cfg, progress=not args.json)
     if args.json:
@@ -39,4 +41,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_stats(result.stats))
         hit = "cache hit" if result.cache_hit else f"prepared in {result.seconds:.1f} s"
         print(f"\ntoken store: {result.store_path} ({hit})")
+    # After the table, so it is the last thing read; a store from before the count has none.
+    info = result.stats.get("eos_only_documents")
+    warning = eos_only_message(info, result.stats)
+    if warning:
+        refused = "; `pitstop train` refuses it" if info["count"] == info["of"] else ""
+        log.warning(f"pitstop: warning: {warning}{refused}")
     return 0

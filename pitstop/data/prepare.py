@@ -251,7 +251,9 @@ def _write(
     seq_lens: list[np.ndarray] = []
     bad_examples: list[dict[str, str]] = []
     kinds: dict[str, int] = {}
+    eos_only: dict[str, int] = {}
     c = {
+        "docs_held": 0,
         "records": 0,
         "bad": 0,
         "targets": 0,
@@ -296,6 +298,9 @@ def _write(
                 c[k] += res[k]
             for k, v in res["kinds"].items():
                 kinds[k] = kinds.get(k, 0) + v
+            c["docs_held"] += res["docs_held"]
+            for k, v in res["eos_only"].items():
+                eos_only[k] = eos_only.get(k, 0) + v
             for where, reason in res["bad"]:
                 if len(bad_examples) < MAX_BAD_EXAMPLES:
                     bad_examples.append({"where": where, "reason": reason})
@@ -321,6 +326,12 @@ def _write(
         "record_kinds": kinds,
         "bad_records": c["bad"],
         "bad_examples": bad_examples,
+        # Documents whose only target is their EOS: checked by `train` (docs/data.md).
+        "eos_only_documents": {
+            "count": sum(eos_only.values()),
+            "of": c["docs_held"],
+            "by_kind": eos_only,
+        },
         "long_documents": {
             "policy": cfg.long_docs,
             "count": c["long"],

@@ -17,6 +17,13 @@ from pitstop.packing import bfd_arrays
 
 CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 
+# `prepare` and `train` warn when this share of the records carry no loss target but their
+# end-of-sequence token (`train` refuses when all do). Such a record teaches the model to
+# end its answer right after the prompt, an empty reply, so 1% already pulls a model that
+# way; below it, a stray empty conversation in a large set is noise a warning would make
+# users learn to ignore, and the statistics still count it.
+EOS_ONLY_WARN_SHARE = 0.01
+
 
 def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[float, int]:
     """(filled fraction, rows) of best-fit-decreasing packing of `lengths` into rows of `max_len`.
@@ -132,6 +139,57 @@ def recommend(
     }
 
 
+def eos_only_cause(info: dict[str, Any], stats: dict[str, Any]) -> str:
+    """The likely reasons records carry no target but their EOS, by record shape."""
+    by_kind = info.get("by_kind") or {}
+    unknown = not by_kind  # a store from before shapes were counted: name every cause
+    causes = []
+    if by_kind.get("chat") or unknown:
+        n = f" in {by_kind['chat']:,} chat records" if by_kind.get("chat") else ""
+        causes.append(
+            f"no assistant turn found{n}: only assistant turns are loss targets (ShareGPT "
+            '"from": "gpt", messages "role": "assistant"); check the role names and that '
+            "--messages-field names the conversation, or pass --train-on-prompt to train on "
+            "every turn"
+        )
+    if by_kind.get("text") or unknown:
+        n = f"{by_kind['text']:,} " if by_kind.get("text") else ""
+        causes.append(
+            f"{n}text records are one token long: check that --text-field names the field "
+            "that holds the text"
+        )
+    ld = stats.get("long_documents") or {}
+    if ld.get("policy") == "truncate" and ld.get("targets_removed"):
+        causes.append(
+            f"--long-docs truncate removed {ld['targets_removed']:,} target tokens past "
+            f"--max-seq-len {stats.get('max_seq_len')}; use --long-docs split (the default) "
+            "or a longer --max-seq-len"
+        )
+    elif by_kind.get("prompt_completion") or by_kind.get("instruction"):
+        causes.append(
+            "prompt/completion or instruction records whose completion adds no token of its "
+            "own: check --completion-field / --output-field"
+        )
+    return "; ".join(causes)
+
+
+def eos_only_message(info: dict[str, Any] | None, stats: dict[str, Any]) -> str | None:
+    """A warning when at least EOS_ONLY_WARN_SHARE of the records (`info`: the manifest's
+    "eos_only_documents") carry no target but their EOS; None below it or when unknown."""
+    if not info or not info.get("count") or not info.get("of"):
+        return None
+    n, of = int(info["count"]), int(info["of"])
+    if n < of * EOS_ONLY_WARN_SHARE:
+        return None
+    head = (
+        f"all {of:,} records carry" if n == of else f"{n:,} of {of:,} records ({n / of:.1%}) carry"
+    )
+    return (
+        f"{head} no loss target but the end-of-sequence token, so they teach nothing but "
+        f"to stop; likely cause: {eos_only_cause(info, stats)}"
+    )
+
+
 def format_stats(stats: dict[str, Any]) -> str:
     """The human-readable table printed by `pitstop prepare`."""
     s = stats
@@ -142,6 +200,11 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"tokens           {s.get('tokens', 0):>14,}",
         f"target tokens    {s.get('target_tokens', 0):>14,}   (carry loss; prompts and first tokens do not)",
     ]
+    eos_only = (s.get("eos_only_documents") or {}).get("count")
+    if eos_only:
+        lines.append(
+            f"EOS-only records {eos_only:>14,}   (no target but the end-of-sequence token)"
+        )
     kinds = s.get("record_kinds") or {}
     if kinds:
         lines.append("record shapes    " + ", ".join(f"{k} {v:,}" for k, v in kinds.items()))

@@ -233,11 +233,60 @@ class TokenStore:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.tokens[a:b].astype(np.int64), self.mask[a:b].astype(bool)
 
+    def eos_only_documents(self) -> dict[str, Any] | None:
+        """How many documents carry no loss target but their last token (the EOS):
+        {"count", "of" (documents held), "by_kind"}, from the manifest's statistics.
+
+        A store prepared before prepare recorded it: found from the loss mask when the
+        store holds no more targets than documents (every document EOS-only needs that;
+        then the scan keeps one int64 per target), else None: some document then holds a
+        real target, and the exact count is not worth a pass that keeps every target.
+        """
+        info = (self.manifest.get("stats") or {}).get("eos_only_documents")
+        if isinstance(info, dict) and isinstance(info.get("count"), int):
+            return info
+        doc_ids = np.asarray(self.doc_ids)
+        held = int(np.count_nonzero(np.diff(doc_ids))) + 1 if len(doc_ids) else 0
+        if int(np.count_nonzero(self.mask)) > held:
+            return None
+        _, free = target_free_documents(np.asarray(self.mask), np.asarray(self.offsets), doc_ids)
+        count = int(free.sum())
+        kinds = (self.manifest.get("stats") or {}).get("record_kinds")
+        if count == held and isinstance(kinds, dict) and sum(kinds.values()) == held:
+            return {"count": count, "of": held, "by_kind": kinds}  # all of them, so each shape
+        return {"count": count, "of": held, "by_kind": {}}
+
     def target_counts(self) -> np.ndarray:
         """Loss-carrying tokens per sequence, int64 [n_sequences]."""
         csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, dtype=np.int64))])
         off = np.asarray(self.offsets)
         return csum[off[1:]] - csum[off[:-1]]
+
+
+def target_free_documents(
+    mask: np.ndarray, offsets: np.ndarray, doc_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the documents held, bool: which of them carry no loss target but their last token).
+
+    The arrays are a store's (or one prepare chunk's): a document's sequences are
+    consecutive, so each document is one span of tokens, and a target inside the span
+    that is not its last token (the EOS that ends every document) is something to learn.
+    A document with no target at all counts as target-free too. Memory: one int64 per
+    target.
+    """
+    n = len(doc_ids)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    doc_ids = np.asarray(doc_ids)
+    first = np.flatnonzero(np.r_[True, doc_ids[1:] != doc_ids[:-1]])
+    last = np.r_[first[1:] - 1, n - 1]
+    offsets = np.asarray(offsets, dtype=np.int64)
+    doc_start, doc_end = offsets[first], offsets[last + 1] - 1
+    targets = np.flatnonzero(mask)
+    doc = np.searchsorted(doc_start, targets, side="right") - 1
+    real = np.zeros(len(first), dtype=bool)
+    real[doc[targets != doc_end[doc]]] = True
+    return doc_ids[first], ~real
 
 
 def check_vocab(store: TokenStore, model_dir: str | Path | None) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 
 from pitstop.data.readers import Chunk
 from pitstop.data.records import BadRecord, Fields, Record, parse_json_line, parse_record
+from pitstop.data.store import target_free_documents
 from pitstop.errors import ConfigError
 
 ALPACA_WITH_INPUT = (
@@ -324,6 +325,7 @@ class Worker:
         texts: list[str] = []
         spans: list[list[tuple[int, int]] | None] = []
         kinds: dict[str, int] = {}
+        doc_kinds: list[str] = []
         recs = self.records(chunk)
         for loc, rec in recs:
             try:
@@ -338,10 +340,17 @@ class Worker:
                     return {"fatal": True, "bad": bad, "n_records": len(recs)}
                 continue
             kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
+            doc_kinds.append(rec.kind)
             texts.append(text)
             spans.append(sp)
         out = self.tokenize(texts, spans)
         out.update(bad=bad, n_bad=n_bad, n_records=len(recs), kinds=kinds)
+        offsets = np.r_[0, np.cumsum(out["seq_len"])]
+        held, free = target_free_documents(out["mask"], offsets, out["seq_doc"])
+        eos_only: dict[str, int] = {}
+        for d in held[free]:  # documents that teach only where to stop: few, or a mistake
+            eos_only[doc_kinds[d]] = eos_only.get(doc_kinds[d], 0) + 1
+        out.update(docs_held=len(held), eos_only=eos_only)
         return out
 
     def tokenize(

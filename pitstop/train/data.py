@@ -19,6 +19,7 @@ from pitstop import run_record
 from pitstop.batching.loader import MicroBatchLoader
 from pitstop.batching.resolve import MicroSizer, loader_options, resolve_batch_shape
 from pitstop.config import RunConfig
+from pitstop.errors import ConfigError
 from pitstop.probe import Choice
 
 
@@ -53,7 +54,30 @@ def open_training_store(cfg: RunConfig) -> Any:
 
     store = open_store(cfg)
     check_vocab(store, cfg.model)  # an id past the embedding fails mid-step otherwise
+    check_targets(store, cfg)
     return store
+
+
+def check_targets(store: Any, cfg: RunConfig) -> None:
+    """Refuse a store whose every record carries no loss target but its end-of-sequence
+    token (a run would "complete" having learnt only to stop: typically role names or a
+    field option that do not match the data); warn when a share of them do
+    (pitstop.data.stats.EOS_ONLY_WARN_SHARE). Before the output directory is written."""
+    from pitstop import log
+    from pitstop.data.stats import eos_only_message
+
+    stats = store.manifest.get("stats") or {}
+    info = store.eos_only_documents()
+    msg = eos_only_message(info, stats)
+    if not msg:
+        return
+    if info["count"] == info["of"]:
+        data = ", ".join(map(str, cfg.data)) or store.path
+        raise ConfigError(
+            f"nothing to train on in {data}: {msg}. Nothing was written to {cfg.output}; "
+            "fix the data or the options, and prepare it again"
+        )
+    log.warning(f"pitstop: warning: {msg}")
 
 
 def saved_strategy(out: Path) -> str | None:
