@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from pitstop.commands.flags import price_flag
+from pitstop.commands.flags import check_number_flags
 from pitstop.report.compare import compare, format_compare
 
 
@@ -24,7 +24,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--price-per-gpu-hour", metavar="P", help="price for the cost row")
     p.add_argument(
         "--rerun",
-        type=int,
         metavar="N",
         help="settle a close call: run the two runs' commands again alternately, A B A B, "
         "N times each, and say what every pair supports (runs made by `pitstop profile -- "
@@ -41,7 +40,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    price = price_flag(args)
+    check_number_flags(args, "compare")
+    price = args.price_per_gpu_hour
     result = compare(args.run_a, args.run_b, price)
     settled = None
     if args.rerun is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pitstop import log
 from pitstop.cache_layout import cache_root
+from pitstop.commands.flags import check_number_flags
 from pitstop.commands.paths import require_outputs
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.errors import ConfigError
@@ -66,11 +67,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument(
         "--gpu", metavar="NAME", help="GPU of the target (the estimate's names, e.g. H100)"
     )
-    t.add_argument("--nproc", type=int, metavar="N", help="processes (GPUs) of the target run")
-    t.add_argument("--cpus", type=int, metavar="N", help="CPU cores of the target machine")
-    t.add_argument(
-        "--lora-r", type=int, metavar="R", help="the run trains a LoRA adapter of rank R"
-    )
+    t.add_argument("--nproc", metavar="N", help="processes (GPUs) of the target run")
+    t.add_argument("--cpus", metavar="N", help="CPU cores of the target machine")
+    t.add_argument("--lora-r", metavar="R", help="the run trains a LoRA adapter of rank R")
     t.add_argument(
         "--load-in-4bit", action="store_true", help="the LoRA base weights are 4-bit (QLoRA)"
     )
@@ -94,9 +93,10 @@ def _load_config(path: str) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_number_flags(args, "doctor")
+    require_outputs(dirs={"--output": args.output})
     # Deferred: pitstop.advise probes the environment with torch, which `pitstop --help`
     # and the other commands must not pay for (about 25 s cold on the 2-core dev box).
-    require_outputs(dirs={"--output": args.output})
     from pitstop.advise.doctor import doctor
     from pitstop.advise.environment import format_environment
     from pitstop.advise.finding import format_findings

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from pitstop.commands.flags import number_flag
+from pitstop.config_ranges import COMMAND_FLAGS, flag_problems
 from pitstop.errors import ConfigError
 from pitstop.report.estimate import DEFAULT_SCALING, format_estimate
 from pitstop.report.planned import PRECISIONS, estimate_planned_run, estimate_problems
@@ -126,74 +126,55 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems: list[str] = []
-    params = number_flag(args, "params", problems, lo=1)
-    tokens = number_flag(args, "tokens", problems, kind=int, lo=1)
-    epochs = number_flag(args, "epochs", problems, lo=1e-9)
-    seq = number_flag(args, "max_seq_len", problems, kind=int, lo=8)
-    mfu = number_flag(args, "mfu", problems, lo=1e-6, hi=1)
-    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
-    lora_r = number_flag(args, "lora_r", problems, kind=int, lo=1)
-    mbs = number_flag(args, "micro_batch_size", problems, kind=int, lo=1)
-    headroom = number_flag(args, "headroom", problems, lo=0, hi=0.9)
-    scaling = number_flag(args, "scaling_efficiency", problems, lo=0.01, hi=1)
-    gpu_tflops = number_flag(args, "gpu_tflops", problems, lo=1e-3)
-    gpu_memory_gib = number_flag(args, "gpu_memory_gib", problems, lo=0.1)
-    save_steps = number_flag(args, "save_steps", problems, kind=int, lo=1)
-    tokens_per_step = number_flag(args, "tokens_per_step", problems, kind=int, lo=1)
-    disk_write_gbps = number_flag(args, "disk_write_gbps", problems, lo=1e-3)
-    counts: list[int] = []
-    for c in str(args.gpus).split(","):
-        c = c.strip()
-        if not c.isdigit() or int(c) < 1:
-            problems.append(
-                f"--gpus must be a comma-separated list of positive integers, got {args.gpus!r}"
-            )
-            break
-        counts.append(int(c))
+    # Each valid value becomes its number (a list for --gpus); an invalid one stays the
+    # string given, so the checks below still count it as given, and every problem is
+    # reported at once.
+    problems = flag_problems(args, "estimate")
+    bad = {n for n in COMMAND_FLAGS["estimate"] if isinstance(getattr(args, n), str)}
     problems += estimate_problems(
         model=args.model,
-        params=params,
+        params=args.params,
         data=args.data,
-        tokens=tokens,
+        tokens=args.tokens,
         gpu=args.gpu,
         from_profile=args.from_profile,
         precision=args.precision,
         attention=args.attention,
-        lora_r=lora_r,
+        lora_r=args.lora_r,
         load_in_4bit=args.load_in_4bit,
-        gpu_tflops=gpu_tflops,
-        gpu_memory_gib=gpu_memory_gib,
+        gpu_tflops=None if "gpu_tflops" in bad else args.gpu_tflops,
+        gpu_memory_gib=None if "gpu_memory_gib" in bad else args.gpu_memory_gib,
     )
     if problems:
-        raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
+        header = f"invalid estimate ({len(problems)} problem(s)):" if len(problems) > 1 else None
+        raise ConfigError(problems, header=header)
     est = estimate_planned_run(
         model=args.model,
-        params=params,
+        params=args.params,
         data=args.data,
-        tokens=tokens,
-        epochs=epochs or 1.0,
-        max_seq_len=seq,
+        tokens=args.tokens,
+        epochs=args.epochs,
+        max_seq_len=args.max_seq_len,
         from_profile=args.from_profile,
         gpu=args.gpu,
-        mfu=mfu,
-        gpu_counts=counts,
-        scaling=scaling if scaling is not None else DEFAULT_SCALING,
-        price=price,
-        lora_r=lora_r,
+        mfu=args.mfu,
+        gpu_counts=args.gpus,
+        scaling=DEFAULT_SCALING if args.scaling_efficiency is None else args.scaling_efficiency,
+        price=args.price_per_gpu_hour,
+        lora_r=args.lora_r,
         load_in_4bit=args.load_in_4bit,
-        micro_batch_size=mbs,
+        micro_batch_size=args.micro_batch_size,
         precision=args.precision,
         attention=args.attention,
         gradient_checkpointing=args.gradient_checkpointing,
-        headroom=headroom if headroom is not None else 0.1,
+        headroom=args.headroom,
         cache_dir=args.cache_dir,
-        gpu_tflops=gpu_tflops,
-        gpu_memory_gib=gpu_memory_gib,
+        gpu_tflops=args.gpu_tflops,
+        gpu_memory_gib=args.gpu_memory_gib,
         optimizer=args.optimizer,
-        save_steps=save_steps,
-        tokens_per_step=tokens_per_step,
-        disk_write_gbps=disk_write_gbps,
+        save_steps=args.save_steps,
+        tokens_per_step=args.tokens_per_step,
+        disk_write_gbps=args.disk_write_gbps,
     )
     print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
     return 0

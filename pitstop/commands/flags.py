@@ -25,6 +25,7 @@ from pitstop.config import (
     load_yaml,
     unwrap_optional,
 )
+from pitstop.config_ranges import flag_problems
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo, output_dir_problem, preflight
 
@@ -147,43 +148,11 @@ def config_from_args(
     return cfg
 
 
-def number_flag(
-    args: argparse.Namespace,
-    name: str,
-    problems: list[str],
-    *,
-    kind: type = float,
-    lo: float | None = None,
-    hi: float | None = None,
-) -> Any:
-    """The value of flag `name` as a number (`1_000` and `7e9` allowed), or None when it was
-    not given or is invalid; an invalid value adds a problem saying what it must be."""
-    raw = getattr(args, name, None)
-    if raw is None:
-        return None
-    flag = "--" + name.replace("_", "-")
-    try:
-        v = float(str(raw).replace("_", ""))
-        if kind is int:
-            if not v.is_integer():
-                raise ValueError
-            v = int(v)
-    except ValueError:
-        problems.append(
-            f"{flag} must be {'an integer' if kind is int else 'a number'}, got {raw!r}"
-        )
-        return None
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        problems.append(f"{flag} must be {rng}, got {raw}")
-        return None
-    return v
-
-
-def price_flag(args: argparse.Namespace) -> float | None:
-    """--price-per-gpu-hour as a number (None when not given); a ConfigError when invalid."""
-    problems: list[str] = []
-    price = number_flag(args, "price_per_gpu_hour", problems, lo=0)
+def check_number_flags(args: argparse.Namespace, command: str) -> None:
+    """Every numeric flag of `command` outside RunConfig, checked against its range in
+    `pitstop.config_ranges.FLAG_RANGES` and replaced by its number; a ConfigError (exit 2)
+    names each invalid one, its value, the range and what to give."""
+    problems = flag_problems(args, command)
     if problems:
-        raise ConfigError(problems)
-    return price
+        header = f"invalid options ({len(problems)} problem(s)):" if len(problems) > 1 else None
+        raise ConfigError(problems, header=header)

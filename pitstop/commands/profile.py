@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import log
-from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.commands.flags import (
+    add_config_flags,
+    check_number_flags,
+    config_from_args,
+    escape_percent,
+)
 from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError
 
@@ -56,13 +61,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     escape_percent(p)
     p.add_argument(
         "--steps",
-        type=int,
         default=DEFAULT_STEPS,
         help=f"measured steps K (default: {DEFAULT_STEPS})",
     )
     p.add_argument(
         "--warmup",
-        type=int,
         default=None,
         help=f"steps run first and left out (compile, allocator warm-up; default: {DEFAULT_WARMUP}, "
         f"with `-- COMMAND` {DEFAULT_SCRIPT_WARMUP})",
@@ -96,6 +99,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_number_flags(args, "profile")
     # Deferred: the profile runs the trainer (torch), which `pitstop --help` must not load.
     from pitstop.profiling import format_profile, run_profile
 
@@ -112,12 +116,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.warmup is None:
         args.warmup = DEFAULT_WARMUP
-    problems = []
-    if args.steps < 1:
-        problems.append(f"--steps must be at least 1, got {args.steps}")
-    if args.warmup < 0:
-        problems.append(f"--warmup must be 0 or more, got {args.warmup}")
-    problems += check_outputs(
+    problems = check_outputs(
         files={"--output": (args.profile_output, "profile.json")}, dirs={"--trace": args.trace}
     )
     cfg = config_from_args(args, "profile")  # raises every config problem at once
@@ -158,8 +157,6 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     if args.unknown:
         problems.append(f"unrecognized arguments before --: {' '.join(args.unknown)}")
     warmup = DEFAULT_SCRIPT_WARMUP if args.warmup is None else args.warmup
-    if warmup < 0:
-        problems.append(f"--warmup must be 0 or more, got {warmup}")
     problems += check_outputs(dirs={"--output": args.profile_output})  # a run directory here
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pitstop.commands.flags import price_flag
+from pitstop.commands.flags import check_number_flags
 from pitstop.commands.paths import require_outputs
 from pitstop.report.html import write_report
 
@@ -30,7 +30,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    price = price_flag(args)
+    check_number_flags(args, "report")
+    price = args.price_per_gpu_hour
     require_outputs(files={"--output": (args.output, "report.html")})
     out = write_report(args.runs, args.output, price=price)
     print(f"report written to {out}")

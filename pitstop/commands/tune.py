@@ -14,7 +14,12 @@ import json
 from typing import Any
 
 from pitstop import log
-from pitstop.commands.flags import add_config_flags, config_from_args, escape_percent
+from pitstop.commands.flags import (
+    add_config_flags,
+    check_number_flags,
+    config_from_args,
+    escape_percent,
+)
 from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError
 from pitstop.tune.space import KNOBS
@@ -54,13 +59,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--budget-seconds",
-        type=float,
         default=DEFAULT_BUDGET_SECONDS,
         help=f"time for the whole search (default: {DEFAULT_BUDGET_SECONDS:.0f})",
     )
     p.add_argument(
         "--memory-cap-gb",
-        type=float,
         help="memory a trial may use (default: the GPU's memory; on CPU 80%% of the RAM "
         "available at start); 10%% headroom is kept under it",
     )
@@ -69,12 +72,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default=",".join(KNOBS),
         help=f"what to tune, comma-separated (default: {','.join(KNOBS)})",
     )
-    p.add_argument(
-        "--trial-warmup", type=int, default=2, help="steps left out of each trial (default: 2)"
-    )
+    p.add_argument("--trial-warmup", default=2, help="steps left out of each trial (default: 2)")
     p.add_argument(
         "--trial-steps",
-        type=int,
         default=30,
         help="most measured steps per trial; a trial stops earlier once its median step "
         "time is stable to 2%% (default: 30)",
@@ -90,18 +90,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_number_flags(args, "tune")
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
     problems = [
         f"--knobs: unknown knob {k!r}; choose from {', '.join(KNOBS)}"
         for k in knobs
         if k not in KNOBS
     ]
-    if args.budget_seconds <= 0:
-        problems.append(f"--budget-seconds must be positive, got {args.budget_seconds}")
-    if args.memory_cap_gb is not None and args.memory_cap_gb <= 0:
-        problems.append(f"--memory-cap-gb must be positive, got {args.memory_cap_gb}")
-    if args.trial_warmup < 0 or args.trial_steps < 1:
-        problems.append("--trial-warmup must be 0 or more and --trial-steps at least 1")
     problems += check_outputs(
         files={"--output": (args.tuned_output, "tuned.yaml")},
         dirs={"--run-output": args.run_output},

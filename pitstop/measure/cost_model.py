@@ -86,6 +86,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop.config_ranges import MAX_PARAMS
 from pitstop.errors import DataError
 
 GiB = 1024**3
@@ -254,20 +255,24 @@ def shape_from_params(n_params: float, vocab: int = 32000) -> ModelShape:
     5120/40), intermediate = 8/3·hidden rounded up to 256, untied embeddings, so
     params ≈ 12·L·d² + 2·V·d with L = d/128. Solved for d, rounded to 128.
     """
-    if n_params <= 0:
-        raise ValueError("n_params must be positive")
-    d = 128
-    while True:
-        nxt = d + 128
-        layers = max(1, nxt // 128)
-        if 12 * layers * nxt * nxt + 2 * vocab * nxt > n_params:
-            break
-        d = nxt
+    if not 0 < n_params <= MAX_PARAMS:  # NaN too: it fails every comparison
+        raise ValueError(f"n_params must be above 0 and at most {MAX_PARAMS:g}, got {n_params}")
 
-    # pick whichever of d, d+128 lands closer
     def total(dd: int) -> float:
         return 12 * max(1, dd // 128) * dd * dd + 2 * vocab * dd
 
+    # d = the largest multiple of 128 (at least 128) with total(d) <= n_params, by bisection
+    # over d/128: a bounded search (a linear one took forever for 1e30 and never ended for
+    # NaN). total(128 * 2**20) is ~1e27, far above MAX_PARAMS.
+    lo, hi = 1, 2**20
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if total(128 * mid) <= n_params:
+            lo = mid
+        else:
+            hi = mid
+    d = 128 * lo
+    # pick whichever of d, d+128 lands closer
     if abs(total(d + 128) - n_params) < abs(total(d) - n_params):
         d += 128
     inter = int(math.ceil(8 * d / 3 / 256) * 256)
