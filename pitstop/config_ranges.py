@@ -130,7 +130,10 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "disk_write_gbps": FlagRange(1e-3, 1e4, "checkpoint write speed in GB/s, e.g. 0.5"),
     # RunConfig floats held below an absurd value here too (range_problems; their lower
     # bounds are `validate`'s and range_problems' own)
-    "lr": FlagRange(0, 100, "a learning rate, e.g. 2e-5", lo_open=True),
+    # lr: far above any real learning rate, yet finite ones up to it run: a run that blows
+    # up is stopped by the non-finite guards (tests/reliability/test_finite_weights.py
+    # trains at 1e9 on purpose), not refused at the door.
+    "lr": FlagRange(0, 1e10, "a learning rate, e.g. 2e-5", lo_open=True),
     "weight_decay": FlagRange(0, 100, "0 (off) or a decay, e.g. 0.1"),
     "max_grad_norm": FlagRange(0, 1e6, "0 (no clipping) or a norm, e.g. 1.0"),
     "lora_alpha": FlagRange(0, 1e6, "the LoRA scale's numerator, e.g. 32", lo_open=True),
