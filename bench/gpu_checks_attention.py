@@ -34,8 +34,8 @@ WINDOW = 8
 WINDOW_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
 
 
-def _kernels(dev: torch.device) -> list[tuple[str, str | None]]:
-    """(kernel, why it cannot run here or None)."""
+def kernels_here(dev: torch.device) -> list[tuple[str, str | None]]:
+    """(kernel, why it cannot run here or None), for every kernel pitstop can train with."""
     from pitstop import probe
 
     if dev.type != "cuda":
@@ -55,7 +55,7 @@ def check_packed(dev: torch.device, precision: str) -> list[Row]:
 
     rows = []
     autocast = torch.bfloat16 if precision == "bf16" else None
-    for kernel, why_not in _kernels(dev):
+    for kernel, why_not in kernels_here(dev):
         name = f"packed attention: {kernel}"
         if why_not:
             rows.append(Row(name, "skip", why_not))

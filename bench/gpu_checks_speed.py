@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bench.gpu_checks_attention import kernels_here
 from bench.gpu_checks_util import Row, median_seconds, short_error, sync, tiny_llama
 
 # Rows of 4096 tokens, two per micro-batch, of documents of these lengths (a GPU); the
@@ -27,16 +28,6 @@ CPU_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2}
 # matmul; below half (or over the peak) the row is wrong for this card.
 PEAK_BAND = (0.5, 1.05)
 MATMUL_N = 8192
-
-
-def _kernels(dev: torch.device) -> list[tuple[str, str | None]]:
-    if dev.type != "cuda":
-        return [("sdpa_docs", None), ("sdpa", None), ("flash_attention_2", "needs a CUDA GPU")]
-    from pitstop import probe
-
-    info, _ = probe.detect_device("cuda")
-    ok, why = probe.flash_attn_status(info, "bf16")
-    return [("sdpa_docs", None), ("sdpa", None), ("flash_attention_2", None if ok else why)]
 
 
 def _packed(doc_len: int, row_tokens: int, rows: int) -> dict[str, torch.Tensor]:
@@ -78,7 +69,7 @@ def check_throughput(dev: torch.device, precision: str) -> list[Row]:
     row_tokens = ROW_TOKENS // scale
     autocast = torch.bfloat16 if precision == "bf16" else None
     model = tiny_llama("sdpa", dev, **(GPU_MODEL if gpu else CPU_MODEL))
-    kernels = _kernels(dev)
+    kernels = [k for k in kernels_here(dev) if k[0] in ("sdpa_docs", "sdpa", "flash_attention_2")]
     where = "" if gpu else "CPU dry run, a 16th of each length; "
     rows = []
     for doc_len in (n // scale for n in DOC_LENGTHS):

@@ -205,10 +205,6 @@ def test_grouped_query_heads_repeated_where_sdpa_would_take_its_math_kernel(monk
     assert not doc_attention.native_gqa("cuda", torch.float16, (7, 0))  # V100
     # A mask (a window's band, the launch cap's document mask) rules flash out.
     assert not doc_attention.native_gqa("cuda", torch.bfloat16, (9, 0), masked=True)
-    k = torch.randn(1, 2, 5, 3)
-    rep = doc_attention._repeat_heads(k, 3)
-    assert torch.equal(rep[:, 0:3], k[:, 0:1].expand(1, 3, 5, 3))
-    assert torch.equal(rep[:, 3:6], k[:, 1:2].expand(1, 3, 5, 3))
     # Repeated heads compute what SDPA's grouped path computes, on every path.
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 24, 8), torch.randn(2, 2, 24, 8), torch.randn(2, 2, 24, 8)
@@ -242,6 +238,13 @@ def test_a_kernel_that_ignores_the_window_fails_the_self_check(tmp_path, monkeyp
     check, _ = packed_attention_check(model, CPU, kernel, None, "fp32")
     assert check.ok and "shrunk to 5" in check.summary()
     assert packcheck.model_windows(model) == [4096]  # restored
+    # One short window beside the long one: the long one's layers are checked all the same.
+    attn0 = model.model.layers[0].self_attn
+    attn0.sliding_window = 4
+    check, _ = packed_attention_check(model, CPU, kernel, None, "fp32")
+    assert check.ok and "4, 4096 shrunk to 5" in check.summary(), check.summary()
+    assert packcheck.model_windows(model) == [4, 4096]
+    attn0.sliding_window = 4096
     real = doc_attention.doc_sdpa_attention
 
     def windowless(*a: Any, sliding_window: Any = None, **kw: Any) -> Any:

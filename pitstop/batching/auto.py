@@ -66,16 +66,16 @@ _T = TypeVar("_T")
 
 # Kernels that compute each packed document's attention alone (the cost model above).
 PER_DOCUMENT_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
-# Where the positions-only cost model does not hold for a per-document kernel: sdpa_docs on
-# a GPU pays a kernel launch per document (or per length; a dense mask past its launch cap,
-# train/doc_attention.py MAX_CALLS), which positions do not count, so the layouts are timed.
-TIMED_ON = {"sdpa_docs": frozenset({"cuda"})}
 
 
 def cost_model_applies(kernel: str | None, device_type: str) -> bool:
     """Whether `batching: auto` may pick the layout from positions alone for `kernel` on
-    `device_type` (else it times them)."""
-    return kernel in PER_DOCUMENT_ATTENTION and device_type not in TIMED_ON.get(kernel, ())
+    `device_type` (else it times them). Not for sdpa_docs on a GPU: there it pays a kernel
+    launch per document (or per length; a dense mask past its launch cap,
+    train/doc_attention.py MAX_CALLS), which positions do not count."""
+    if kernel == "sdpa_docs" and device_type == "cuda":
+        return False
+    return kernel in PER_DOCUMENT_ATTENTION
 
 
 # A handful of rounds can underestimate the noise; a margin this small flipped the

@@ -84,14 +84,12 @@ class Timeline:
         t = time.perf_counter()
         try:
             yield
-        except BaseException:
-            # The body failed, perhaps with a CUDA error that leaves the device unusable:
-            # recording the end event would then raise a second CUDA error over the one
-            # the caller must see. Only the host clock is charged; the unpaired start event
-            # is dropped (the step is cut short and never resolved as a whole).
+        finally:
             self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - t
-            raise
-        self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - t
+        # Reached only when the body returned. One that failed, perhaps with a CUDA error
+        # that leaves the device unusable, must not have the end event recorded: that would
+        # raise a second CUDA error over the one the caller must see. The unpaired start
+        # event is dropped (the step is cut short and never resolved as a whole).
         if ev is not None:
             ev[1].record()
             self._events.append((name, ev[0], ev[1]))

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pitstop.errors import short_repr
 from pitstop.train.attention import doc_boundaries, is_boundaries_only
 
 DOC_ATTENTION = "sdpa_docs"
@@ -101,10 +102,12 @@ def register() -> None:
 
 
 def padding_only_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-    """The mask transformers builds for `sdpa_docs`: none for a training forward (no padding
-    mask, no cache: documents and windows are the kernel's), else transformers' own SDPA
-    mask (a caller's padding mask, or decoding with a cache, windows included). Building the
-    dense [B, 1, T, T] mask costs tens of milliseconds per forward at T = 1024 on a CPU."""
+    """The mask transformers builds for `sdpa_docs` when a caller other than pitstop's
+    training forward (which passes `attention.boundaries_only_mask` and so skips mask
+    building) calls the model: none without a padding mask or a cache (documents and
+    windows are the kernel's), else transformers' own SDPA mask (a caller's padding mask,
+    or decoding with a cache, windows included). Building the dense [B, 1, T, T] mask costs
+    tens of milliseconds per forward at T = 1024 on a CPU."""
     q_len, kv_len = kwargs.get("q_length"), kwargs.get("kv_length")
     decoding = q_len != kv_len or bool(kwargs.get("q_offset") or kwargs.get("kv_offset"))
     if kwargs.get("attention_mask") is None and not decoding:
@@ -123,14 +126,11 @@ def unmatched(kwargs: dict[str, Any]) -> str | None:
             return f"a logit softcap ({value}: the scores pass through tanh)"
         if key in ("s_aux", "sinks"):
             return "attention sinks (a learned logit per head in every softmax)"
-        return f"the keyword {key}={_short(value)} (not known to change nothing)"
+        shown = (
+            f"<tensor {tuple(value.shape)}>" if torch.is_tensor(value) else short_repr(value, 40)
+        )
+        return f"the keyword {key}={shown} (not known to change nothing)"
     return None
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {tuple(value.shape)}>"
-    return repr(value)[:40]
 
 
 def doc_sdpa_attention(
@@ -253,14 +253,14 @@ def per_document_sdpa(
         return o.transpose(1, 2).reshape(B * T, H, D)
     if group is None:
         group = query.device.type == "cuda"
+    sizes = [b - a for a, b in spans]
+    if group and _calls(sizes, window) > max_calls:
+        return _masked_rows(query, key, value, spans, window, scale, dropout_p)
     # [B*T, heads, D]: documents are contiguous spans of the flattened rows.
     q = query.transpose(1, 2).reshape(B * T, H, D)
     k = key.transpose(1, 2).reshape(B * T, h_kv, D)
     v = value.transpose(1, 2).reshape(B * T, h_kv, D)
-    sizes = [b - a for a, b in spans]
     if group:
-        if _calls(sizes, window) > max_calls:
-            return _masked_rows(query, key, value, spans, window, scale, dropout_p)
         return _grouped(q, k, v, sizes, window, scale, dropout_p)
     # Each document is a contiguous span of the flattened rows: its q/k/v are views (no
     # gather), and the outputs, in document order, tile [B*T] exactly.
@@ -294,13 +294,6 @@ def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def _repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, H_kv, T, D] -> [B, H_kv * n, T, D], each key/value head repeated for its group
-    (transformers' repeat_kv)."""
-    b, h, t, d = x.shape
-    return x[:, :, None].expand(b, h, n, t, d).reshape(b, h * n, t, d)
-
-
 def _sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -315,7 +308,9 @@ def _sdpa(
     h, h_kv = q.shape[1], k.shape[1]
     gqa = h_kv != h
     if gqa and not native_gqa(q.device.type, q.dtype, _capability(q), masked=mask is not None):
-        k, v = _repeat_heads(k, h // h_kv), _repeat_heads(v, h // h_kv)
+        from transformers.integrations.sdpa_attention import repeat_kv  # eager's own repeat
+
+        k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)
         gqa = False
     return F.scaled_dot_product_attention(
         q,
