@@ -256,6 +256,14 @@ class RunSummary:
             return str(name or typ or "unknown")
         return str(d) if d else "unknown"
 
+    @property
+    def ranks_counted(self) -> int:
+        """How many ranks' batches the token counts hold: `pitstop train` sums every rank's
+        (its counts are all-reduced); the HF callback and the any-loop timer count what rank
+        0 trained (each rank trains its own shard). Per-rank figures × world size / this =
+        the run's total (docs/run-directory.md)."""
+        return (self.world_size or 1) if self.source == "pitstop" else 1
+
     def choice_reason(self, name: str) -> str:
         """Why choice `name` was made ("" when not recorded)."""
         c = self.choices.get(name)

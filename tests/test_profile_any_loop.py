@@ -118,7 +118,7 @@ def test_fixed_loader_compares_faster_and_report_renders_both(
     assert cli.main(["report", str(slow), str(fixed), "--output", str(html)]) == 0
     text = html.read_text()
     assert "slow" in text and "fixed" in text
-    assert "tokens/s (steady median)" in text and "noise (step spread)" in text
+    assert "tokens/s (steady, all ranks)" in text and "noise (block spread)" in text
 
 
 def test_watch_in_process_counts_tokens_and_ignores_eval(

@@ -123,7 +123,7 @@ def test_compare_metrics_and_ratios(tmp_path: Path) -> None:
     assert "tokens/s" in text and "batching" in text
     assert "2.00x  better (band 0.98-1.02x)" in text
     md = format_compare(res, markdown=True)
-    assert md.count("| tokens/s (steady median) |") == 1 and "|---|" in md
+    assert md.count("| tokens/s (steady, all ranks) |") == 1 and "|---|" in md
 
 
 def test_compare_without_price_has_no_cost(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Two runs made minutes apart on a shared machine differ by whatever else ran mean
 Run alternately, A B A B …, the two commands see the same conditions in turn, so a
 difference that shows in every pair is the change and not the machine. Only runs made by
 `pitstop profile -- COMMAND` can be rerun: their summary.json records the command and
-its working directory. Each pair is compared on steady medians (pitstop.report.compare);
+its working directory. Each pair is compared on steady throughput (pitstop.report.compare);
 the verdict is "better" or "worse" only when every pair says so, else "no measurable
 difference".
 """

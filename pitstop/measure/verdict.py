@@ -17,13 +17,20 @@ Every verdict is read off the measured phase shares of a profile (see
   with, and the verdict does not name one.
 - noisy-machine: step times are erratic (coefficient of variation ≥ 0.5 with the
   slowest step ≥ 3x the median, while checkpoint and eval, which legitimately make
-  single steps long, take under 1%) and either the host-side time stays under the
-  sync threshold or the machine's load average was at least its core count: another
-  process took the CPU or device. Steady steps are noisy-machine too when other processes
-  were measured using at least a fifth of the machine's cores while the profile ran
-  (`pitstop.measure.machine.shared_by_others`): a steadily shared CPU slows every step alike.
-  That one comes last, not first: the shares, slowed alike, still say where the step goes. No configuration change follows from such a
-  profile, so this verdict comes first and every other share it lists is suspect.
+  single steps long, take under 1%) and the machine was measured busy: other processes
+  used at least a fifth of its cores while the profile ran
+  (`pitstop.measure.machine.shared_by_others`), or, where that was not measured, its load
+  average reached its core count (the load average also counts the run's own loader
+  workers, so the measured CPU time of others decides when there is one). Erratic steps on
+  a machine measured quiet are the run's own behaviour (a loader's workers all busy every
+  Nth step, a periodic pause), never noisy-machine: input-bound explains them when the run
+  waits for data, else sync-bound names them. A profile that recorded no machine load at
+  all keeps the older reading (erratic steps that host time does not explain: another
+  process, probably) and says the load was not recorded. Steady steps are noisy-machine
+  too when others were measured using a fifth of the cores: a steadily shared CPU slows
+  every step alike. That one comes last, not first: the shares, slowed alike, still say
+  where the step goes. No configuration change follows from a noisy profile, so the erratic
+  kind comes first and every other share it lists is suspect.
 - compute-bound: none of the above; forward+backward dominate, which is where a
   training step should spend its time. Gains then come from fewer FLOPs (padding,
   recomputation) or faster kernels, and MFU says how much headroom is left.
@@ -140,11 +147,19 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     )
     machine = profile.get("machine") or {}
     load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
-    busy = bool(load and cores and load / cores >= BUSY_LOAD_PER_CORE)
     shared = shared_by_others(machine)  # measured: others' CPU time during the run
+    others_measured = machine.get("other_cores") is not None
+    # The load average counts the run's own workers too: only without a measure of the
+    # others' CPU time is it evidence of another process.
+    busy = bool(not others_measured and load and cores and load / cores >= BUSY_LOAD_PER_CORE)
+    unmeasured = not others_measured and load is None  # nothing says whether it was quiet
     dev = profile.get("device")  # an object, or a bare name ("cpu") in hand-written profiles
     on_cpu = (dev.get("type") if isinstance(dev, dict) else dev) == "cpu"
-    noisy = erratic and spread is not None and (busy or shared is not None or not lvl)
+    noisy = (
+        erratic and spread is not None and (busy or shared is not None or (unmeasured and not lvl))
+    )
+    # Erratic steps of a run that waits for data are its loader's bursts: input-bound says so.
+    own_bursts = erratic and not noisy and data >= INPUT_MODERATE
     shared_v = None
     if shared is not None and not noisy:  # steady steps, but each one shared the machine
         shared_v = Verdict(
@@ -159,7 +174,8 @@ def verdict(profile: dict[str, Any]) -> Verdict:
         why = shared or (
             f"load average {load:.1f} on {cores} cores"
             if busy
-            else f"host-side time (other + logging) is only {_pct(host)} of the step"
+            else f"host-side time (other + logging) is only {_pct(host)} of the step (this "
+            "profile recorded no machine load, so that other process is inferred)"
         )
         found.append(Verdict(
             "noisy-machine", "moderate", spread["excess_share"],
@@ -171,18 +187,23 @@ def verdict(profile: dict[str, Any]) -> Verdict:
              "cpu_cores": cores, "busy": busy or shared is not None, "shared": shared,
              "erratic": True},
         ))  # fmt: skip
-    elif lvl or erratic:
+    elif lvl or (erratic and not own_bursts):
         why = []
         if lvl:
             why.append(
                 f"unattributed host time ('other') plus logging take {_pct(host)} of step time"
             )
-        if erratic and spread:
+        if erratic and spread and not own_bursts:
             why.append(
                 f"step times are erratic (coefficient of variation {spread['cv']:.2f}, "
                 f"slowest step {spread['max_over_median']:.1f}x the median)"
+                + (
+                    ""
+                    if unmeasured
+                    else " on a machine no other process loaded: the run's own pauses"
+                )
             )
-        excess = spread["excess_share"] if erratic and spread else 0.0
+        excess = spread["excess_share"] if erratic and spread and not own_bursts else 0.0
         causes = (
             "Python overhead, logging or allocator stalls (a CPU run: no device to wait on)"
             if on_cpu

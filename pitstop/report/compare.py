@@ -1,17 +1,24 @@
 """`pitstop compare`: a before/after table of two runs, and the settings that differ.
 
-Speed figures are steady per-step medians (pitstop.report.steady): warm-up steps left
-out, the median step time and the median of per-step trained tokens/s, so one slow
-warm-up step or a burst of load does not decide the comparison. Each timing ratio B/A
-carries a noise band from both runs' step-time spread; inside it the verdict is "no
-measurable difference", never better or worse. Each run's noise (its step spread, the
-machine's load, the doctor's `noisy-machine` finding) is a row of the table.
+Speed figures are steady (pitstop.report.steady): warm-up steps left out, then the
+trained tokens of the remaining steps over their seconds, so one slow warm-up step does
+not decide the comparison and a stall that recurs (a loader's workers all busy every Nth
+step) is counted as the run pays it. Each timing ratio B/A carries a noise band from both
+runs' block rates; inside it the verdict is "no measurable difference", never better or
+worse. Each run's noise (its block spread, the machine's load, the doctor's
+`noisy-machine` finding) is a row of the table.
+
+Under torchrun the token figures are the run's totals over every rank (a run whose writer
+counts rank 0's batches, RunSummary.ranks_counted, is scaled by its world size), with a
+per-rank tokens/s row beside them; a changed world size changes the effective batch, and
+the notes say so.
 
 Totals (train time, wall time, cost) come from summary.json: cost = wall_seconds × GPUs ×
 price per GPU-hour (you pay for the whole process). A total is judged only when both runs
 trained the same number of tokens (within TOKENS_TOLERANCE); otherwise the per-token rows
 (cost per 1M trained tokens, tokens/s) carry the verdict. data-wait share =
-time_breakdown.data_wait / sum(time_breakdown); padding waste = 1 − seen / padded tokens.
+the steady steps' data_wait / their seconds (summary.json's time_breakdown where the steps
+have no phases); padding waste = 1 − seen / padded tokens.
 Ratios are B / A.
 """
 
@@ -23,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
-from pitstop.report.steady import Steady, band, steady
+from pitstop.report.steady import Steady, band, steady, steady_lines
 from pitstop.run_record import RunSummary
 
 
@@ -40,10 +47,12 @@ class Metric:
 
 
 METRICS = [
-    Metric("tokens_per_second", "tokens/s (steady median)", "tok/s", True, "timing"),
+    Metric("tokens_per_second", "tokens/s (steady, all ranks)", "tok/s", True, "timing"),
+    Metric("rank_tokens_per_second", "tokens/s per rank (steady)", "tok/s", True, "timing"),
     Metric("iterations_per_second", "optimizer steps/s (steady)", "it/s", True, "per_step"),
-    Metric("trained_tokens_per_step", "trained tokens/step", "tok", None, "none"),
-    Metric("trained_tokens", "trained tokens", "tok", None, "none"),
+    Metric("world_size", "processes (world size)", "", None, "none"),
+    Metric("trained_tokens_per_step", "trained tokens/step (all ranks)", "tok", None, "none"),
+    Metric("trained_tokens", "trained tokens (all ranks)", "tok", None, "none"),
     Metric("cost_per_mtok", "cost per 1M trained tokens", "USD", False, "timing"),
     Metric("train_seconds", "train time (total)", "s", False, "total"),
     Metric("wall_seconds", "wall time (total)", "s", False, "total"),
@@ -82,10 +91,13 @@ def run_metrics(
 ) -> dict[str, float | None]:
     """The compared figures of one run (None where the run did not record what is needed).
 
-    Speeds are steady medians when the run has enough steady steps (`st`), else whole-run.
+    Speeds are steady (trained tokens over seconds after the warm-up) when the run has
+    enough steady steps (`st`), else whole-run. Token figures are totals over the ranks.
     """
     s = run.summary
     train, wall = _num(s.train_seconds), _num(s.wall_seconds)
+    ranks = gpu_count(s)
+    scale = ranks / s.ranks_counted  # a writer that counts rank 0's batches: x world size
     trained = _num(s.trained_tokens)
     tps = _num(s.tokens_per_second)
     if tps is None and train and trained:
@@ -95,14 +107,22 @@ def run_metrics(
     if st is not None:
         its = 1.0 / st.step_seconds
         tps = st.tokens_per_second if st.tokens_per_second is not None else tps
+    trained = trained * scale if trained is not None else None
+    tps = tps * scale if tps is not None else None
     tb = breakdown(s)
     total = sum(tb.values())
+    steady_steps = steady_lines(run) if st is not None else []
+    if any(r.phases for r in steady_steps):  # the same steps as the throughput
+        tb = {"data_wait": sum(r.data_wait_s for r in steady_steps)}
+        total = sum(float(r.seconds or 0.0) for r in steady_steps)
     seen, padded = _num(s.seen_tokens), _num(s.padded_tokens)
     secs_paid = wall or train
     cost = secs_paid / 3600 * gpu_count(s) * price if (price is not None and secs_paid) else None
     return {
         "tokens_per_second": tps,
+        "rank_tokens_per_second": tps / ranks if tps is not None else None,
         "iterations_per_second": its,
+        "world_size": float(ranks),
         "trained_tokens_per_step": trained / steps if steps and trained else None,
         "trained_tokens": trained,
         "cost_per_mtok": cost / trained * 1e6 if (cost is not None and trained) else None,
@@ -125,7 +145,7 @@ def judge(
     m: Metric,
     va: float | None,
     vb: float | None,
-    half: float | None,
+    bounds: tuple[float, float] | None,
     same_work: bool,
     same_step: bool,
 ) -> tuple[float | None, str | None, bool | None]:
@@ -142,9 +162,9 @@ def judge(
     elif m.kind == "exact":
         moved = abs(ratio - 1) > EXACT_THRESHOLD
     else:
-        moved = half is not None and abs(ratio - 1) > half
-        if half is None:
+        if bounds is None:
             return ratio, "no noise band (too few steps)", None
+        moved = not bounds[0] <= ratio <= bounds[1]
     if not moved:
         return ratio, NO_DIFFERENCE if m.kind != "exact" else "same", None
     better = ((vb > va) if m.kind == "share" else (ratio > 1)) == m.higher_is_better  # type: ignore[operator]
@@ -181,30 +201,29 @@ def compare(
     rb = b if isinstance(b, LoadedRun) else load_run(b)
     sa, sb = steady(ra), steady(rb)
     ma, mb = run_metrics(ra, price, sa), run_metrics(rb, price, sb)
-    half = band(sa, sb)
+    bounds = band(sa, sb)
     same_work = _same(ma["trained_tokens"], mb["trained_tokens"])
     same_step = _same(ma["trained_tokens_per_step"], mb["trained_tokens_per_step"])
     rows = []
     for m in METRICS:
         va, vb = ma[m.key], mb[m.key]
-        ratio, verdict, better = judge(m, va, vb, half, same_work, same_step)
-        banded = m.kind in ("timing", "total", "per_step") and half is not None
+        ratio, verdict, better = judge(m, va, vb, bounds, same_work, same_step)
+        banded = m.kind in ("timing", "total", "per_step") and bounds is not None
         rows.append({
             "metric": m.key, "label": m.label, "unit": m.unit, "a": va, "b": vb,
-            "ratio": ratio, "band": [1 - half, 1 + half] if banded else None,  # type: ignore[operator]
+            "ratio": ratio, "band": list(bounds) if banded else None,  # type: ignore[arg-type]
             "verdict": verdict, "b_better": better,
         })  # fmt: skip
+    diffs = setting_differences(ra, rb)
     return {
         "a": str(ra.path),
         "b": str(rb.path),
         "price_per_gpu_hour": price,
         "steady": {"a": _steady_dict(sa), "b": _steady_dict(sb)},
-        "noise_band": half,
+        "noise_band": list(bounds) if bounds is not None else None,
         "metrics": rows,
-        "notes": _notes(ma, mb, ra, rb, sa, sb, same_work),
-        "settings_differ": [
-            {"setting": k, "a": x, "b": y} for k, x, y in setting_differences(ra, rb)
-        ],
+        "notes": _notes(ma, mb, ra, rb, sa, sb, same_work, bool(diffs)),
+        "settings_differ": [{"setting": k, "a": x, "b": y} for k, x, y in diffs],
     }
 
 
@@ -212,8 +231,9 @@ def _steady_dict(st: Steady | None) -> dict[str, Any] | None:
     if st is None:
         return None
     return {
-        "steps": st.steps, "warmup_steps": st.warmup, "median_step_seconds": st.step_seconds,
-        "tokens_per_second": st.tokens_per_second, "step_spread": st.spread, "noisy": st.noisy,
+        "steps": st.steps, "warmup_steps": st.warmup, "mean_step_seconds": st.step_seconds,
+        "tokens_per_second": st.tokens_per_second, "blocks": st.blocks,
+        "block_spread": st.spread, "noisy": st.noisy,
     }  # fmt: skip
 
 
@@ -223,30 +243,31 @@ def basis_line(result: dict[str, Any]) -> str:
     for side in ("a", "b"):
         st = result["steady"][side]
         if st is None:
-            parts.append(f"{side.upper()}: whole-run means (too few steps for steady medians)")
+            parts.append(f"{side.upper()}: whole-run means (too few steps for steady figures)")
         else:
             parts.append(
-                f"{side.upper()}: median of {st['steps']} steady steps "
-                f"({st['warmup_steps']} warm-up step(s) left out)"
+                f"{side.upper()}: tokens over seconds of {st['steps']} steady steps, stalls "
+                f"included ({st['warmup_steps']} warm-up step(s) left out)"
             )
-    half = result.get("noise_band")
+    bounds = result.get("noise_band")
     band_txt = (
-        f"noise band ±{half:.1%} (both runs' step-time spread; inside it: {NO_DIFFERENCE})"
-        if half is not None
+        f"noise band {bounds[0]:.3f}-{bounds[1]:.3f}x (both runs' rates over blocks of steps; "
+        f"inside it: {NO_DIFFERENCE})"
+        if bounds is not None
         else "no noise band"
     )
     return "\n".join(["speed: " + "; ".join(parts), band_txt])
 
 
 def noise_cells(result: dict[str, Any]) -> tuple[str, str]:
-    """The table's noise row: each run's step spread and what flags it noisy."""
+    """The table's noise row: each run's block spread and what flags it noisy."""
     out = []
     for side in ("a", "b"):
         st = result["steady"][side]
         if st is None:
             out.append("-")
             continue
-        txt = f"spread {st['step_spread']:.0%}"
+        txt = f"spread {st['block_spread']:.0%} over {st['blocks']} blocks"
         out.append(txt + (" NOISY: " + ", ".join(st["noisy"]) if st["noisy"] else ", quiet"))
     return out[0], out[1]
 
@@ -259,9 +280,19 @@ def _notes(
     sa: Steady | None,
     sb: Steady | None,
     same_work: bool,
+    settings_differ: bool,
 ) -> list[str]:
     """What a reader must know before taking a ratio as a speed-up."""
     out = []
+    wa, wb = ma["world_size"], mb["world_size"]
+    if wa and wb and wa != wb:
+        ra_, rb_ = ma["rank_tokens_per_second"], mb["rank_tokens_per_second"]
+        per_rank = f" (per rank {rb_ / ra_:.2f}x)" if ra_ and rb_ else ""
+        out.append(
+            f"A ran {wa:.0f} process(es), B {wb:.0f}: tokens/s and tokens per step are totals "
+            f"over the ranks{per_rank}. More processes with the same per-rank batch train more "
+            "tokens per optimizer step: the effective batch changed"
+        )
     ta, tb = ma["trained_tokens_per_step"], mb["trained_tokens_per_step"]
     if ta and tb and abs(tb / ta - 1) > TOKENS_TOLERANCE:
         fewer = "fewer" if tb < ta else "more"
@@ -283,6 +314,13 @@ def _notes(
         out.append(
             f"{r.path} was measured on a noisy machine ({', '.join(st.noisy)}): the band is "
             "widened; to settle a close call, rerun both alternately (docs/compare.md)"
+        )
+    if noisy and not settings_differ:
+        out.append(
+            "no recorded setting differs and "
+            + " and ".join(str(r.path) for r, _ in noisy)
+            + " ran on a noisy machine: a timing difference here comes from the machine, not "
+            "the configuration; rerun both alternately to compare them (docs/compare.md)"
         )
     for r in (ra, rb):
         status = r.summary.status or ""
@@ -338,7 +376,7 @@ def format_compare(result: dict[str, Any], markdown: bool = False) -> str:
         ]
         for r in result["metrics"]
     ]
-    body.append(["noise (step spread)", *noise_cells(result), "", ""])
+    body.append(["noise (block spread)", *noise_cells(result), "", ""])
     diffs = [
         [d["setting"], json.dumps(d["a"]), json.dumps(d["b"])] for d in result["settings_differ"]
     ]

@@ -1,26 +1,30 @@
-"""Steady per-step figures of a run, and the noise band of a ratio between two runs.
+"""Steady throughput of a run, and the noise band of a ratio between two runs.
 
-Whole-run means are fooled by one slow warm-up step and by a busy machine; medians of the
-steady steps are not. Per run (from metrics.jsonl, one line per optimizer step):
+Per run (from metrics.jsonl, one line per optimizer step):
 
 - warm-up: the steps the run marks `"warmup": true` (PitstopCallback, `pitstop profile`),
   else the first `DEFAULT_WARMUP` step(s), are left out; the comparison says how many;
 - step seconds: the line's `step_seconds` (else its phases' sum); trained tokens of the
   step: `step_trained_tokens` (else the difference of the cumulative `trained_tokens`);
-- steady tokens/s: the median over steady steps of each step's tokens ÷ seconds; steady
-  step time: the median step seconds;
-- spread: the interquartile range of step seconds ÷ their median.
+- steady tokens/s: the trained tokens of the steady steps over their seconds (total over
+  total). A median of per-step rates would leave out real stalls that recur: a loader with
+  N workers makes every Nth step wait, and those waits are part of what the run costs.
+  Only the warm-up is left out. Steady step time: the steady seconds over the steps;
+- spread: the coefficient of variation of the rates of consecutive blocks of steady steps
+  (`blocks`, about √n steps each, so a stall that recurs within a block is in every block).
 
-The noise band of a ratio B/A: each run's median has a relative standard error of about
-1.2533 · σ / (median · √n), with σ estimated robustly as IQR / 1.349 (both constants are
-the normal distribution's); the band is ±Z·√(seA² + seB²) around 1, never narrower than
-NOISE_FLOOR (NOISY_FLOOR when either run is flagged noisy: the spread within a run does
-not see a load that slowed all of it). A ratio inside the band is "no measurable
-difference". These constants are pitstop's choices, named here so the docs can quote them.
+The noise band of a ratio B/A comes from the same blocks: each run's throughput has a
+relative standard error of about sd(block rates) / mean / √blocks (batch means); the
+band is exp(±Z·√(seA² + seB²)) around 1 (a ratio's band, never below zero), never
+narrower than ±NOISE_FLOOR (±NOISY_FLOOR when either run is flagged noisy: the spread
+within a run does not see a load that slowed all of it). A ratio inside the band is "no
+measurable difference". These constants are pitstop's choices, named here so the docs
+can quote them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -33,23 +37,24 @@ from pitstop.report.runs import LoadedRun
 # Steps left out when the run does not mark its warm-up: a process's first steps create
 # kernels for each new shape, grow the allocator's pools and run torch.compile.
 DEFAULT_WARMUP = 2
-MIN_STEADY_STEPS = 3  # fewer steady steps than this: no medians, no band
+MIN_STEADY_STEPS = 3  # fewer steady steps than this: no steady figures, no band
 Z = 2.0  # band half-width in standard errors (about 95% for a normal error)
 NOISE_FLOOR = 0.02  # ±2%: timer resolution and run-to-run variation on a quiet machine
 NOISY_FLOOR = 0.05  # ±5% when a run is flagged noisy (its spread or the machine's load)
-NOISY_SPREAD = 0.25  # step-time IQR / median above this flags a run as noisy
+NOISY_SPREAD = 0.25  # block rates' coefficient of variation above this flags a run as noisy
 
 
 @dataclass
 class Steady:
     """The steady-state figures of one run."""
 
-    steps: int  # steady steps the medians use
+    steps: int  # steady steps the figures use
     warmup: int  # steps left out at the start
-    step_seconds: float  # median
-    tokens_per_second: float | None  # median of per-step trained tokens / seconds
-    spread: float  # IQR / median of step seconds
-    rel_se: float  # relative standard error of the median step time
+    step_seconds: float  # mean: the steady steps' seconds / their number
+    tokens_per_second: float | None  # the steady steps' trained tokens / their seconds
+    spread: float  # coefficient of variation of the block rates
+    rel_se: float  # relative standard error of the steady rate (batch means)
+    blocks: int = 1  # consecutive blocks of steps the spread and the error come from
     noisy: list[str] = field(default_factory=list)  # why the run counts as noisy (empty: quiet)
 
 
@@ -74,13 +79,6 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def _quartiles(xs: list[float]) -> tuple[float, float]:
-    if len(xs) < 2:
-        return xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
-
-
 def step_table(run: LoadedRun) -> list[tuple[bool, float, float | None]]:
     """(warm-up?, seconds, trained tokens or None) of each step line with a duration."""
     out = []
@@ -101,27 +99,60 @@ def step_table(run: LoadedRun) -> list[tuple[bool, float, float | None]]:
     return out
 
 
+def steady_lines(run: LoadedRun) -> list[Any]:
+    """The run's step lines in its steady window (the same split as `steady`), for figures
+    that must cover the same steps as the throughput (e.g. the data-wait share)."""
+    timed = [r for r in run.steps if (_num(r.seconds) or 0) > 0]
+    return split_warmup(timed, lambda r: r.warmup is True)[1]
+
+
+def blocks(n: int) -> list[tuple[int, int]]:
+    """[start, end) of consecutive blocks of n steps: ⌊√n⌋ steps each (the last ones one
+    longer where n does not divide), so a stall recurring every few steps lands in each."""
+    if n <= 0:
+        return []
+    size = max(1, math.isqrt(n))
+    k = max(1, n // size)
+    cuts = [round(i * n / k) for i in range(k + 1)]
+    return list(itertools.pairwise(cuts))
+
+
+def rate_error(secs: list[float], toks: list[float] | None) -> tuple[float, float, int]:
+    """(spread, relative standard error, blocks) of a steady rate from its block rates:
+    tokens/s of each block where tokens are known, else steps/s."""
+    rates = []
+    for a, b in blocks(len(secs)):
+        s = sum(secs[a:b])
+        rates.append((sum(toks[a:b]) if toks is not None else b - a) / s)
+    mean = statistics.fmean(rates)
+    if len(rates) < 2 or mean <= 0:
+        return 0.0, 0.0, len(rates)
+    cv = statistics.stdev(rates) / mean
+    return cv, cv / math.sqrt(len(rates)), len(rates)
+
+
 def steady(run: LoadedRun) -> Steady | None:
     """The run's steady figures, or None with fewer than MIN_STEADY_STEPS steady steps."""
     warm_rows, rest = split_warmup(step_table(run), lambda row: row[0])
-    warm = len(warm_rows)
     if len(rest) < MIN_STEADY_STEPS:
         return None
     secs = [s for _, s, _ in rest]
-    med = statistics.median(secs)
-    q1, q3 = _quartiles(secs)
-    spread = (q3 - q1) / med if med > 0 else 0.0
-    rates = [t / s for _, s, t in rest if t is not None]
-    tps = statistics.median(rates) if len(rates) == len(rest) else None
-    rel_se = 1.2533 * (q3 - q1) / 1.349 / med / math.sqrt(len(secs)) if med > 0 else 0.0
-    return Steady(len(rest), warm, med, tps, spread, rel_se, noise_reasons(run, spread))
+    known = [t for _, _, t in rest if t is not None]
+    toks = known if len(known) == len(rest) else None
+    total = sum(secs)
+    tps = sum(toks) / total if toks is not None else None
+    spread, rel_se, k = rate_error(secs, toks)
+    return Steady(
+        len(rest), len(warm_rows), total / len(rest), tps, spread, rel_se, k,
+        noise_reasons(run, spread),
+    )  # fmt: skip
 
 
 def noise_reasons(run: LoadedRun, spread: float) -> list[str]:
-    """Why a run's timings are noisy: its step spread, the machine's load, the doctor's flag."""
+    """Why a run's timings are noisy: its block spread, the machine's load, the doctor's flag."""
     out = []
     if spread > NOISY_SPREAD:
-        out.append(f"step spread {spread:.0%}")
+        out.append(f"block spread {spread:.0%}")
     machine = run.summary.machine or {}
     load, cores = _num(machine.get("load_average_1m")), _num(machine.get("cpu_cores"))
     if load is not None and cores and load > cores:
@@ -134,9 +165,11 @@ def noise_reasons(run: LoadedRun, spread: float) -> list[str]:
     return out
 
 
-def band(a: Steady | None, b: Steady | None) -> float | None:
-    """Half-width of the noise band of a B/A timing ratio (0.05 = ±5%); None without medians."""
+def band(a: Steady | None, b: Steady | None) -> tuple[float, float] | None:
+    """The noise band (low, high) of a B/A timing ratio, e.g. (0.95, 1.05); None without
+    steady figures. Symmetric in log space, so both bounds are positive."""
     if a is None or b is None:
         return None
     floor = NOISY_FLOOR if (a.noisy or b.noisy) else NOISE_FLOOR
-    return max(floor, Z * math.sqrt(a.rel_se**2 + b.rel_se**2))
+    half = max(math.log1p(floor), Z * math.sqrt(a.rel_se**2 + b.rel_se**2))
+    return math.exp(-half), math.exp(half)
