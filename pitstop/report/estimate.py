@@ -13,6 +13,16 @@ Time = work ÷ throughput (+ one-off start-up when a measured run shows it):
   `pitstop.measure.peak.gpu_peak`. MFU is the user's --mfu, else one measured on a
   GPU by the profile, else DEFAULT_MFU, an assumption and labelled so.
   Positions = tokens ÷ packing efficiency when the data's statistics give it.
+* a measured run moved to another device (--from-profile with another --gpu, or --mfu):
+  only the device work scales (the computed rate above for forward, backward and the
+  optimizer step); the run's host time (data wait, host-to-device copies, checkpoint,
+  eval, logging and everything else outside those three phases) does not get faster on
+  a faster GPU and is kept as measured, per trained token (`host_time`). Its start-up is
+  kept too.
+
+The optimizer step of a measured run (trained tokens per step, micro-batch rows, row
+length, accumulation: `StepShape`) is kept on either path unless a flag changes it, so
+the step count (and the checkpoint count with it) is the run's own.
 
 Cost = hours × GPUs × price per GPU-hour (the user's price, else an example price
 from `gpus.py`, labelled as an example with its date).
@@ -63,6 +73,49 @@ DEFAULT_SCALING = 0.9  # fraction of linear speed-up kept per doubling of GPUs
 # on these cards), stated in the output when it decides the time: a small model on a
 # large GPU is bound by it, not by its FLOPs.
 STEP_FLOOR_SECONDS = 0.005
+# The phases a step spends on the GPU's work. Every other phase (data_wait,
+# host_to_device, checkpoint, eval, logging, other) is host-side: the CPU, the disk or
+# the PCIe link does it, so a faster GPU does not shorten it and an estimate for another
+# device keeps it as measured. host_to_device is a copy over the link, bound by its
+# bandwidth, not by the GPU's FLOP/s.
+DEVICE_PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass
+class StepShape:
+    """A measured run's optimizer step: what `estimate --from-profile` keeps by default."""
+
+    trained_tokens: float  # trained tokens per optimizer step
+    micro_batch_size: int | None = None  # rows per micro-batch
+    seq_len: int | None = None  # positions per row
+    accumulation: int | None = None  # micro-batches per optimizer step
+    source: str = "the measured run"
+
+    def describe(self) -> str:
+        parts = []
+        if self.micro_batch_size:
+            parts.append(f"{self.micro_batch_size} row(s)")
+        if self.seq_len:
+            parts.append(f"{self.seq_len:,} positions")
+        if self.accumulation:
+            parts.append(f"{self.accumulation} micro-batch(es)")
+        shape = " × ".join(parts)
+        return f"{self.trained_tokens:,.0f} trained tokens per step" + (
+            f" ({shape})" if shape else ""
+        )
+
+
+@dataclass
+class HostTime:
+    """A measured run's host-side time: seconds per trained token, by phase."""
+
+    per_token: dict[str, float]  # host phase -> seconds per trained token
+    share: float  # host seconds ÷ all phase seconds of the measured steps
+    device_share: float  # forward + backward + optimizer ÷ all phase seconds
+
+    @property
+    def seconds_per_token(self) -> float:
+        return sum(self.per_token.values())
 
 
 @dataclass
@@ -110,6 +163,8 @@ class Estimate:
     steps_basis: str = ""
     # The modelled checkpoint overhead (save_steps × checkpoint bytes ÷ write bandwidth).
     checkpoints: dict[str, Any] | None = None
+    # A measured run on another device: its host time kept, its device time scaled.
+    split: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -145,6 +200,7 @@ class Estimate:
                 "optimizer_steps": self.optimizer_steps,
                 "optimizer_steps_basis": self.steps_basis,
                 "checkpoints": self.checkpoints,
+                "host_and_device": self.split,
             },
             "cost": {
                 "price_per_gpu_hour": self.price,
@@ -215,6 +271,54 @@ def _is_cpu(device: str) -> bool:
     return device.lower().startswith("cpu")
 
 
+def host_time(profile: Measured) -> HostTime | None:
+    """The measured run's host time per trained token, from its time breakdown.
+
+    The breakdown and the rate cover the same steps (a summary: the whole run; a
+    profile.json: its measured steps), so host seconds per trained token = host share ÷
+    trained tokens per second. Per token, not per step: loading is paid per row, and a
+    plan with another step size pays it for the same rows. None when the breakdown does
+    not separate device work (no phases, or none in forward/backward/optimizer: a loop
+    whose dataloader or model could not be timed), so nothing can be said about the split.
+    """
+    tb = {
+        str(k): float(v)
+        for k, v in profile.time_breakdown.items()
+        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+    }
+    total = sum(tb.values())
+    device = sum(tb.get(k, 0.0) for k in DEVICE_PHASES)
+    if total <= 0 or device <= 0 or not profile.tokens_per_second:
+        return None
+    per_token = {
+        k: v / total / float(profile.tokens_per_second)
+        for k, v in tb.items()
+        if k not in DEVICE_PHASES
+    }
+    return HostTime(per_token, 1.0 - device / total, device / total)
+
+
+def measured_step(profile: Measured | None) -> StepShape | None:
+    """A measured run's step from what `Measured` holds: its trained tokens per step, and
+    the micro-batch rows, row length and accumulation its config recorded (pitstop's
+    RunConfig names or TrainingArguments'). None without a recorded tokens-per-step."""
+    per = _measured_tokens_per_step(profile)
+    if per is None or profile is None:
+        return None
+    cfg = profile.config or {}
+
+    def count(*names: str) -> int | None:
+        v = next((cfg[n] for n in names if cfg.get(n)), None)
+        return v if isinstance(v, int) and v > 0 else None
+
+    rows = count("micro_batch_size", "per_device_train_batch_size")
+    seq = count("max_seq_len", "max_length", "max_seq_length")
+    accum = count("grad_accum", "gradient_accumulation_steps")
+    if accum is None and rows and seq and isinstance(cfg.get("tokens_per_step"), int):
+        accum = max(1, cfg["tokens_per_step"] // (rows * seq))  # pitstop: fixed by tokens
+    return StepShape(per, rows, seq, accum, str(profile.path))
+
+
 def throughput(
     *,
     profile: Measured | None,
@@ -222,8 +326,13 @@ def throughput(
     mfu: float | None,
     precision: str,
     flops_per_token: float | None,
+    device_share: float | None = None,
 ) -> Throughput:
-    """The throughput the time estimate divides by, with the basis stated."""
+    """The throughput the time estimate divides by, with the basis stated.
+
+    `device_share`: the measured step's share in forward/backward/optimizer, when the
+    estimate adds the run's host time separately; a profile's MFU (model FLOPs over the
+    whole step) is then divided by it, so host time is not counted twice."""
     pdev = profile.device if profile else None
     same_device = profile is not None and gpu is not None and find_gpu(pdev or "") == gpu
     if profile is not None and (gpu is None or same_device) and mfu is None:
@@ -278,6 +387,13 @@ def throughput(
     elif profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
         used = float(profile.mfu)
         why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
+        if device_share and used / device_share <= 1:
+            why = (
+                f"MFU {used / device_share:.0%} over the device phases ({used:.0%} over the "
+                f"whole step ÷ {device_share:.0%} of it on the device) measured on {pdev} "
+                f"({profile.path}), assumed to carry over"
+            )
+            used /= device_share
     else:
         used = DEFAULT_MFU
         on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
@@ -288,10 +404,15 @@ def throughput(
         if profile is not None:
             why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
     pps = used * peak / flops_per_token
+    pauses = (
+        "the device work only: the measured run's host time, its checkpoint and eval pauses "
+        "included, is added as measured"
+        if device_share
+        else "no eval pauses included, checkpoints only with --save-steps"
+    )
     basis = (
         f"computed: {pps:,.0f} positions/s = {why} × {peak / 1e12:.0f} TFLOP/s ({peak_src}) "
-        f"÷ {flops_per_token:.3g} training FLOPs per position; no eval pauses included, "
-        "checkpoints only with --save-steps"
+        f"÷ {flops_per_token:.3g} training FLOPs per position; {pauses}"
     )
     return Throughput(None, pps, used, 0.0, basis, gpu.name)
 
@@ -358,7 +479,7 @@ def estimate(
     tokens: DataTokens,
     epochs: float = 1.0,
     seq_len: int | None = None,
-    micro_batch_size: int = 1,
+    micro_batch_size: int | None = None,
     precision: str = "bf16",
     attention: str = "sdpa",
     gradient_checkpointing: bool = False,
@@ -367,6 +488,8 @@ def estimate(
     gpu: Gpu | None = None,
     mfu: float | None = None,
     profile: Measured | None = None,
+    step: StepShape | None = None,
+    grad_accum: int | None = None,
     gpu_counts: list[int] | None = None,
     scaling: float = DEFAULT_SCALING,
     price: float | None = None,
@@ -377,8 +500,16 @@ def estimate(
     disk_write_gbps: float | None = None,
     kept_from_profile: str | None = None,
 ) -> Estimate:
-    """Memory, time, cost and the multi-GPU options table of a planned run."""
-    seq_len = seq_len or tokens.max_seq_len or 1024
+    """Memory, time, cost and the multi-GPU options table of a planned run.
+
+    `step`: the measured run's optimizer step (default: `measured_step(profile)`); the
+    micro-batch rows, row length and accumulation left None are its own, and its tokens
+    per step set the step count (scaled by what a flag changed)."""
+    if step is None:
+        step = measured_step(profile)
+    seq_len = seq_len or (step.seq_len if step else None) or tokens.max_seq_len or 1024
+    micro_batch_size = micro_batch_size or (step.micro_batch_size if step else None) or 1
+    grad_accum = grad_accum or (step.accumulation if step else None) or 1
     notes: list[str] = [kept_from_profile] if kept_from_profile else []
     if gpu is None and profile is not None:
         gpu = find_gpu(profile.device)
@@ -387,6 +518,7 @@ def estimate(
         micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
         attention=attention, gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
         load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
+        grad_accum=grad_accum,
     )  # fmt: skip
     cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
     mem, usable, mbs = cost.memory, cost.usable_bytes, None
@@ -401,15 +533,24 @@ def estimate(
     fm = cost.flops
     fpt = cost.flops_per_token
     recompute = cost.recompute_per_token
+    host = host_time(profile) if profile is not None else None
     tp = throughput(
-        profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute
-    )
+        profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute,
+        device_share=host.device_share if host else None,
+    )  # fmt: skip
+    if tp.trained_tokens_per_second:
+        host = None  # the measured rate holds the host time already
     if recompute:
         notes.append(
             f"gradient checkpointing recomputes the forward pass during backward: "
             f"+{recompute:.3g} FLOPs per position (2·N + 4·L·d·T), {recompute / fpt:.0%} more "
             "compute per step, included in the time (MFU counts model FLOPs only)"
         )
+    steps, steps_basis = optimizer_steps(
+        tokens, epochs, step=step, tokens_per_step=tokens_per_step,
+        micro_positions=micro_batch_size * seq_len,
+        planned=(micro_batch_size, seq_len, grad_accum),
+    )  # fmt: skip
     if tp.trained_tokens_per_second:
         work = tokens.trained_tokens * epochs / tp.trained_tokens_per_second
         ran_ck = _profile_checkpointing(profile)
@@ -428,6 +569,8 @@ def estimate(
         if tokens.packing_efficiency is None:
             notes.append("positions = tokens: assumes packed rows with no padding")
         micro_steps = positions * epochs / (micro_batch_size * seq_len)
+        if step is not None and not tokens_per_step:  # the measured step's own micro-batches
+            micro_steps = steps * grad_accum
         floor = micro_steps * STEP_FLOOR_SECONDS
         if floor > work:
             notes.append(
@@ -437,13 +580,27 @@ def estimate(
                 "to keep the GPU busy; a larger --micro-batch-size helps"
             )
             work = floor
-    steps, steps_basis = optimizer_steps(
-        tokens, epochs, profile=profile if tp.trained_tokens_per_second else None,
-        tokens_per_step=tokens_per_step, micro_positions=micro_batch_size * seq_len,
-    )  # fmt: skip
+        if profile is not None and host is None:
+            notes.append(
+                f"{profile.path} records no time per phase (forward, backward, optimizer "
+                "apart from the rest): its host time (data loading, logging, ...) is not "
+                "known, so none is added; the time is the device work alone, a lower bound"
+            )
+    split: dict[str, Any] | None = None
+    if host is not None and profile is not None:
+        device_s = work
+        split = _host_and_device(host, tokens.trained_tokens * epochs, device_s, steps, gpu)
+        work += split["host_seconds"]
+        # Start-up (process start, model and data loading, worker spawn) is host work too.
+        wall, train = profile.wall_seconds, profile.train_seconds
+        if wall and train:
+            tp.startup_seconds = max(0.0, float(wall) - float(train))
+        if tp.startup_seconds:
+            tp.basis += f"; start-up {tp.startup_seconds:.0f} s (as measured) added once"
     ckpt = checkpoint_overhead(
         shape, plan, steps=steps, save_steps=save_steps, disk_write_gbps=disk_write_gbps,
-        measured=_measured_checkpoint_seconds(profile) if tp.trained_tokens_per_second else 0.0,
+        measured=_measured_checkpoint_seconds(profile)
+        if tp.trained_tokens_per_second or split else 0.0,
     )  # fmt: skip
     if ckpt is not None:
         work += ckpt["added_seconds"]
@@ -500,6 +657,7 @@ def estimate(
         optimizer_steps=steps,
         steps_basis=steps_basis,
         checkpoints=ckpt,
+        split=split,
     )
 
 
@@ -507,27 +665,71 @@ def optimizer_steps(
     tokens: DataTokens,
     epochs: float,
     *,
-    profile: dict[str, Any] | None,
+    step: StepShape | None,
     tokens_per_step: int | None,
     micro_positions: int,
+    planned: tuple[int, int, int] | None = None,
 ) -> tuple[int, str]:
-    """How many optimizer steps the run takes, and what the step size rests on."""
+    """How many optimizer steps the run takes, and what the step size rests on.
+
+    A measured step (`step`) is kept: its trained tokens per step divide the planned
+    trained tokens, whatever device the estimate is for. `planned` (micro-batch rows, row
+    length, accumulation) scales it where a flag changed one of them."""
     if tokens_per_step:
         per, basis = float(tokens_per_step), f"--tokens-per-step {tokens_per_step:,} positions"
         work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
-    else:
-        measured = _measured_tokens_per_step(profile)
-        if measured:
-            per, work = measured, tokens.trained_tokens * epochs
-            basis = f"{measured:,.0f} trained tokens per step, as in the measured run"
-        else:
-            per = float(micro_positions)
-            work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+    elif step is not None:
+        per, work = step.trained_tokens, tokens.trained_tokens * epochs
+        basis = f"{step.describe()}, as in the measured run"
+        changed = []
+        if planned is not None:
+            was = (step.micro_batch_size, step.seq_len, step.accumulation)
+            names = ("micro-batch rows", "row length", "accumulation")
+            for name, new, old in zip(names, planned, was):
+                if old and new and new != old:
+                    per *= new / old
+                    changed.append(f"{name} {old:,} → {new:,}")
+        if changed:
             basis = (
-                f"one micro-batch of {micro_positions:,} positions per step (no gradient "
-                "accumulation); give --tokens-per-step T for yours"
+                f"{per:,.0f} trained tokens per step: the measured run's "
+                f"{step.describe()} scaled by your {', '.join(changed)}"
             )
+    else:
+        per = float(micro_positions)
+        work = tokens.tokens * epochs / (tokens.packing_efficiency or 1.0)
+        basis = (
+            f"one micro-batch of {micro_positions:,} positions per step (no gradient "
+            "accumulation); give --tokens-per-step T for yours"
+        )
     return max(1, math.ceil(work / per)), basis
+
+
+def _host_and_device(
+    host: HostTime, trained_tokens: float, device_seconds: float, steps: int, gpu: Gpu | None
+) -> dict[str, Any]:
+    """The measured host time carried over, beside the device time scaled to `gpu`."""
+    host_s = host.seconds_per_token * trained_tokens
+    per_step = {k: v * trained_tokens / steps for k, v in host.per_token.items()}
+    where = gpu.name if gpu is not None else "the target device"
+    kept = ", ".join(f"{k} {v:.3g} s" for k, v in sorted(per_step.items(), key=lambda kv: -kv[1]))
+    total = host_s + device_seconds
+    basis = (
+        f"host time kept as measured: {host_s / steps:.3g} s per step ({kept}; "
+        f"{host.share:.1%} of the measured step) × {steps:,} steps = {_dur(host_s)}; "
+        f"device time (forward, backward, optimizer) scaled to {where}: "
+        f"{device_seconds / steps:.3g} s per step = {_dur(device_seconds)}"
+    )
+    if total > 0:
+        basis += f"; host {host_s / total:.0%} of the estimated time"
+    return {
+        "host_seconds": round(host_s, 3),
+        "device_seconds": round(device_seconds, 3),
+        "host_seconds_per_step": host_s / steps,
+        "device_seconds_per_step": device_seconds / steps,
+        "host_share_measured": round(host.share, 4),
+        "host_phases_seconds_per_step": {k: round(v, 6) for k, v in per_step.items()},
+        "basis": basis,
+    }
 
 
 def _measured_tokens_per_step(profile: Measured | None) -> float | None:
@@ -682,6 +884,8 @@ def format_estimate(est: Estimate) -> str:
     if est.steps_basis:
         lines.append(f"  - optimizer steps: {est.steps_basis}")
     lines.append(f"  - data: {est.tokens.basis}")
+    if est.split is not None:
+        lines.append(f"  - {est.split['basis']}")
     lines.append(f"  - throughput: {est.time_basis}")
     if t["flops_per_token"]:
         label = flops_label(est.lora, est.gradient_checkpointing)

@@ -3,26 +3,35 @@
 The library behind `pitstop estimate` (and the demo): a model directory or a parameter
 count, a dataset/store or a token count, a GPU name or a measured profile. Every
 problem with the request is reported at once (`estimate_problems`), before anything
-is read or prepared.
+is read or prepared. With a measured run (`from_profile`) the model and the amount of
+data default to the run's own, read from its summary.json (`run_defaults`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from pitstop.errors import ConfigError
+from pitstop import run_record
+from pitstop.errors import ConfigError, DataError
 from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
+    DataTokens,
     Estimate,
+    StepShape,
     data_tokens,
     estimate,
+    measured_step,
 )
 from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
 from pitstop.report.measured import Measured, load_measured
+from pitstop.report.runs import load_run
+from pitstop.run_record import RunSummary, read_summary
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")
@@ -45,11 +54,13 @@ def estimate_problems(
 ) -> list[str]:
     """Every problem with an estimate request, each naming the flag that fixes it."""
     problems: list[str] = []
-    if not model and params is None:
+    # With --from-profile the run's summary may name the model and its trained tokens:
+    # `estimate_planned_run` reads them, and says what is missing if it does not.
+    if not model and params is None and not from_profile:
         problems.append("give --model DIR (exact) or --params N (a rough Llama-shaped guess)")
     if data and tokens is not None:
         problems.append("give --data or --tokens, not both")
-    if not data and tokens is None:
+    if not data and tokens is None and not from_profile:
         problems.append("give --data FILE_OR_STORE or --tokens T: how much data the run sees")
     custom = gpu_tflops is not None or gpu_memory_gib is not None
     if not gpu and not from_profile and not custom:
@@ -115,18 +126,96 @@ def profile_settings(profile: Measured | None) -> dict[str, Any]:
 
 def _describe_kept(kept: dict[str, Any]) -> str:
     names = {
+        "model": lambda v: f"model {v}",
         "gradient_checkpointing": lambda v: f"gradient checkpointing {'on' if v else 'off'}",
         "micro_batch_size": lambda v: f"micro-batch {v} rows",
         "max_seq_len": lambda v: f"rows of {v} tokens",
         "lora_r": lambda v: f"LoRA r={v}",
         "load_in_4bit": lambda v: "4-bit base" if v else "",
         "optimizer": lambda v: f"optimizer {v}",
+        "measured_seq_len": lambda v: f"rows of {v:,} positions (padded tokens ÷ rows)",
+        "grad_accum": lambda v: f"accumulation of {v} micro-batch(es) per step",
     }
     parts = [names[k](v) for k, v in kept.items() if k in names and names[k](v)]
     return (
-        "kept from the measured run: " + ", ".join(parts) + " (flags such as --micro-batch-size, "
-        "--max-seq-len, --no-gradient-checkpointing, --optimizer change them)"
+        "kept from the measured run: " + ", ".join(parts) + " (flags such as --model, "
+        "--micro-batch-size, --max-seq-len, --no-gradient-checkpointing, --optimizer change them)"
     )
+
+
+def run_summary(profile: Measured) -> RunSummary | None:
+    """The summary.json of the run a measured profile came from: the file itself, the one
+    beside a run's pitstop_profile.json, or a killed run's rebuilt from metrics.jsonl.
+    None for a profile.json of its own (`pitstop profile --output FILE`)."""
+    p = Path(profile.path)
+    try:
+        if p.name == run_record.SUMMARY:
+            return read_summary(p)
+        if p.name == run_record.METRICS:
+            return load_run(p.parent).summary
+        if p.name == run_record.HF_PROFILE and (p.parent / run_record.SUMMARY).is_file():
+            return read_summary(p.parent / run_record.SUMMARY)
+    except DataError:
+        return None  # load_measured read the rate; what else the run says is optional
+    return None
+
+
+def run_step(profile: Measured, summary: RunSummary | None) -> StepShape | None:
+    """The measured run's optimizer step: `measured_step`, with what its config left out
+    taken from the summary's counts (rows per micro-batch, positions per row,
+    accumulation), so a plain loop whose config names none of them keeps its own too."""
+    step = measured_step(profile)
+    if step is None or summary is None:
+        return step
+    steps, rows, padded = summary.optimizer_steps, summary.rows, summary.padded_tokens
+    seq, mbs, accum = step.seq_len, step.micro_batch_size, step.accumulation
+    if seq is None and rows and padded:
+        seq = max(1, round(padded / rows))
+    rows_per_step = rows / steps if rows and steps else None
+    if mbs is None and rows_per_step and accum:
+        mbs = max(1, round(rows_per_step / accum))
+    if accum is None and rows_per_step and mbs:
+        accum = max(1, round(rows_per_step / mbs))
+    return replace(step, seq_len=seq, micro_batch_size=mbs, accumulation=accum)
+
+
+def run_defaults(
+    profile: Measured, summary: RunSummary | None
+) -> tuple[str | None, DataTokens | None]:
+    """The model directory and the amount of data a measured run names, where it does.
+
+    The model: the run's config (`pitstop train`'s `model`, a Trainer's
+    `model_name_or_path`), else, for a plain loop, an argument of its recorded command
+    that is a model directory (holds config.json). The data: the trained tokens the run
+    trained, so without --tokens/--data the estimate is the same run on the target device.
+    """
+    if summary is None:
+        return None, None
+    cfg = summary.config or {}
+    model = next(
+        (str(cfg[k]) for k in ("model", "model_name_or_path", "_name_or_path") if cfg.get(k)),
+        None,
+    )
+    if model is None and isinstance(summary.extra.get("command"), list):
+        cwd = Path(str(summary.extra.get("command_cwd") or "."))
+        for arg in summary.extra["command"][1:]:
+            d = cwd / str(arg)
+            if not str(arg).startswith("-") and (d / "config.json").is_file():
+                model = str(d)
+                break
+    trained, seen, padded = summary.trained_tokens, summary.seen_tokens, summary.padded_tokens
+    if not trained:
+        return model, None
+    eff = seen / padded if seen and padded else None
+    tokens = DataTokens(
+        int(seen or trained),
+        int(trained),
+        eff,
+        None,
+        f"the measured run's own {trained:,.0f} trained tokens ({profile.path}; give --tokens "
+        "T or --data for another amount)",
+    )
+    return model, tokens
 
 
 def estimate_planned_run(
@@ -181,14 +270,50 @@ def estimate_planned_run(
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
     device = _device(gpu, gpu_tflops, gpu_memory_gib, price)
     profile = load_measured(from_profile) if from_profile else None
+    summary = run_summary(profile) if profile is not None else None
+    step = run_step(profile, summary) if profile is not None else None
+    run_tokens, run_model = None, None
+    if profile is not None and not model and params is None:
+        model = run_model = run_defaults(profile, summary)[0]
+    if profile is not None and not data and tokens is None:
+        run_tokens = run_defaults(profile, summary)[1]
+    missing = []
+    if not model and params is None:
+        missing.append(
+            f"--from-profile {from_profile}: the run's summary names no model directory; "
+            "give --model DIR (exact) or --params N (a rough Llama-shaped guess)"
+        )
+    if not data and tokens is None and run_tokens is None:
+        missing.append(
+            f"--from-profile {from_profile}: the run records no trained tokens; give --data "
+            "FILE_OR_STORE or --tokens T: how much data the run sees"
+        )
+    if run_model and not (Path(run_model) / "config.json").is_file():
+        missing.append(
+            f"--from-profile {from_profile}: the run's model {run_model} has no config.json "
+            "here (moved, or measured on another machine?); give --model DIR or --params N"
+        )
+    if missing:
+        raise ConfigError(missing, header=f"invalid estimate ({len(missing)} problem(s)):")
     given = {"gradient_checkpointing": gradient_checkpointing, "micro_batch_size": micro_batch_size,
              "max_seq_len": max_seq_len, "lora_r": lora_r, "optimizer": optimizer}  # fmt: skip
-    kept = {k: v for k, v in profile_settings(profile).items() if given.get(k) is None}
+    settings = profile_settings(profile)
+    if step is not None:
+        # The step's row length and accumulation as measured, where the config named none.
+        if step.seq_len and "max_seq_len" not in settings:
+            settings["measured_seq_len"] = step.seq_len
+        if step.accumulation:
+            settings["grad_accum"] = step.accumulation
+    if given["max_seq_len"] is not None:
+        settings.pop("measured_seq_len", None)
+    kept = {k: v for k, v in settings.items() if given.get(k) is None}
+    if run_model:
+        kept["model"] = run_model
     if "lora_r" not in kept:
         kept.pop("load_in_4bit", None)
     gradient_checkpointing = bool(kept.get("gradient_checkpointing", gradient_checkpointing))
     micro_batch_size = int(kept.get("micro_batch_size", micro_batch_size or 1))
-    max_seq_len = kept.get("max_seq_len", max_seq_len)
+    max_seq_len = kept.get("max_seq_len", kept.get("measured_seq_len", max_seq_len))
     lora_r = kept.get("lora_r", lora_r)
     load_in_4bit = bool(kept.get("load_in_4bit", load_in_4bit))
     optimizer = kept.get("optimizer", optimizer or "adamw")
@@ -204,7 +329,9 @@ def estimate_planned_run(
             precision = "bf16"
     assert model is not None or params is not None  # estimate_problems checked it
     shape = shape_from_model_dir(model) if model else shape_from_params(float(params or 0))
-    toks = data_tokens(data, tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=cache_dir)
+    toks = run_tokens or data_tokens(
+        data, tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=cache_dir
+    )
     return estimate(
         shape,
         tokens=toks,
@@ -219,6 +346,8 @@ def estimate_planned_run(
         gpu=device,
         mfu=mfu,
         profile=profile,
+        step=step,
+        grad_accum=kept.get("grad_accum"),
         gpu_counts=list(gpu_counts),
         scaling=scaling,
         price=price,
