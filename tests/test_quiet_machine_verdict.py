@@ -102,3 +102,22 @@ def test_a_burst_pattern_loader_alone_on_this_machine(tmp_path: Path) -> None:
         assert verdict["kind"] == "input-bound"
     else:  # another process did load it: then the verdict names that process
         assert found[0] == "noisy-machine" and "other processes used" in verdict["summary"]
+
+
+def test_doctor_profile_takes_a_run_directory(tmp_path: Path) -> None:
+    """`doctor --profile RUN_DIR` (what `compare` and `estimate --from-profile` accept)."""
+    import json
+
+    from pitstop.errors import DataError
+    from pitstop.measure.schema import load_profile
+
+    run = tmp_path / "run"
+    run.mkdir()
+    p = bursts(0.2, QUIET)
+    (run / "pitstop_profile.json").write_text(json.dumps(p))
+    assert load_profile(run)["step_seconds"] == p["step_seconds"]
+    with pytest.raises(DataError, match="directory without a profile"):
+        load_profile(tmp_path)
+    from pitstop.cli import main
+
+    assert main(["doctor", "--profile", str(run), "--no-compile-check", "--json"]) == 0

@@ -49,7 +49,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE_OR_STORE",
         help="a token store, or a dataset file (tokenized with --model's tokenizer)",
     )
-    p.add_argument("--profile", metavar="PROFILE_JSON", help="a profile from `pitstop profile`")
+    p.add_argument(
+        "--profile",
+        metavar="PROFILE_JSON_OR_RUN_DIR",
+        help="a profile from `pitstop profile`, or a run directory holding one (made by "
+        "`pitstop profile -- COMMAND` or PitstopCallback)",
+    )
     p.add_argument(
         "--baseline",
         metavar="FILE",

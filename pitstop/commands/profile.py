@@ -181,6 +181,6 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
         print(format_results(profile, report))
         print(
             f"\nrun written to {out} (pitstop compare / report {out}; "
-            f"pitstop doctor --profile {out}/pitstop_profile.json)"
+            f"pitstop doctor --profile {out})"
         )
     return rc

@@ -32,7 +32,7 @@ from typing import Any
 
 from pitstop.errors import DataError
 from pitstop.measure.timeline import PHASES
-from pitstop.run_record import check_fields
+from pitstop.run_record import HF_PROFILE, PROFILE, check_fields
 
 SCHEMA = "pitstop.profile/1"
 REQUIRED = ("steps", "step_seconds", "phases")
@@ -111,9 +111,24 @@ def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
     return profile
 
 
+# The profile a run directory holds: PitstopCallback's and a profiled command's, or one
+# `pitstop profile --output DIR/profile.json` wrote there.
+RUN_DIR_PROFILES = (HF_PROFILE, PROFILE)
+
+
 def load_profile(path: str | Path) -> dict[str, Any]:
-    """Read and check a profile.json (DataError with the reason when it is not one)."""
+    """Read and check a profile.json, or the profile in a run directory (DataError with the
+    reason when it is not one)."""
     p = Path(path)
+    if p.is_dir():
+        held = [p / n for n in RUN_DIR_PROFILES if (p / n).is_file()]
+        if not held:
+            raise DataError(
+                f"{p} is a directory without a profile ({' or '.join(RUN_DIR_PROFILES)}); give "
+                "the run directory of `pitstop profile -- COMMAND`, a Trainer run with "
+                "PitstopCallback, or a profile.json from `pitstop profile`"
+            )
+        p = held[0]
     if not p.is_file():
         raise DataError(f"profile {p} does not exist; write one with `pitstop profile`")
     try:
