@@ -8,16 +8,17 @@ when there is one, else this machine's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pitstop import log
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
-from pitstop.advise.finding import Finding, rank
+from pitstop.advise.finding import Finding, rank, reported
 from pitstop.advise.hf_args import class_reason, classify_fields, from_hf_args
 from pitstop.advise.rules import Context, run_rules
-from pitstop.advise.setup import Setup, from_run_config
+from pitstop.advise.setup import Setup, from_run_config, is_custom_loop
 from pitstop.advise.target import Target
 from pitstop.cache_layout import cache_root
 from pitstop.config import FIELDS, RunConfig
@@ -136,12 +137,17 @@ def make_setup(
         raise ConfigError("give a pitstop config or Hugging Face arguments, not both")
     if config is not None:
         return from_run_config(config)
-    if hf_args is not None:
-        return from_hf_args(hf_args, hf_class)
-    if profile and isinstance(profile.get("config"), dict) and profile["config"]:
-        if profile.get("source") == "hf":
-            return from_hf_args(profile["config"], hf_class)
-        return from_run_config(run_config_from_dict(profile["config"]))
+    profile = profile or {}
+    recorded = profile.get("config") if isinstance(profile.get("config"), dict) else None
+    if hf_args is not None and (not recorded or hf_args != recorded):
+        return from_hf_args(hf_args, hf_class)  # a declared file: its omitted fields default
+    if recorded and (hf_args is not None or profile.get("source") == "hf"):
+        # The profile's own record (PitstopCallback passes it back as hf_args): what the run
+        # did not record stays unknown; a TrainingArguments default would describe another run.
+        setup = from_hf_args(recorded, hf_class, recorded=True)
+        return replace(setup, custom_loop=is_custom_loop(profile))
+    if recorded:
+        return from_run_config(run_config_from_dict(recorded))
     return from_run_config(RunConfig())
 
 
@@ -259,7 +265,7 @@ def doctor(
     found = run_rules(ctx)
     if foreign and profile:
         found.append(foreign_profile_finding(foreign, profile))
-    findings: list[Finding] = rank(found)
+    findings: list[Finding] = rank(reported(found))
     out: dict[str, Any] = {
         "environment": environment,
         "findings": [f.to_dict() for f in findings],

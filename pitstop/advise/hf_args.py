@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pitstop.advise.setup import Setup
+from pitstop.advise.setup import UNKNOWN, Setup
 from pitstop.errors import ConfigError
 from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.yaml_load import parse_yaml
@@ -148,11 +148,19 @@ def _int(v: Any) -> int | None:
     return int(f) if f >= 1 and f.is_integer() else None  # HF: a float < 1 is a ratio of the run
 
 
-def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
-    """HF TrainingArguments / SFTConfig values (a mapping) as a Setup."""
+def from_hf_args(
+    values: dict[str, Any], hf_class: str = "auto", *, recorded: bool = False
+) -> Setup:
+    """HF TrainingArguments / SFTConfig values (a mapping) as a Setup.
+
+    `recorded`: the values are what a profiled run recorded (a profile's "config"), not a
+    file the user declares. A declared file means TrainingArguments, so a field it omits
+    takes its default; a record of a custom loop holds only what the timer observed, and a
+    field it omits is unknown (None, or UNKNOWN for the string fields), never the default.
+    """
     cls = detect_class(values, hf_class)
-    defaults = dict(training_args_defaults())
-    if cls == "SFTConfig":
+    defaults = {} if recorded else dict(training_args_defaults())
+    if cls == "SFTConfig" and not recorded:
         defaults.update(SFT_DEFAULTS)
         defaults["bf16"] = None  # resolved below: TRL makes it `not fp16`
     v = {**defaults, **values}
@@ -164,13 +172,18 @@ def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
         for n in names:
             if n in v and v[n] is not None:
                 return v[n]
-        return default
+        return None if recorded else default
+
+    def given(*names: str) -> bool:
+        return not recorded or any(n in values for n in names)
 
     fp16 = bool(get("fp16", default=False))
     bf16 = get("bf16")
     if bf16 is None:
         bf16 = (not fp16) if cls == "SFTConfig" else False
     precision = "bf16" if bf16 else ("fp16" if fp16 else "fp32")
+    if not given("bf16", "fp16"):
+        precision = UNKNOWN
 
     if cls == "SFTConfig" and (get("packing", default=False) or get("padding_free", default=False)):
         batching = "pack"
@@ -178,11 +191,15 @@ def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
         get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length"
     ):
         batching = "bucket"
-    else:
+    elif given("packing", "padding_free", "group_by_length", "train_sampling_strategy"):
         batching = "dynamic"  # the default collators pad each batch to its longest row
+    else:  # a custom loop's collator: padded, packed or fixed-length, the timer cannot tell
+        batching = UNKNOWN
 
     max_key = "max_seq_length" if "max_seq_length" in values else "max_length"
     max_len = _int(get("max_length", "max_seq_length")) if cls == "SFTConfig" else None
+    if recorded:  # a recorded max length is a fact whatever the class; none is unknown
+        max_len = _int(get("max_length", "max_seq_length"))
 
     def every(strategy_keys: tuple[str, ...], steps_key: str, fallback: Any = None) -> int | None:
         raw = get(*strategy_keys, default="no")
@@ -191,23 +208,30 @@ def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
             return None
         return _int(get(steps_key, default=fallback))
 
+    def flag(*names: str, default: bool) -> bool | None:
+        return bool(get(*names, default=default)) if given(*names) else None
+
     log_steps = every(("logging_strategy",), "logging_steps")
     tf32 = get("tf32")
+    optim = get("optim", default="adamw_torch")
+    workers = _int(get("dataloader_num_workers", default=0))
     return Setup(
         source="hf",
         raw=dict(values),
         hf_class=cls,
-        loader_workers=_int(get("dataloader_num_workers", default=0)) or 0,
+        loader_workers=(workers or 0) if given("dataloader_num_workers") else None,
         batching=batching,
         max_len=max_len,
         max_len_key=max_key,
         precision=precision,
         tf32=None if tf32 is None else bool(tf32),
-        gradient_checkpointing=bool(
-            get("activation_checkpointing", "gradient_checkpointing", default=False)
+        gradient_checkpointing=flag(
+            "activation_checkpointing", "gradient_checkpointing", default=False
         ),
-        optimizer=str(getattr(get("optim"), "value", get("optim")) or "adamw_torch"),
-        compile="on" if get("torch_compile", default=False) else "off",
+        optimizer=None if optim is None else str(getattr(optim, "value", optim)),
+        compile=("on" if get("torch_compile", default=False) else "off")
+        if given("torch_compile")
+        else UNKNOWN,
         micro_batch_rows=_int(get("per_device_train_batch_size", default=8)),
         grad_accum=_int(get("gradient_accumulation_steps", default=1)),
         world=1,
@@ -215,6 +239,7 @@ def from_hf_args(values: dict[str, Any], hf_class: str = "auto") -> Setup:
         log_steps=log_steps,
         eval_steps=every(("eval_strategy", "evaluation_strategy"), "eval_steps", log_steps),
         empty_cache_steps=_int(get("torch_empty_cache_steps")),
-        nan_inf_filter=bool(get("logging_nan_inf_filter", default=True)),
+        nan_inf_filter=flag("logging_nan_inf_filter", default=True),
         transformers_major=transformers_major(),
+        recorded=frozenset(values) if recorded else None,
     )

@@ -12,21 +12,38 @@ from typing import Any
 
 from pitstop.config import RunConfig
 
+# What a field the run did not record reads as, in a Setup and in a finding's evidence: a
+# default of TrainingArguments is a guess about a custom loop, never a fact about it.
+UNKNOWN = "unknown"
+# The note pitstop.anyloop.recorder writes into the profile of a custom loop (`pitstop
+# profile -- COMMAND`, pitstop.watch): its settings were observed, not declared.
+CUSTOM_LOOP_NOTE = "a custom loop timed by pitstop.watch"
+
+
+def is_custom_loop(profile: dict[str, Any] | None) -> bool:
+    """Whether a profile timed a plain PyTorch loop (its settings observed through hooks)."""
+    notes = (profile or {}).get("notes") or []
+    return any(CUSTOM_LOOP_NOTE in str(n) for n in notes)
+
 
 @dataclass
 class Setup:
     source: str  # "pitstop" | "hf"
     raw: dict[str, Any]  # the values as given (HF: given fields only; pitstop: the whole config)
     hf_class: str | None = None  # "TrainingArguments" | "SFTConfig" (HF only)
-    loader_workers: int | None = None  # None: pitstop picks from the CPU count
-    batching: str = "auto"  # pack | bucket | pad | dynamic (HF: pad to the longest row of a random batch) | auto
+    # pitstop: None = pitstop picks from the CPU count; a recorded HF run: None = not recorded
+    loader_workers: int | None = None
+    # pack | bucket | pad | dynamic (HF: pad to the longest row of a random batch) | auto | unknown
+    batching: str = "auto"
     max_len: int | None = None
     max_len_key: str = "max_length"  # HF: the key this file uses for the max length
-    precision: str = "auto"  # bf16 | fp16 | fp32 | auto
+    precision: str = "auto"  # bf16 | fp16 | fp32 | auto | unknown
     tf32: bool | None = None
-    gradient_checkpointing: bool = False
-    optimizer: str | None = None  # HF optim name; None for pitstop (it picks fused AdamW on CUDA)
-    compile: str = "auto"  # on | off | auto
+    gradient_checkpointing: bool | None = False  # None: not recorded
+    # HF optim name; None for pitstop (it picks fused AdamW on CUDA) and for a run that did
+    # not record it (`recorded` is set)
+    optimizer: str | None = None
+    compile: str = "auto"  # on | off | auto | unknown
     attention: str | None = None
     micro_batch_rows: int | None = None
     tokens_per_micro_batch: int | None = None
@@ -43,9 +60,23 @@ class Setup:
     load_in_4bit: bool = False  # the frozen base weights are 4-bit (QLoRA)
     # The transformers release whose field names `fix()` should use (HF only).
     transformers_major: int = 5
+    # The fields a profile recorded, when the setup was read from one (None: a declared
+    # config, whose absent fields take their documented defaults). A field outside it is
+    # None / UNKNOWN here: the run never said what it was.
+    recorded: frozenset[str] | None = None
+    # A plain PyTorch loop (`pitstop profile -- python loop.py`): fixes name DataLoader and
+    # torch arguments, not TrainingArguments fields the loop does not have.
+    custom_loop: bool = False
 
-    def fix(self, pitstop: str, hf: str) -> str:
-        return pitstop if self.source == "pitstop" else hf
+    def fix(self, pitstop: str, hf: str, loop: str | None = None) -> str:
+        """The remedy in the setup's own vocabulary; `loop` for a custom loop (else `hf`)."""
+        if self.source == "pitstop":
+            return pitstop
+        return loop if self.custom_loop and loop is not None else hf
+
+    def knows(self, name: str) -> bool:
+        """Whether the setup states field `name` (a declared config states every field)."""
+        return self.recorded is None or name in self.recorded
 
     @property
     def rows_per_step(self) -> int | None:

@@ -6,6 +6,7 @@ import os
 
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, lora_rank, rule
+from pitstop.advise.setup import UNKNOWN
 from pitstop.measure.cost_model import Plan, is_eight_bit, plan_cost
 from pitstop.measure.verdict import COMPUTE_PHASES
 from pitstop.probe import DeviceInfo
@@ -21,14 +22,19 @@ def micro_batch_tokens(ctx: Context) -> int | None:
     return None
 
 
-def cost_plan(ctx: Context, tokens: int, *, gradient_checkpointing: bool) -> Plan:
-    """The cost model's plan of this setup, for a micro-batch of `tokens` positions: the
-    same plan `pitstop estimate` prices for the same flags."""
+def cost_plan(
+    ctx: Context, tokens: int, *, gradient_checkpointing: bool, length: int | None = None
+) -> Plan:
+    """The cost model's plan of this setup, for a micro-batch of `tokens` positions in rows
+    of `length` (default: the max length, else the data's p99): the same plan `pitstop
+    estimate` prices for the same flags."""
     s = ctx.setup
-    length = s.max_len or (ctx.data.p99 if ctx.data else None) or tokens
+    length = length or s.max_len or (ctx.data.p99 if ctx.data else None) or tokens
     rows = max(1, tokens // length) if length <= tokens else 1
     lora_r = lora_rank(ctx)
-    if ctx.cuda:  # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names
+    # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names. A run that did
+    # not record its optimizer is priced unfused: the larger memory, so "fits" holds either way.
+    if ctx.cuda:
         fused = s.source == "pitstop" or "fused" in (s.optimizer or "") or is_eight_bit(s.optimizer)
     else:
         fused = is_eight_bit(s.optimizer)
@@ -39,6 +45,11 @@ def cost_plan(ctx: Context, tokens: int, *, gradient_checkpointing: bool) -> Pla
         load_in_4bit=bool(s.load_in_4bit and lora_r is not None), grad_accum=s.grad_accum or 1,
         fused_optimizer=fused, optimizer="adamw_8bit" if is_eight_bit(s.optimizer) else "adamw",
     )  # fmt: skip
+
+
+def optimizer_known(ctx: Context) -> bool:
+    """pitstop's optimizer follows from the device; an HF setup's from `optim`, if it said."""
+    return ctx.setup.source == "pitstop" or ctx.setup.optimizer is not None
 
 
 def device_memory_bytes(dev: DeviceInfo) -> int | None:
@@ -58,21 +69,24 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
     """On every device: recomputation costs compute on a CPU as on a GPU."""
     s, m, dev = ctx.setup, ctx.model, ctx.device
     memory = device_memory_bytes(dev)
-    if not s.gradient_checkpointing or not memory or m is None:
+    if not s.gradient_checkpointing or not memory or m is None or ctx.precision == UNKNOWN:
         return None
     tokens = micro_batch_tokens(ctx)
+    length = None  # the row length of the plan: the max length or the data's p99
     if not tokens and s.micro_batch_rows and m.max_positions:
-        # No max length and no data (TrainingArguments): rows at the model's longest context
-        # bound the activations from above, so "fits" here holds for every row length.
-        tokens = s.micro_batch_rows * m.max_positions
+        # No max length and no data (TrainingArguments, a custom loop): rows at the model's
+        # longest context bound the activations from above, so "fits" holds for every row
+        # length. The plan is those rows at that length, not one row of all their positions.
+        length = m.max_positions
+        tokens = s.micro_batch_rows * length
     if not tokens:
         return None
     shape = m.cost_shape()
     cuda = dev.type == "cuda"
     with_ck = plan_cost(
-        shape, cost_plan(ctx, tokens, gradient_checkpointing=True), memory, cuda=cuda
+        shape, cost_plan(ctx, tokens, gradient_checkpointing=True, length=length), memory, cuda=cuda
     )
-    without = plan_cost(shape, cost_plan(ctx, tokens, gradient_checkpointing=False), memory, cuda=cuda)  # fmt: skip
+    without = plan_cost(shape, cost_plan(ctx, tokens, gradient_checkpointing=False, length=length), memory, cuda=cuda)  # fmt: skip
     # The doctor sets aside a profile of another device or model (profile-other-target).
     peak = (ctx.profile or {}).get("peak_memory_bytes")
     plan = without.plan
@@ -85,6 +99,11 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
     else:
         estimate = float(without.memory.peak)
         how = f"estimated by the cost model for {what}, as `pitstop estimate` prices it"
+    if length is not None:
+        how += (f"; the row length was not recorded: rows of the model's {length} positions, "
+                "the longest, bound it")  # fmt: skip
+    if not optimizer_known(ctx):
+        how += "; the optimizer was not recorded: priced unfused (the larger memory)"
     budget = without.usable_bytes
     if budget is None or estimate > budget:
         return None
@@ -96,11 +115,17 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
         evidence={"estimated_peak_without_bytes": int(estimate), "usable_bytes": budget,
-                  "device_memory_bytes": memory, "micro_batch_tokens": tokens, "how": how,
-                  "plan": {"micro_batch_size": plan.micro_batch_size, "seq_len": plan.seq_len,
+                  "device_memory_bytes": memory, "how": how,
+                  # an upper bound where the row length is unknown: labelled as one
+                  "micro_batch_tokens": tokens if length is None else UNKNOWN,
+                  "micro_batch_tokens_at_most": None if length is None else tokens,
+                  "plan": {"micro_batch_size": plan.micro_batch_size,
+                           "seq_len": plan.seq_len if length is None else UNKNOWN,
+                           "seq_len_at_most": None if length is None else plan.seq_len,
                            "precision": plan.precision, "lora_r": plan.lora_r,
-                           "load_in_4bit": plan.load_in_4bit, "optimizer": plan.optimizer,
-                           "fused_optimizer": plan.fused_optimizer},
+                           "load_in_4bit": plan.load_in_4bit,
+                           "optimizer": plan.optimizer if optimizer_known(ctx) else UNKNOWN,
+                           "fused_optimizer": plan.fused_optimizer if optimizer_known(ctx) else UNKNOWN},
                   "flops_per_token": without.flops_per_token,
                   "recompute_flops_per_token": with_ck.recompute_per_token,
                   "recompute_share": round(share, 4),
