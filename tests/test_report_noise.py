@@ -104,7 +104,7 @@ def test_compare_and_estimate_leave_out_the_same_warmup_steps(tmp_path: Path) ->
         rate = load_measured(d).steady
         assert st is not None and rate is not None
         assert st.warmup == (1 if mark else 2)
-        assert f"median of {st.steps} steps after {st.warmup} warm-up steps" in rate.detail
+        assert f"mean of {st.steps} steps after {st.warmup} warm-up steps" in rate.detail
         assert rate.tokens_per_second == pytest.approx(1800 / 1.4)
 
 

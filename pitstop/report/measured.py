@@ -2,9 +2,9 @@
 
 Reads a profile.json, a run's summary.json (with its metrics.jsonl) or a killed run's
 metrics.jsonl through the typed run record, and keeps two rates: the whole-run trained
-tokens/s, and the steady rate a long run keeps up (`steps_steady`: the median step after the
-warm-up, which `report.steady.split_warmup` decides for compare too, with checkpoint and
-evaluation pauses added back at their cost per step).
+tokens/s, and the steady rate a long run keeps up (`steps_steady`: the steps after the
+warm-up, which `report.steady.split_warmup` decides for compare too, their trained tokens
+over their seconds, so a stall or pause that recurs is paid at its cadence, as in compare).
 """
 
 from __future__ import annotations
@@ -125,30 +125,25 @@ def _from_summary(s: RunSummary, path: Path) -> Measured:
 
 
 def _profile_steady(prof: dict[str, Any]) -> SteadyRate | None:
-    """The steady rate of a pitstop.profile/1 dict: its steps are already the measured ones,
-    and its pauses are totals (which steps paid them is not kept; the median skips those
-    rare steps). None without per-step times."""
+    """The steady rate of a pitstop.profile/1 dict: its steps are already the measured ones
+    (the warm-up left out), their mean step holds every stall and pause at its cadence.
+    None without per-step times."""
     secs = [float(x) for x in prof.get("step_seconds") or []]
     tokens = float(prof.get("tokens_per_step") or 0.0)
     if not secs or tokens <= 0:
         return None
-    phases = prof.get("phases") or {}
-    pause = (float(phases.get("checkpoint", 0)) + float(phases.get("eval", 0))) / len(secs)
-    return _steady(
-        statistics.median(secs), pause, tokens, 0.0, len(secs), int(prof.get("warmup") or 0)
-    )
+    return _steady(statistics.fmean(secs), tokens, 0.0, len(secs), int(prof.get("warmup") or 0))
 
 
 def steps_steady(lines: list[StepLine]) -> SteadyRate | None:
-    """The rate a long run keeps up, from a run's step lines: the median step time of the
-    steps after the warm-up.
+    """The rate a long run keeps up, from a run's step lines: the trained tokens of the
+    steps after the warm-up over their seconds.
 
     A short run's whole-run mean counts its warm-up steps (the first steps of a process
     run slower: kernels are created per new shape, allocator pools grow, torch.compile
-    compiles) as if every step of the full run paid them; the median of the later
-    steps is also robust to a burst of load on a shared machine. Checkpoint and
-    evaluation pauses inside the measured steps are added back at their mean per step,
-    since the full run pays them at the same cadence. The warm-up's time above steady
+    compiles) as if every step of the full run paid them. Nothing else is left out: a
+    loader's periodic waits and checkpoint and evaluation pauses recur at the same cadence
+    in the full run (a median step would drop them). The warm-up's time above steady
     steps is paid once (start-up). None when there are too few per-step times to use.
     """
     timed = sorted(
@@ -161,24 +156,20 @@ def steps_steady(lines: list[StepLine]) -> SteadyRate | None:
     if len(steady) < 2:  # every timed step is marked warm-up
         return None
     left_out = len(warm)
-    pauses = [r.pause_s for r in steady]
-    secs = [float(r.step_seconds or 0.0) for r in steady]
-    median = statistics.median(t - q for t, q in zip(secs, pauses))
+    step = statistics.fmean(float(r.step_seconds or 0.0) for r in steady)
     tokens = statistics.fmean(float(r.step_trained_tokens or 0.0) for r in steady)
-    warm_extra = max(0.0, sum(float(r.step_seconds or 0.0) for r in warm) - left_out * median)
-    return _steady(median, statistics.fmean(pauses), tokens, warm_extra, len(secs), left_out)
+    warm_extra = max(0.0, sum(float(r.step_seconds or 0.0) for r in warm) - left_out * step)
+    return _steady(step, tokens, warm_extra, len(steady), left_out)
 
 
 def _steady(
-    median: float, pause: float, tokens: float, warm_extra: float, n: int, left_out: int
+    step: float, tokens: float, warm_extra: float, n: int, left_out: int
 ) -> SteadyRate | None:
-    step = median + pause
     if step <= 0 or tokens <= 0:
         return None
-    added = f", checkpoint/eval pauses {pause:.3g} s per step added" if pause else ""
     detail = (
-        f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (median of "
-        f"{n} steps after {left_out} warm-up steps{added})"
+        f"{tokens:,.0f} trained tokens per step / {step:.3g} s per step (mean of {n} steps "
+        f"after {left_out} warm-up steps: recurring stalls and pauses included)"
     )
     return SteadyRate(tokens / step, warm_extra, detail)
 
