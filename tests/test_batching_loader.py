@@ -153,6 +153,31 @@ def test_resume_refuses_a_different_data_order(store):
     loader_for(store, cfg(batching="pack", micro_batch_size=1)).load_state_dict(state)
 
 
+@pytest.mark.parametrize(
+    ("before", "after"), [("pack", "pad"), ("pad", "bucket"), ("bucket", "pack")]
+)
+def test_resume_under_another_layout_continues_the_same_documents(store, before, after):
+    """docs/training.md: layout settings may change on resume (issue 33: pad was refused)."""
+
+    def docs_per_step(loader):
+        out: dict[int, list[int]] = {}
+        for b in loader:
+            ids = b["input_ids"][b["labels"] != -100]
+            out.setdefault(b["meta"].step, []).extend(ids.tolist())
+        return {k: sorted(v) for k, v in out.items()}
+
+    first = loader_for(store, cfg(batching=before))
+    it = iter(first)
+    for b in it:  # stop after step 3
+        if b["meta"].step == 3 and b["meta"].micro_index == b["meta"].micro_count - 1:
+            break
+    resumed = loader_for(store, cfg(batching=after))
+    resumed.load_state_dict(first.state_dict())
+    rest = docs_per_step(resumed)
+    uninterrupted = docs_per_step(loader_for(store, cfg(batching=before)))
+    assert min(rest) == 4 and rest == {k: v for k, v in uninterrupted.items() if k >= 4}
+
+
 @pytest.mark.parametrize("strategy", ["pack", "bucket", "pad"])
 def test_two_ranks_split_every_step(store, strategy):
     c = cfg(batching=strategy)

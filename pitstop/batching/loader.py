@@ -420,11 +420,13 @@ class MicroBatchLoader:
         return {"n_sequences": len(used), "n_tokens": int(used.sum())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a `state_dict()`; refuses if the plan-defining inputs changed."""
+        """Continue from a `state_dict()`; refuses if the plan-defining inputs changed.
+
+        The strategy is not one of them: it only lays each step's documents out in rows
+        (pitstop.batching.plan), so a run may resume under another layout."""
         s = self.settings
         now = {
             "seed": self.seed,
-            "strategy": s.strategy,
             "max_seq_len": s.max_seq_len,
             "tokens_per_step": s.tokens_per_step,
             **self._data_identity(),
