@@ -162,3 +162,26 @@ def test_evidence_never_shows_an_unrecorded_value(
     # Every finding is the same whatever TrainingArguments' defaults are: none depends on one.
     monkeypatch.setattr(hf_args, "training_args_defaults", _poisoned_defaults)
     assert _run(profile, tiny_model_dir, as_callback=as_callback) == found
+
+
+def test_custom_loop_rules_read_only_the_record() -> None:
+    """The Trainer's accumulation bug is not a custom loop's (it scales its own loss); a
+    measured padding share shows padded rows although the collator is unknown."""
+    from pitstop.advise.rules import Context, run_rules
+    from pitstop.advise.setup import CUSTOM_LOOP_NOTE
+    from pitstop.measure.schema import make_profile
+
+    record = {"bf16": False, "fp16": False, "gradient_checkpointing": False,
+              "gradient_accumulation_steps": ACCUM, "max_steps": 11, "report_to": [],
+              "per_device_train_batch_size": ROWS, "dataloader_num_workers": 2}  # fmt: skip
+    rec = {"forward": 0.03, "backward": 0.06, "optimizer": 0.01}
+    prof = make_profile([rec] * 10, [0.1] * 10, warmup=1, source="hf", trained_tokens=1e5,
+                        config=record, notes=[CUSTOM_LOOP_NOTE])  # fmt: skip
+    prof.update(seen_tokens=600, padded_tokens=1000)
+    ctx = Context(setup=make_setup(profile=prof), device=A100, profile=prof,
+                  env={**ENV, "transformers": "4.40.0"})  # fmt: skip
+    fired = {f.id: f for f in run_rules(ctx)}
+    assert "ga-loss-bug" not in fired
+    f = fired["packing-off"]
+    assert f.evidence["batching"] == UNKNOWN and f.evidence["padding_fraction"] == 0.4
+    assert f.fix.startswith("pack the rows") and "SFTConfig" not in f.fix

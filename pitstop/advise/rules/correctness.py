@@ -23,6 +23,8 @@ def _version_tuple(v: str | None) -> tuple[int, ...] | None:
 @rule("ga-loss-bug", sources=("hf",))
 def ga_loss_bug(ctx: Context) -> Finding | None:
     """pitstop normalises the loss by the target tokens of the whole optimizer step: HF only."""
+    if ctx.setup.custom_loop:  # a loop of its own scales its own loss: not the Trainer's bug
+        return None
     ga = ctx.setup.grad_accum or 1
     ver = ctx.transformers or ctx.env.get("transformers")
     vt = _version_tuple(ver)
@@ -81,7 +83,8 @@ def empty_cache(ctx: Context) -> Finding | None:
         basis="documented",
         reference="transformers TrainingArguments.torch_empty_cache_steps help; https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
         fix=s.fix("remove torch.cuda.empty_cache() calls from custom code",
-                  "torch_empty_cache_steps=None (remove it)"),
+                  "torch_empty_cache_steps=None (remove it)",
+                  "remove the torch.cuda.empty_cache() calls from the training loop"),
         gain=0.05,
     )  # fmt: skip
 

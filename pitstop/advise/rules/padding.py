@@ -10,6 +10,7 @@ import numpy as np
 from pitstop.advise.facts import random_batch_padding
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, lora_rank, pct, rule
+from pitstop.advise.setup import UNKNOWN
 
 PADDING_LIMIT = 0.10  # padding waste worth acting on
 TRUNCATION_LIMIT = 0.01  # share of tokens cut off worth reporting
@@ -41,6 +42,10 @@ def _packing_fix(ctx: Context) -> str:
         return (
             "--batching pack (or --batching auto, which times pack, bucket and pad on this model)"
         )
+    if s.custom_loop:
+        return ("pack the rows: concatenate the tokenized documents (EOS between them) and cut "
+                "them into rows of the max length in the Dataset, or sort rows of similar "
+                "length into the same batch (a length-grouped sampler)")  # fmt: skip
     if s.hf_class == "SFTConfig":
         return ("packing=True (SFTConfig; with the default packing_strategy='bfd' TRL trains padding-free, "
                 "which needs attn_implementation='flash_attention_2' to keep documents from attending "
@@ -84,11 +89,14 @@ def packing_off(ctx: Context) -> Finding | None:
     where padding exists: a measured share at or above the limit, or rows that can be padded
     (one row per dynamically padded batch has nothing to pad to)."""
     s = ctx.setup
-    if not s.batching_is_padded or ctx.data is not None:
-        return None
-    if s.source == "hf" and s.hf_class != "SFTConfig" and s.batching != "dynamic":
-        return None
     measured = _measured_padding(ctx)
+    # A custom loop's collator is not recorded (batching unknown): only a measured padding
+    # share says its rows were padded.
+    unknown = s.batching == UNKNOWN and measured is not None
+    if not (s.batching_is_padded or unknown) or ctx.data is not None:
+        return None
+    if s.source == "hf" and s.hf_class != "SFTConfig" and s.batching not in ("dynamic", UNKNOWN):
+        return None
     if measured is not None and measured < PADDING_LIMIT:
         return None
     if measured is None and s.batching == "dynamic" and s.micro_batch_rows == 1:
