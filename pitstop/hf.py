@@ -13,7 +13,10 @@ prepared `train_dataloader` as a keyword argument):
   `on_step_begin`. In `on_train_begin` the dataloader's class is swapped for a subclass
   whose `__iter__` returns a timing iterator (`iter()` looks `__iter__` up on the type,
   so patching the instance would not work); `iter()` itself counts too, since that is
-  where worker processes start.
+  where worker processes start. Worker start-up (`iter()` plus the first batch of an
+  iterator whose `iter()` started workers: spawned workers import torch and the dataset
+  before they load anything) stays inside data_wait and is also named on its own: the
+  profile's "worker_startup" (seconds and starts, measured and warm-up steps apart).
 - forward / backward: `on_step_begin` to `on_pre_optimizer_step` is the micro-batches'
   compute; forward hooks on the model time the forward passes inside it, and the rest is
   "backward" (input transfer, loss, backward and gradient clipping, which the Trainer
@@ -21,6 +24,10 @@ prepared `train_dataloader` as a keyword argument):
 - optimizer: `on_pre_optimizer_step` to `on_step_end` (optimizer, LR scheduler, zero_grad).
 - logging / eval / checkpoint: from the previous event to `on_log`, `on_evaluate`, `on_save`.
 - other: the rest of the step, so the phases add up to the step time.
+
+A producer may add phases of its own (`pitstop.anyloop.timer.Watch` adds "gc_collect" and
+"empty_cache" when the loop calls them); they appear only in runs that had them, and
+"other" is still the rest, so the phases still add up.
 
 A step runs from its first `next()` to the next step's first `next()` (the last one ends
 at its last event), so the logging, evaluation and saving a step triggers belong to it.
@@ -64,17 +71,44 @@ from pitstop.run_record import RunSummary, StepLine, write_steps, write_summary
 
 __all__ = ["PitstopCallback"]
 
+# The event counted with each phase that has one, and how the report names it.
+EVENT_OF_PHASE = {
+    "checkpoint": ("checkpoints", "saves"),
+    "eval": ("evals", "evaluations"),
+    "gc_collect": ("gc_collects", "gc.collect() calls"),
+    "empty_cache": ("empty_cache_calls", "empty_cache() calls"),
+}
+
 # The doctor's sample of the training rows stops after this long (a dataset that
 # tokenizes in __getitem__ can take seconds per thousand rows).
 DATA_SECONDS = 2.0
 
 
-class _TimedIterator:
-    """Wraps a dataloader iterator; every `next()` is charged to data_wait."""
+def starts_workers(loader: Any) -> bool:
+    """Whether `iter(loader)` starts worker processes: it has workers and does not reuse them.
 
-    def __init__(self, it: Any, cb: PitstopCallback) -> None:
+    Read before `iter()`: persistent workers are started by the first `iter()` only (the
+    loader keeps that iterator in `_iterator` and resets it for the next epoch).
+    """
+    if int(getattr(loader, "num_workers", 0) or 0) <= 0:
+        return False
+    return not (
+        getattr(loader, "persistent_workers", False)
+        and getattr(loader, "_iterator", None) is not None
+    )
+
+
+class _TimedIterator:
+    """Wraps a dataloader iterator; every `next()` is charged to data_wait.
+
+    `startup`: seconds its `iter()` took when that started workers; the first `next()`
+    then waits for them too, and both are recorded as one worker start-up.
+    """
+
+    def __init__(self, it: Any, cb: PitstopCallback, startup: float | None = None) -> None:
         self._it = it
         self._cb = cb
+        self._startup = startup
 
     def __iter__(self) -> _TimedIterator:
         return self
@@ -86,7 +120,11 @@ class _TimedIterator:
         try:
             batch = next(self._it)
         finally:
-            cb._add("data_wait", time.perf_counter() - t)
+            dt = time.perf_counter() - t
+            cb._add("data_wait", dt)
+            if self._startup is not None:
+                cb._worker_started(self._startup + dt)
+                self._startup = None
         cb._count_batch(batch)
         return batch
 
@@ -96,11 +134,13 @@ class _TimedIterator:
 
 def _timed_class(cls: type, cb: PitstopCallback) -> type:
     def __iter__(self: Any) -> _TimedIterator:
+        starts = starts_workers(self)
         cb._data_start()
         t = time.perf_counter()
         it = super(timed, self).__iter__()
-        cb._add("data_wait", time.perf_counter() - t)
-        return _TimedIterator(it, cb)
+        dt = time.perf_counter() - t
+        cb._add("data_wait", dt)
+        return _TimedIterator(it, cb, startup=dt if starts else None)
 
     timed = type(f"Timed{cls.__name__}", (cls,), {"__iter__": __iter__, "_pitstop_original": cls})
     return timed
@@ -176,6 +216,7 @@ class PitstopCallback(TrainerCallback):
         self._flops_per_position: float | None = None
         self._t_begin = time.perf_counter()
         self._dataset: Any = None
+        self._world_size: int | None = None
 
     def _open(self, now: float) -> None:
         self._cur = {
@@ -186,6 +227,7 @@ class PitstopCallback(TrainerCallback):
             "positions": 0,
             "rows": 0,
             "events": {"checkpoints": 0, "evals": 0, "logs": 0},
+            "worker_startup_s": 0.0,
         }
         self._after_step_end = False
 
@@ -208,7 +250,20 @@ class PitstopCallback(TrainerCallback):
 
     def _add(self, phase: str, seconds: float) -> None:
         if self._cur is not None:
-            self._cur["phases"][phase] += seconds
+            phases = self._cur["phases"]
+            phases[phase] = phases.get(phase, 0.0) + seconds  # a producer's own phase too
+
+    def _event(self, name: str, n: int = 1) -> None:
+        """Count `n` events `name` (checkpoints, gc_collects, ...) in the open step."""
+        if self._cur is not None:
+            events = self._cur["events"]
+            events[name] = events.get(name, 0) + n
+
+    def _worker_started(self, seconds: float) -> None:
+        """Record one start of DataLoader workers that kept the step waiting `seconds`."""
+        if self._cur is not None:
+            self._cur["worker_startup_s"] += seconds
+            self._event("worker_startups")
 
     def _count_batch(self, batch: Any) -> None:
         cur = self._cur
@@ -313,10 +368,9 @@ class PitstopCallback(TrainerCallback):
             return  # eval metrics are charged to eval; the final summary log is after the run
         now = time.perf_counter()
         self._add("logging", now - self._mark)
-        if self._cur is not None:
-            self._cur["events"]["logs"] += 1
-            if logs and isinstance(logs.get("loss"), (int, float)):
-                self._cur["loss"] = float(logs["loss"])  # the mean since the previous log
+        self._event("logs")
+        if self._cur is not None and logs and isinstance(logs.get("loss"), (int, float)):
+            self._cur["loss"] = float(logs["loss"])  # the mean since the previous log
         self._mark = now
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -325,16 +379,14 @@ class PitstopCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
         self._add("eval", now - self._mark)
-        if self._cur is not None:
-            self._cur["events"]["evals"] += 1
+        self._event("evals")
         self._mark = now
         self._in_eval = False
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
         self._add("checkpoint", now - self._mark)
-        if self._cur is not None:
-            self._cur["events"]["checkpoints"] += 1
+        self._event("checkpoints")
         self._mark = now
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -345,6 +397,8 @@ class PitstopCallback(TrainerCallback):
         if self._dataloader is not None:
             _set_class(self._dataloader, type(self._dataloader)._pitstop_original)
             self._dataloader = None
+        ws = getattr(args, "world_size", None)  # TrainingArguments: the processes training
+        self._world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) else None
         if not getattr(state, "is_world_process_zero", True):
             return
         self.profile = self._build_profile(args, kwargs.get("model"))
@@ -375,6 +429,8 @@ class PitstopCallback(TrainerCallback):
                 "tokens_per_second": n_t / s["seconds"] if s["seconds"] > 0 else None,
                 "step_seconds": s["seconds"], **{f"{k}_s": v for k, v in s["phases"].items()},
             })  # fmt: skip
+            if s["worker_startup_s"]:  # inside data_wait_s: not a "_s" key, which is a phase
+                out[-1]["worker_startup_seconds"] = s["worker_startup_s"]
         return out
 
     def _build_summary(self) -> RunSummary:
@@ -388,10 +444,24 @@ class PitstopCallback(TrainerCallback):
         trained = last.get("trained_tokens", 0)
         losses = [r["loss"] for r in lines if r["loss"] is not None]
         rows = sum(s["rows"] for s in self._steps)
-        breakdown = dict.fromkeys(PHASES, 0.0)
-        for s in self._steps:
-            for k, v in s["phases"].items():
-                breakdown[k] = breakdown.get(k, 0.0) + v
+        # The phases of the steps the profile measured (after its warm-up), so a share read
+        # from time_breakdown (compare's data-wait share) is the share the profile prints;
+        # the warm-up steps' phases are kept apart, under "profile".
+        warm = int(p.get("warmup") or 0)
+        breakdown, warm_breakdown = (
+            _phase_totals(self._steps[warm:]),
+            _phase_totals(self._steps[:warm]),
+        )
+        startup = p.get("worker_startup") or {}
+        profile = {
+            "warmup_steps": p.get("warmup"),
+            "tokens_per_second": p.get("tokens_per_second"),
+            "time_breakdown_steps": f"the {len(self._steps) - warm} steps after {warm} warm-up",
+            "warmup_time_breakdown": warm_breakdown,
+        }
+        if startup:
+            profile["worker_startup_seconds"] = startup["seconds"] + startup["warmup_seconds"]
+            profile["worker_startups"] = startup["starts"] + startup["warmup_starts"]
         return RunSummary(
             status="completed", source="hf", optimizer_steps=len(lines),
             trained_tokens=trained, seen_tokens=last.get("seen_tokens", 0),
@@ -403,8 +473,8 @@ class PitstopCallback(TrainerCallback):
             mfu=p.get("mfu"), peak_memory_bytes=p.get("peak_memory_bytes"),
             final_loss=losses[-1] if losses else None, time_breakdown=breakdown,
             device=p.get("device"), choices=p.get("choices") or {}, config=p.get("config") or {},
-            requested=self.requested, machine=p.get("machine"),
-            profile={"warmup_steps": p.get("warmup"), "tokens_per_second": p.get("tokens_per_second")},
+            requested=self.requested, machine=p.get("machine"), profile=profile,
+            world_size=self._world_size,
         )  # fmt: skip
 
     def _write(self, out: Path) -> None:
@@ -454,9 +524,10 @@ class PitstopCallback(TrainerCallback):
                 peak = None
             mfu = mfu_of(positions / seconds, fm.per_token(round(positions / rows)), peak)
         peak_mem = peak_memory("cuda" if self._cuda else "cpu")
-        events = {
-            k: sum(s["events"][k] for s in measured) for k in ("checkpoints", "evals", "logs")
-        }
+        events: dict[str, int] = {"checkpoints": 0, "evals": 0, "logs": 0}
+        for s in measured:
+            for k, n in s["events"].items():
+                events[k] = events.get(k, 0) + n
         notes = []
         if not self._hooks and getattr(args, "torch_compile", False):
             notes.append("torch_compile: forward and backward are reported together as backward")
@@ -466,7 +537,7 @@ class PitstopCallback(TrainerCallback):
             config = args.to_dict()
         except Exception:
             config = {}
-        return make_profile(
+        profile = make_profile(
             [s["phases"] for s in measured],
             [s["seconds"] for s in measured],
             warmup=warm,
@@ -480,6 +551,18 @@ class PitstopCallback(TrainerCallback):
             events=events,
             notes=notes,
         )
+        if any(s["events"].get("worker_startups") for s in steps):
+            # Inside data_wait, named apart: the warm-up's start-up is left out of every share
+            # (spawned workers can take seconds), a start-up in measured steps (workers started
+            # again each epoch) is part of the wait the verdict reads.
+            warm_steps = steps[:warm]
+            profile["worker_startup"] = {
+                "seconds": round(sum(s["worker_startup_s"] for s in measured), 6),
+                "starts": sum(s["events"].get("worker_startups", 0) for s in measured),
+                "warmup_seconds": round(sum(s["worker_startup_s"] for s in warm_steps), 6),
+                "warmup_starts": sum(s["events"].get("worker_startups", 0) for s in warm_steps),
+            }
+        return profile
 
     def _doctor(self, args: Any) -> dict[str, Any] | None:
 
@@ -540,10 +623,35 @@ class PitstopCallback(TrainerCallback):
             f"{total / max(p['steps'], 1):.4f} s/step, {p['tokens_per_second']:,.0f} tokens/s"
             + (f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""),
         ]
-        for name in PHASES:
+        events = p.get("events") or {}
+        extra = [k for k in p["phases"] if k not in PHASES]  # a producer's own phases
+        for name in (*PHASES, *extra):
             sec = p["phases"].get(name, 0.0)
-            lines.append(f"  {name:<15}{sec:>10.4f} s  {100 * sec / total:5.1f}%")
+            line = f"  {name:<15}{sec:>10.4f} s  {100 * sec / total:5.1f}%"
+            if name in EVENT_OF_PHASE and events.get(EVENT_OF_PHASE[name][0]):
+                event, what = EVENT_OF_PHASE[name]
+                line += f"  ({events[event]} {what})"
+            lines.append(line)
+        startup = p.get("worker_startup")
+        if startup:
+            lines.append(
+                f"  worker start-up (inside data_wait): {startup['seconds']:.4f} s in "
+                f"{startup['starts']} start(s); {startup['warmup_seconds']:.4f} s in "
+                f"{startup['warmup_starts']} start(s) in the warm-up, left out above"
+            )
+        tf32 = (p.get("choices") or {}).get("tf32")
+        if isinstance(tf32, dict):
+            lines.append(f"  TF32: {tf32.get('value')} ({tf32.get('reason')})")
         lines.append(format_verdict(verdict(p)))
         if self.report is not None:
             lines += ["", format_findings(self.report["findings"])]
         return "\n".join(lines)
+
+
+def _phase_totals(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase summed over `steps` (every PHASES name, and any other one seen)."""
+    out = dict.fromkeys(PHASES, 0.0)
+    for s in steps:
+        for k, v in s["phases"].items():
+            out[k] = out.get(k, 0.0) + v
+    return out

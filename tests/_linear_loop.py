@@ -1,10 +1,14 @@
 """A tiny plain-PyTorch loop for `pitstop profile -- ...` tests (no transformers model).
 
-Usage: python tests/_linear_loop.py [--steps N] [--sleep S]; under torchrun each rank
-trains its own copy (no DDP: the launcher form is what is tested).
+Usage: python tests/_linear_loop.py [--steps N] [--sleep S] [--save-every N] [--gc-every N]
+[--tf32]; under torchrun each rank trains its own copy (no DDP: the launcher form is what is
+tested). --save-every / --gc-every: torch.save (to memory) / gc.collect() and
+torch.cuda.empty_cache() every N steps; --tf32: set torch.backends.cuda.matmul.allow_tf32.
 """
 
 import argparse
+import gc
+import io
 import time
 
 import torch
@@ -30,7 +34,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--gc-every", type=int, default=0)
+    ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
+    if a.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(50, 32), nn.Linear(32, 50))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -41,6 +50,11 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if a.save_every and step % a.save_every == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, io.BytesIO())
+        if a.gc_every and step % a.gc_every == 0:
+            gc.collect()
+            torch.cuda.empty_cache()
         if step == a.steps:
             break
 

@@ -109,6 +109,7 @@ CASES: list[tuple[str, str, dict, dict, dict, dict, str]] = [
     ("compile-off", "hf", {"torch_compile": False}, {}, {"torch_compile": True}, {}, "torch_compile=True"),
     ("checkpoint-overhead", "pitstop", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "--save-steps 1000"),
     ("checkpoint-overhead", "hf", {"save_steps": 10}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, {"save_steps": 10000}, {"profile": prof(checkpoint=1.0, events={"checkpoints": 1})}, "save_steps=1000"),
+    ("gc-empty-cache-pauses", "hf", {}, {"profile": prof(gc_collect=0.05, events={"gc_collects": 5})}, {}, {"profile": prof(gc_collect=0.001, events={"gc_collects": 5})}, "remove the gc.collect() calls"),
     ("logging-overhead", "pitstop", {"log_steps": 1}, {"profile": prof(logging=0.05, events={"logs": 10})}, {"log_steps": 100}, {"profile": prof(logging=0.05, events={"logs": 10})}, "--log-steps"),
     ("logging-overhead", "hf", {"logging_steps": 1}, {"profile": prof(logging=0.05, events={"logs": 10})}, {"logging_steps": 100}, {"profile": prof(logging=0.05, events={"logs": 10})}, "logging_steps="),
     ("logging-overhead", "hf", {"logging_steps": 1}, {}, {"logging_steps": 10}, {}, "logging_steps=10"),

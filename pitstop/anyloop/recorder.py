@@ -43,6 +43,16 @@ class LoopRecorder(PitstopCallback):
         precision = profile["choices"].get("precision")
         if isinstance(precision, dict):  # the callback's reason names TrainingArguments
             precision["reason"] = "observed: the autocast dtype, else the parameters' dtype"
+        flags = self._owner._settings.get("tf32")
+        if flags is not None:  # read at the first optimizer step (timer._observe_optimizer)
+            profile["choices"]["tf32"] = {
+                "value": bool(flags["matmul_allow_tf32"]),
+                "reason": "observed at the first optimizer step: "
+                f"torch.backends.cuda.matmul.allow_tf32={flags['matmul_allow_tf32']}, "
+                f"torch.backends.cudnn.allow_tf32={flags['cudnn_allow_tf32']}, "
+                f"torch.get_float32_matmul_precision()={flags['float32_matmul_precision']!r}",
+                "flags": dict(flags),
+            }
         profile["notes"].append(
             "a custom loop timed by pitstop.watch / `pitstop profile -- COMMAND`: its settings "
             "were observed and are written as the TrainingArguments fields the rules read"

@@ -12,10 +12,24 @@ No change to the loop is needed; while a `Watch` is started:
 - data_wait: `torch.utils.data.DataLoader.__iter__` is wrapped at the class level; every
   `next()` on its iterator (and `iter()` itself, where workers start) is charged to the
   step. A fetch with gradients disabled is an evaluation loop's: charged to "eval", its
-  batches are not counted as trained tokens;
+  batches are not counted as trained tokens. Worker start-up (`iter()` and the first batch
+  of an iterator whose `iter()` started workers) is named apart, as in `PitstopCallback`;
+- checkpoint, gc_collect, empty_cache: `torch.save`, `gc.collect` and
+  `torch.cuda.empty_cache` are replaced by timing wrappers (the originals are put back at
+  `stop()`). A call from the loop's own thread between the phases above is charged to its
+  phase and counted (events "checkpoints", "gc_collects", "empty_cache_calls"); a call
+  inside a timed phase (a forward, the optimizer step, a batch fetch) is only counted,
+  its time being that phase's; calls from other threads or processes are not timed;
 - backward: whatever the step spends before the optimizer's `step()` that no phase above
   explains (input transfer, loss, backward, gradient clipping), as in `PitstopCallback`;
 - other: the rest of the step (zero_grad, scheduler, logging), so phases add up.
+
+Settings the doctor reads are observed: the autocast dtype and gradient checkpointing at
+the model's first call; the optimizer class and the TF32 flags
+(`torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`,
+`torch.get_float32_matmul_precision()`) at the first optimizer step; the save interval
+from the steps `torch.save` was called in; the world size from torch.distributed or
+torchrun's WORLD_SIZE. Each rank counts the tokens of its own batches, and rank 0 writes.
 
 Tokens are counted from the DataLoader's batches: a mapping with `input_ids` (seen tokens
 from `attention_mask` where present; trained tokens are `labels != -100`, or the mask's
@@ -31,8 +45,11 @@ estimate read.
 from __future__ import annotations
 
 import atexit
+import functools
+import itertools
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace, TracebackType
@@ -84,8 +101,13 @@ class Watch:
         self._opt_t0: float | None = None
         self._loader: Any = None
         self._micro: list[int] = []  # forward calls of the model per optimizer step
+        self._save_steps: set[int] = set()  # the steps (1-based) torch.save was timed in
         self._settings: dict[str, Any] = {}
         self._exit_registered = False
+        self._observed: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+        self._thread = threading.get_ident()
+        self._calling = False  # inside an observed call (one calling another is not timed twice)
+        self._fetching = False  # inside a DataLoader next(): its time is data_wait
 
     @property
     def _rec(self) -> Any:
@@ -158,12 +180,82 @@ class Watch:
         watch = self
 
         def __iter__(loader: Any) -> Any:
+            if Watch._active is not watch:
+                return original(loader)
+            from pitstop.hf import starts_workers
+
+            watch._rec  # noqa: B018  (made now, before the timed iter())
+            starts = starts_workers(loader)  # read before iter(), which sets _iterator
+            t = time.perf_counter()
             it = original(loader)
-            return watch._wrap(loader, it) if Watch._active is watch else it
+            return watch._wrap(loader, it, t, time.perf_counter() - t, starts)
 
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
         self._patched = (DataLoader, original)
+        self._thread = threading.get_ident()
+        self._observe_calls()
         return self
+
+    def _observe_calls(self) -> None:
+        """Replace torch.save, gc.collect and torch.cuda.empty_cache with timing wrappers."""
+        import gc
+
+        import torch
+
+        wrappers: dict[int, Any] = {}  # one wrapper per function (torch.save is also
+        # torch.serialization.save, empty_cache also torch.cuda.memory.empty_cache)
+        for owner, name, phase, event in (
+            (torch, "save", "checkpoint", "checkpoints"),
+            (torch.serialization, "save", "checkpoint", "checkpoints"),
+            (gc, "collect", "gc_collect", "gc_collects"),
+            (torch.cuda, "empty_cache", "empty_cache", "empty_cache_calls"),
+            (torch.cuda.memory, "empty_cache", "empty_cache", "empty_cache_calls"),
+        ):
+            original = getattr(owner, name, None)
+            if original is None:
+                continue
+            if id(original) not in wrappers:
+                wrappers[id(original)] = self._timed_call(original, phase, event)
+            setattr(owner, name, wrappers[id(original)])
+            self._observed.append((owner, name, original, wrappers[id(original)]))
+
+    def _timed_call(self, original: Any, phase: str, event: str) -> Any:
+        watch = self
+
+        @functools.wraps(original)
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            rec = watch._recorder
+            if (
+                Watch._active is not watch
+                or watch._calling
+                or rec is None
+                or rec._cur is None  # before the first step: no step to charge
+                or os.getpid() != watch._pid  # a forked DataLoader worker
+                or threading.get_ident() != watch._thread  # e.g. a background saver thread
+            ):
+                return original(*args, **kwargs)
+            # Inside a timed phase the call's time is already that phase's: count it only.
+            inside = watch._depth > 0 or watch._opt_t0 is not None or watch._fetching
+            watch._calling = True
+            try:
+                if not inside:
+                    rec._sync()  # device work queued before the call is not the call's
+                t = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    now = time.perf_counter()
+                    rec._event(event)
+                    if not inside:
+                        rec._add(phase, now - t)
+                        if phase == "checkpoint":
+                            watch._save_steps.add(len(rec._steps) + 1)
+                        if rec._after_step_end:  # between steps: the last step ends after it
+                            rec._mark = now
+            finally:
+                watch._calling = False
+
+        return observed
 
     def stop(self) -> Any:
         """Remove the hooks; on rank 0 write the run (when `output` is set) and print the report.
@@ -181,6 +273,10 @@ class Watch:
             cls, original = self._patched
             cls.__iter__ = original
             self._patched = None
+        for owner, name, original, wrapper in reversed(self._observed):
+            if getattr(owner, name, None) is wrapper:  # not if someone replaced ours since
+                setattr(owner, name, original)
+        self._observed = []
         if Watch._active is self:
             Watch._active = None
         if os.getpid() != self._pid or self._step_optimizer is None:
@@ -198,12 +294,11 @@ class Watch:
 
     # --- the hooks ----------------------------------------------------------------------
 
-    def _wrap(self, loader: Any, it: Any) -> Any:
-        self._rec  # noqa: B018  (made now, before any timed fetch)
+    def _wrap(self, loader: Any, it: Any, t_iter: float, iter_s: float, starts: bool) -> Any:
         if self._loader is None and _grad_enabled():
             self._loader = loader
             self._rec._dataset = getattr(loader, "dataset", None)
-        return _TimedIterator(it, self)
+        return _TimedIterator(it, self, t_iter, iter_s, starts)
 
     def _open_if_needed(self, at: float | None = None) -> None:
         """Open a step (at `at`, default now) unless one is open; the previous one ends there."""
@@ -294,7 +389,11 @@ class Watch:
         )
 
     def _observe_optimizer(self, optimizer: Any) -> None:
+        from pitstop.advise.environment import tf32_state
+
         self._settings["optimizer"] = type(optimizer).__name__
+        # Read at the first step: a loop sets them before it trains, and they hold for the run.
+        self._settings["tf32"] = tf32_state()
 
     def _args(self) -> SimpleNamespace:
         """The loop's settings, as the TrainingArguments fields the doctor reads."""
@@ -311,6 +410,14 @@ class Watch:
             "max_steps": len(self._rec._steps) + (self._rec._cur is not None),
             "report_to": [],
         }
+        tf32 = s.get("tf32")
+        if tf32 is not None:
+            # HF's tf32=True sets the matmul flag (and cuDNN's, which PyTorch already enables
+            # by default): the matmul flag is the one a loop sets or leaves.
+            hf["tf32"] = bool(tf32["matmul_allow_tf32"])
+        every = _save_interval(sorted(self._save_steps))
+        if every is not None:
+            hf.update(save_strategy="steps", save_steps=every)
         if loader is not None:
             hf.update(
                 per_device_train_batch_size=getattr(loader, "batch_size", None) or 1,
@@ -326,16 +433,23 @@ class Watch:
             fp16=hf["fp16"],
             torch_compile=False,
             output_dir=str(self.output) if self.output is not None else None,
+            world_size=_world_size(),
             to_dict=lambda: dict(hf),
         )
 
 
 class _TimedIterator:
-    """A DataLoader iterator whose `next()` is charged to the watched step."""
+    """A DataLoader iterator whose `next()` is charged to the watched step.
 
-    def __init__(self, it: Any, watch: Watch) -> None:
+    The first `next()` also carries `iter()`'s own `iter_s` seconds, and opens the step at
+    `iter()`'s start `t_iter`; with `starts` (that `iter()` started workers) both are
+    recorded as one worker start-up.
+    """
+
+    def __init__(self, it: Any, watch: Watch, t_iter: float, iter_s: float, starts: bool) -> None:
         self._it = it
         self._watch = watch
+        self._first: tuple[float, float, bool] | None = (t_iter, iter_s, starts)
 
     def __iter__(self) -> _TimedIterator:
         return self
@@ -354,15 +468,23 @@ class _TimedIterator:
                 w._rec._add("eval", now - t)
                 if w._rec._after_step_end:  # between steps: the last step ends after it
                     w._rec._mark = now
+        first, self._first = self._first, None
         t = time.perf_counter()
+        w._fetching = True
         try:
             batch = next(self._it)
         except StopIteration:  # the epoch's end opens no step; its wait stays with the last
             w._rec._add("data_wait", time.perf_counter() - t)
             raise
-        w._open_if_needed(at=t)
-        w._rec._add("data_wait", time.perf_counter() - t)
-        w._rec._count_batch(batch)
+        finally:
+            w._fetching = False
+        rec = w._rec
+        w._open_if_needed(at=t if first is None else first[0])
+        wait = time.perf_counter() - t + (0.0 if first is None else first[1])
+        rec._add("data_wait", wait)
+        if first is not None and first[2]:
+            rec._worker_started(wait)
+        rec._count_batch(batch)
         return batch
 
     def __getattr__(self, name: str) -> Any:  # anything else a loop asks the iterator
@@ -380,6 +502,24 @@ def _checkpointing(model: Any) -> bool:
             if isinstance(value, bool):
                 return value
     return False
+
+
+def _save_interval(steps: list[int]) -> int | None:
+    """The usual number of steps between saves (the median gap), from 2 saves on."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps))
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def _world_size() -> int:
+    """The processes training: torch.distributed's group, else torchrun's WORLD_SIZE, else 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE") or 1))
+    except ValueError:  # not a number: no launcher set it
+        return 1
 
 
 def _grad_enabled() -> bool:

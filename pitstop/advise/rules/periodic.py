@@ -1,4 +1,5 @@
-"""Rules about periodic work: checkpoints, logging and evaluation."""
+"""Rules about periodic work: checkpoints, logging, evaluation, and the gc.collect() /
+torch.cuda.empty_cache() calls a custom loop makes (timed by pitstop.anyloop.timer.Watch)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ from pitstop.measure.verdict import CHECKPOINT_SEVERE
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
 PERIODIC_TARGET = 0.01
 CHECKPOINT_LIMIT, LOGGING_LIMIT, EVAL_LIMIT = 0.02, 0.01, 0.01
+# gc.collect() / empty_cache() pauses above this share of the run are worth removing.
+MEMORY_CALLS_LIMIT = 0.01
+# The profile phases and event counts pitstop.anyloop.timer.Watch records for these calls.
+MEMORY_CALLS = {
+    "gc.collect()": ("gc_collect", "gc_collects"),
+    "torch.cuda.empty_cache()": ("empty_cache", "empty_cache_calls"),
+}
+
+
+def _loop_fix(ctx: Context, pitstop: str, hf: str, loop: str) -> str:
+    """The fix for a custom loop (its own code, not a TrainingArguments field), else `fix()`."""
+    return loop if getattr(ctx.setup, "custom_loop", False) else ctx.setup.fix(pitstop, hf)
 
 
 def _periodic(
@@ -55,8 +68,9 @@ def checkpoint_overhead(ctx: Context) -> Finding | None:
         effect=f"saving every {n} steps would cost about {pct(PERIODIC_TARGET)}" if n else
         "fewer saves cost proportionally less",
         basis="measured in this profile",
-        fix=ctx.setup.fix(f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
-                          f"save_steps={n}" if n else 'save_strategy="epoch"'),
+        fix=_loop_fix(ctx, f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
+                      f"save_steps={n}" if n else 'save_strategy="epoch"',
+                      f"call torch.save every {n} steps" if n else "save less often (once an epoch)"),
         gain=share - PERIODIC_TARGET,
     )  # fmt: skip
 
@@ -112,4 +126,58 @@ def eval_overhead(ctx: Context) -> Finding | None:
         basis="measured in this profile",
         fix=ctx.setup.fix(f"--eval-steps {n or 500}", f"eval_steps={n or 500}"),
         gain=share - PERIODIC_TARGET,
+    )  # fmt: skip
+
+
+@rule("gc-empty-cache-pauses", sources=("hf",))
+def gc_empty_cache_pauses(ctx: Context) -> Finding | None:
+    """Measured gc.collect() / torch.cuda.empty_cache() calls of a custom loop (timed by
+    pitstop.watch, whose runs the doctor reads as source hf); `pitstop train` makes neither
+    call, and a Trainer's torch_empty_cache_steps is the `empty-cache` rule's."""
+    if not ctx.profile:
+        return None
+    phases, events = ctx.profile.get("phases") or {}, ctx.profile.get("events") or {}
+    seen = {name: (float(phases.get(ph, 0.0)), int(events.get(ev) or 0))
+            for name, (ph, ev) in MEMORY_CALLS.items()}  # fmt: skip
+    calls = sum(n for _, n in seen.values())
+    if not calls:
+        return None
+    seconds = sum(sec for sec, _ in seen.values())
+    share = sum(ctx.shares.get(ph, 0.0) for ph, _ in MEMORY_CALLS.values())
+    # On a GPU the call's own time is not its whole cost: the memory handed back is
+    # allocated again, with synchronising cudaMalloc calls, in the steps after it.
+    refill = ctx.cuda and seen["torch.cuda.empty_cache()"][1] > 0
+    if share <= MEMORY_CALLS_LIMIT and not refill:
+        return None
+    steps = max(1, int(ctx.profile.get("steps") or 1))
+    base = max((ctx.base_step_seconds() or 0.0) - seconds / steps, 0.0)
+    per = seconds / calls
+    n = _every_for(per, base, PERIODIC_TARGET) if base and per else None
+    names = [name for name, (_, k) in seen.items() if k]
+    ev: dict[str, object] = {}
+    for name, (ph, _) in MEMORY_CALLS.items():
+        sec, k = seen[name]
+        ev[f"{ph}_calls"], ev[f"{ph}_seconds"] = k, round(sec, 6)
+    ev.update(steps=steps, share=round(share, 4))
+    effect = f"the calls take {pct(share)} of step time ({per:.4f} s per call, {calls} calls in {steps} steps)"
+    if refill:
+        effect += (
+            "; each empty_cache() also hands cached memory back to the driver, so the next "
+            "steps allocate it again with synchronising cudaMalloc calls (not in this figure)"
+        )
+    fix = f"remove the {' and '.join(names)} calls from the training loop"
+    if n:
+        fix += f" (or call them every {n} steps: about {pct(PERIODIC_TARGET)} of the run)"
+    if refill:
+        fix += "; against fragmentation OOMs set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    return Finding(
+        id="gc-empty-cache-pauses",
+        severity="medium" if share >= 0.05 else "low",
+        title=f"{' and '.join(names)} pauses take {pct(share)} of the run",
+        evidence=ev,
+        effect=effect + ("" if share > MEMORY_CALLS_LIMIT else "; the pause itself is small"),
+        basis="measured in this profile",
+        reference="https://docs.python.org/3/library/gc.html; https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
+        fix=fix,
+        gain=share,
     )  # fmt: skip
