@@ -86,6 +86,22 @@ def resolve_model(name: str) -> str:
     return str(expected)
 
 
+def model_dir(name: str, flag: str = "--model") -> str:
+    """`name` as a local model directory: a directory with config.json, or a Hub id's
+    snapshot in the local cache. ConfigError naming what is missing otherwise, for commands
+    that only read a model's shape (doctor, estimate), whose rules would otherwise stay
+    quiet without saying why."""
+    path = Path(resolve_model(name)).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"{flag} {name}: no such model directory{missing_hint(name)}")
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"{flag} {name}: {path} has no config.json, so it is not a Hugging Face model "
+            "directory; give the folder that holds config.json and the weights"
+        )
+    return str(path)
+
+
 def missing_hint(name: str) -> str:
     """What to add to "no such model directory" when `name` could be a Hub id."""
     if Path(name).expanduser().exists() or not looks_like_hub_id(name):

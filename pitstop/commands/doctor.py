@@ -12,6 +12,7 @@ from pitstop.commands.flags import check_number_flags
 from pitstop.commands.paths import require_outputs
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.errors import ConfigError
+from pitstop.hub import model_dir
 from pitstop.measure.schema import load_profile
 from pitstop.measure.verdict import Verdict, format_verdict
 
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             cache_dir = str(cache_root(None))
         except Exception:  # the cache location is a convenience for the compile check
             cache_dir = None
+    if args.model:
+        args.model = model_dir(args.model)  # a missing model is an error, not silence
     config = _load_config(args.config) if args.config else None
     hf = load_hf_args(args.hf_args) if args.hf_args else None
     baseline = None

@@ -1,0 +1,59 @@
+"""`--model` of the commands that only read a model's shape (issue 33 item 7).
+
+`doctor --model DOES_NOT_EXIST` was ignored silently: the model rules stayed quiet and
+nothing said why. A cached Hub id resolves to its snapshot, offline.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pitstop.cli import main
+from pitstop.errors import ConfigError
+from pitstop.hub import model_dir
+
+
+def _fake_hub_cache(root: Path, repo: str, model: Path) -> Path:
+    """huggingface_hub's cache layout: models--org--name/{refs/main, snapshots/REV/...}."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(rev)
+    shutil.copytree(model, repo_dir / "snapshots" / rev)
+    return repo_dir / "snapshots" / rev
+
+
+def test_model_dir_names_what_is_missing(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match="--model DOES_NOT_EXIST: no such model directory"):
+        model_dir("DOES_NOT_EXIST")
+    with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
+        model_dir("org/missing")
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
+        model_dir(str(tmp_path))
+    snap = _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    assert Path(model_dir("org/tiny")) == snap.resolve()
+    assert model_dir(str(tiny_model_dir)) == str(tiny_model_dir)
+
+
+def test_doctor_refuses_a_model_that_is_not_there(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--model", "DOES_NOT_EXIST", "--no-compile-check"]) == 2
+    err = capsys.readouterr().err
+    assert "--model DOES_NOT_EXIST: no such model directory" in err and "Traceback" not in err
+
+
+def test_doctor_reads_a_cached_hub_id(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
+    import importlib
+
+    doctor_mod = importlib.import_module("pitstop.advise.doctor")
+
+    snap = _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    read = []
+    facts = doctor_mod.model_facts
+    monkeypatch.setattr(doctor_mod, "model_facts", lambda d: read.append(d) or facts(d))
+    assert main(["doctor", "--model", "org/tiny", "--no-compile-check", "--json"]) == 0
+    assert [Path(d) for d in read] == [snap.resolve()] and facts(read[0]) is not None
