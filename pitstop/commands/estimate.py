@@ -22,7 +22,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
-        "--model", metavar="DIR", help="Hugging Face model directory (config.json is read)"
+        "--model",
+        metavar="DIR",
+        help="Hugging Face model directory (config.json is read; default with --from-profile: "
+        "the model the run names)",
     )
     src.add_argument(
         "--params", metavar="N", help="parameter count for a rough Llama-shaped guess (e.g. 7e9)"
@@ -32,7 +35,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE_OR_STORE",
         help="dataset file (prepared with --model's tokenizer) or token store",
     )
-    p.add_argument("--tokens", metavar="T", help="tokens per epoch (instead of --data)")
+    p.add_argument(
+        "--tokens",
+        metavar="T",
+        help="tokens per epoch (instead of --data; default with --from-profile: the trained "
+        "tokens of the run)",
+    )
     p.add_argument("--epochs", metavar="E", default="1", help="passes over the data (default: 1)")
     p.add_argument(
         "--max-seq-len", metavar="L", help="row length (default: the store's, else 1024)"
@@ -40,7 +48,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--from-profile",
         metavar="PROFILE",
-        help="profile.json, summary.json or a run directory: measured throughput",
+        help="profile.json, summary.json or a run directory: measured throughput, step and "
+        "host time (with another --gpu only the device work scales; host time is kept)",
     )
     p.add_argument(
         "--gpu", metavar="NAME", help="GPU to estimate for (e.g. H100, 'A100 80GB', 'RTX 4090')"
@@ -106,7 +115,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--tokens-per-step",
         metavar="T",
-        help="positions per optimizer step (default: the measured run's, else one micro-batch)",
+        help="positions per optimizer step (default: the measured run's trained tokens per "
+        "step, else one micro-batch)",
     )
     p.add_argument(
         "--disk-write-gbps",
