@@ -306,9 +306,25 @@ def save_model_dir(
     model: Any, tokenizer: Any, dest: Path, state: dict[str, torch.Tensor] | None
 ) -> None:
     """Save weights (safetensors) + config + tokenizer into `dest` (an existing directory)."""
-    model.save_pretrained(dest, state_dict=state, safe_serialization=True)
+    if is_peft(model):
+        # peft's default ("auto") asks the Hub whether the base's vocabulary changed when the
+        # adapter names its base by Hub id: an offline machine waits for time-outs. pitstop
+        # never resizes the embeddings, so they are saved exactly when LoRA trains them.
+        model.save_pretrained(
+            dest, state_dict=state, safe_serialization=True,
+            save_embedding_layers=_lora_on_embeddings(model),
+        )  # fmt: skip
+    else:
+        model.save_pretrained(dest, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(dest)
+
+
+def _lora_on_embeddings(model: Any) -> bool:
+    """Whether a peft model adapts an embedding layer (its adapter then holds embeddings)."""
+    from peft.tuners.lora import Embedding as LoraEmbedding
+
+    return any(isinstance(m, LoraEmbedding) for m in model.modules())
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
