@@ -159,6 +159,7 @@ def test_evidence_never_shows_an_unrecorded_value(
     assert plan["micro_batch_size"] == ROWS  # recorded
     assert plan["seq_len"] == UNKNOWN and plan["seq_len_at_most"] == 4096  # a bound, labelled
     assert plan["fused_optimizer"] == UNKNOWN and plan["optimizer"] == UNKNOWN
+    assert ck["fix"].startswith("drop the model.gradient_checkpointing_enable() call")
     # Every finding is the same whatever TrainingArguments' defaults are: none depends on one.
     monkeypatch.setattr(hf_args, "training_args_defaults", _poisoned_defaults)
     assert _run(profile, tiny_model_dir, as_callback=as_callback) == found

@@ -128,7 +128,7 @@ def input_bound(ctx: Context) -> Finding | None:
     if a is not None:
         need = a.workers_needed
         why = (f"loading takes {a.load_s_per_step:.3g} s per step against {a.compute_s_per_step:.3g} s "
-               f"of compute, so {need} loader workers would hide it")  # fmt: skip
+               f"of compute, so {need} loader worker{'s' if need > 1 else ''} would hide it")  # fmt: skip
         if usable is not None and need > usable:
             # More workers than cores cannot hide the load: only cheaper batches can.
             k = max(usable, workers or 0)  # never fewer workers than the run has

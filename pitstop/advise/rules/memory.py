@@ -137,6 +137,8 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         basis="FLOPs arithmetic",
         fix=s.fix("--no-gradient-checkpointing",
                   "gradient_checkpointing=False" if s.transformers_major < 5 or "gradient_checkpointing" in s.raw
-                  else "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"),
+                  else "activation_checkpointing=False (gradient_checkpointing in transformers < 5)",
+                  "drop the model.gradient_checkpointing_enable() call (or the "
+                  "torch.utils.checkpoint wrappers) from the training script"),
         gain=saved * compute,
     )  # fmt: skip
