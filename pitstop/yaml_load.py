@@ -68,7 +68,39 @@ def parse_yaml(text: str, where: str) -> Any:
             f"{where}: its aliases (*name) expand to more than {MAX_VALUES:,} values; "
             "refused as an alias bomb: write the values out without anchors and aliases"
         )
+    twice = duplicate_keys(node)
+    if twice:
+        raise ConfigError(
+            f"{where}: {'; '.join(twice)}; YAML would keep only the last value silently: "
+            "delete the one you did not mean"
+        )
     return yaml.safe_load(text)
+
+
+def duplicate_keys(root: yaml.Node) -> list[str]:
+    """ "key 'lr' given twice (lines 3 and 4)" for each key a mapping gives more than once
+    (merge keys `<<` excepted: overriding a merged value is what they are for). Each node
+    is visited once, so shared (aliased) mappings are checked once."""
+    out: list[str] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, _ in node.value:
+                if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = k.start_mark.line + 1
+                if k.value in first:
+                    out.append(f"key {k.value!r} given twice (lines {first[k.value]} and {line})")
+                else:
+                    first[k.value] = line
+        stack.extend(_children(node))
+    return out
 
 
 def expanded_size(root: yaml.Node) -> int | None:
