@@ -157,7 +157,62 @@ def test_architecture_page_names_every_layer() -> None:
     )
 
 
+# A path into the repository written in prose: tests/..., pitstop/..., bench/..., examples/...
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:tests|pitstop|bench|examples)/[\w/.-]*\w)")
+# Files a command writes when it runs (a benchmark's table): cited before they exist.
+WRITTEN_BY_RUNS = ("bench/results/",)
+
+
+def missing_paths(paths: list[Path]) -> dict[str, list[str]]:
+    """Repository paths the pages cite that do not exist: {path: [pages]}."""
+    out: dict[str, list[str]] = {}
+    for page in paths:
+        for cited in REPO_PATH.findall(page.read_text(encoding="utf-8")):
+            if cited.startswith(WRITTEN_BY_RUNS) or _exists(cited):
+                continue
+            out.setdefault(cited, []).append(page.name)
+    return out
+
+
+def _exists(cited: str) -> bool:
+    """A file or folder, a benchmark named without .py (`bench/headline`), or the stem of a
+    family of files (`bench/gpu_checks_*.py`)."""
+    return (
+        (ROOT / cited).exists()
+        or (ROOT / f"{cited}.py").is_file()
+        or (cited.endswith("_") and any(ROOT.glob(f"{cited}*")))
+    )
+
+
+def test_every_repository_path_the_docs_cite_exists() -> None:
+    """A moved test or module leaves no stale path behind in the prose (issue 34)."""
+    assert missing_paths(MARKDOWN) == {}
+
+
+def test_run_directory_page_lists_every_record_field() -> None:
+    from pitstop.run_record import RunSummary, StepLine
+
+    text = (DOCS / "run-directory.md").read_text(encoding="utf-8")
+    unlisted = [
+        f"{cls.__name__}.{f.name}"
+        for cls in (RunSummary, StepLine)
+        for f in dataclasses.fields(cls)
+        if "kind" in f.metadata and f"`{f.name}`" not in text
+    ]
+    assert unlisted == [], f"fields docs/run-directory.md does not describe: {unlisted}"
+
+
 # --- the checks themselves can fail -----------------------------------------------------
+
+
+def test_path_check_finds_a_planted_stale_path(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "held by `tests/test_docs.py` and tests/no_such_test.py, run by bench/headline and "
+        "bench/gpu_checks_*.py; see bench/results/x.md\n",
+        encoding="utf-8",
+    )
+    assert missing_paths([page]) == {"tests/no_such_test.py": ["page.md"]}
 
 
 def test_link_check_finds_planted_faults(tmp_path: Path) -> None:
