@@ -68,6 +68,7 @@ class LoadArithmetic:
 
     load_s_per_step: float
     compute_s_per_step: float
+    step_s: float  # the mean measured step: compute + wait
     workers_needed: int
     batches_per_step: int | None  # micro-batches fetched per optimizer step, when known
 
@@ -95,7 +96,7 @@ def load_arithmetic(ctx: Context) -> LoadArithmetic | None:
     load = wait if have == 0 else have * (compute + wait)
     # 1e-9: a load of exactly k computes needs k workers, not k + 1 from float rounding
     needed = max(1, math.ceil(load / compute - 1e-9))
-    return LoadArithmetic(load, compute, needed, ctx.setup.grad_accum)
+    return LoadArithmetic(load, compute, total / steps, needed, ctx.setup.grad_accum)
 
 
 def _usable_cores(ctx: Context) -> int | None:
@@ -115,6 +116,16 @@ def _load_evidence(a: LoadArithmetic | None) -> dict[str, Any]:
             "workers_needed": a.workers_needed}  # fmt: skip
 
 
+def _effect(share: float, a: LoadArithmetic, k: int) -> str:
+    """What k workers and pre-processing each make of the step, by the same arithmetic."""
+    now = a.step_s
+    with_k = max(a.compute_s_per_step, a.load_s_per_step / k)
+    return (f"up to {pct(share)} shorter steps: the step ({now:.3g} s) would take "
+            f"max(compute, load / workers) = {with_k:.3g} s with {k} worker{'s' if k > 1 else ''} "
+            f"({now / with_k:.2f}x), and its {a.compute_s_per_step:.3g} s of compute once "
+            f"batches cost nothing to load ({now / a.compute_s_per_step:.2f}x)")  # fmt: skip
+
+
 @rule("input-bound")
 def input_bound(ctx: Context) -> Finding | None:
     v = ctx.verdict
@@ -125,8 +136,12 @@ def input_bound(ctx: Context) -> Finding | None:
     a = load_arithmetic(ctx)
     usable = _usable_cores(ctx)
     s = ctx.setup
+    effect = f"up to {pct(share)} shorter steps if loading overlaps compute completely"
     if a is not None:
         need = a.workers_needed
+        effect = _effect(
+            share, a, need if usable is None or need <= usable else max(usable, workers or 0)
+        )
         why = (f"loading takes {a.load_s_per_step:.3g} s per step against {a.compute_s_per_step:.3g} s "
                f"of compute, so {need} loader worker{'s' if need > 1 else ''} would hide it")  # fmt: skip
         if usable is not None and need > usable:
@@ -149,9 +164,8 @@ def input_bound(ctx: Context) -> Finding | None:
             )  # fmt: skip
     else:
         k = _input_bound_workers(ctx)
-        if (
-            k is None
-        ):  # the loader already has every core it can use: the per-batch work is the cost
+        # None: the loader already has every core it can use; the per-batch work is the cost
+        if k is None:
             fix = s.fix(
                 f"keep --loader-workers {workers} (no core is left for more); {PITSTOP_TOKENIZE}",
                 f"keep dataloader_num_workers={workers} (no core is left for more); {HF_TOKENIZE}; "
@@ -173,7 +187,7 @@ def input_bound(ctx: Context) -> Finding | None:
         evidence={"data_wait_share": round(share, 4), "loader_workers": workers,
                   "cpu_cores": ctx.device.cpu_count or None, **_load_evidence(a),
                   "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE}},
-        effect=f"up to {pct(share)} shorter steps if loading overlaps compute completely",
+        effect=effect,
         basis="measured in this profile",
         fix=fix,
         gain=share,
