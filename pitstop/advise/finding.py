@@ -63,13 +63,11 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def format_findings(findings: list[Finding | dict[str, Any]], width: int | None = None) -> str:
     """A terminal table: one block per finding, severity and title first, then why and how."""
-    if not findings:
-        return "no findings: nothing in the configuration, data or profile needs changing"
-    width = width or min(110, shutil.get_terminal_size((100, 20)).columns)
     # A findings.json written before `reported` filtered may still hold a 0.0% finding.
     rows = [f.to_dict() if isinstance(f, Finding) else f for f in findings if not is_noise(f)]
     if not rows:
         return "no findings: nothing in the configuration, data or profile needs changing"
+    width = width or min(110, shutil.get_terminal_size((100, 20)).columns)
     head = f"{'#':>2}  {'severity':<8}  finding"
     out = [head, "-" * min(width, 100)]
     indent = " " * 14

@@ -74,10 +74,6 @@ class Setup:
             return pitstop
         return loop if self.custom_loop and loop is not None else hf
 
-    def knows(self, name: str) -> bool:
-        """Whether the setup states field `name` (a declared config states every field)."""
-        return self.recorded is None or name in self.recorded
-
     @property
     def rows_per_step(self) -> int | None:
         """Rows per optimizer step across all processes (the effective batch), when fixed."""
