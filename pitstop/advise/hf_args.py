@@ -213,7 +213,8 @@ def from_hf_args(
 
     log_steps = every(("logging_strategy",), "logging_steps")
     tf32 = get("tf32")
-    optim = get("optim", default="adamw_torch")
+    optim = get("optim")  # an OptimizerNames enum or its string
+    optim_name = str(getattr(optim, "value", optim) or "") or (None if recorded else "adamw_torch")
     workers = _int(get("dataloader_num_workers", default=0))
     return Setup(
         source="hf",
@@ -228,7 +229,7 @@ def from_hf_args(
         gradient_checkpointing=flag(
             "activation_checkpointing", "gradient_checkpointing", default=False
         ),
-        optimizer=None if optim is None else str(getattr(optim, "value", optim)),
+        optimizer=optim_name,
         compile=("on" if get("torch_compile", default=False) else "off")
         if given("torch_compile")
         else UNKNOWN,
