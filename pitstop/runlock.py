@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
+from pitstop.atomic import NotARegularFile, not_regular_message, open_regular
 from pitstop.errors import PitstopError
 
 LOCK_NAME = ".lock"
@@ -59,6 +60,10 @@ def _holder_text(fd: int) -> str:
     return f"pid {pid}, host {host}"
 
 
+def _lock_fix(path: Path) -> str:
+    return f"Remove it (rm -r {path}); pitstop creates its lock file again."
+
+
 def in_progress_message(out: str | Path, holder: str) -> str:
     return (
         f"--output {out}: run in progress ({holder}); wait for it to end or stop that "
@@ -78,9 +83,9 @@ def holder(out: str | Path) -> str | None:
     if fcntl is None or not path.is_file():
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
+        fd = open_regular(path, os.O_RDONLY, "the run's lock", _lock_fix(path))
+    except (OSError, NotARegularFile):
+        return None  # a reader says nothing about a lock it cannot read; a writer refuses
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,7 +107,12 @@ def acquire(out: str | Path) -> RunLock:
     if fcntl is None:
         return RunLock(None, path)
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if path.is_dir() and not path.is_symlink():  # O_RDWR on a directory fails with EISDIR
+        raise NotARegularFile(not_regular_message(path, os.stat(path).st_mode, "the run's lock",
+                                                  _lock_fix(path)))  # fmt: skip
+    # Not a plain open: a FIFO at the lock's name would take the lock and then fail in
+    # ftruncate with EINVAL (a traceback), and a reader of it would block forever.
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT, "the run's lock", _lock_fix(path))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop.atomic import write_cache_entry
+from pitstop.atomic import open_regular, read_regular_text, write_cache_entry
 from pitstop.cache_layout import FINGERPRINTS
 
 PREP_VERSION = 1  # bump when the pipeline changes the tokens it writes for the same inputs
@@ -33,7 +33,9 @@ _NOT_TOKENIZER = {"generation_config.json", "pitstop_tiny.json"}
 
 def _digest_file(path: Path) -> str:
     h = hashlib.blake2b(digest_size=20)
-    with open(path, "rb") as f:
+    # A FIFO given as data would block the hash forever: refused by name instead.
+    fd = open_regular(path, os.O_RDONLY, "an input file", "Give the data as a regular file.")
+    with open(fd, "rb") as f:
         while block := f.read(1 << 22):
             h.update(block)
     return h.hexdigest()
@@ -51,12 +53,17 @@ def file_fingerprint(path: str | Path, root: Path, *, recheck: bool = False) -> 
     memo = root / FINGERPRINTS / memo_key.hexdigest()
     if not recheck:
         try:
-            return memo.read_text().strip()
+            # Not `read_text`: a FIFO planted at a memo's name would block it forever.
+            return read_regular_text(memo, "a cached file digest", _remove_fix(memo)).strip()
         except OSError:
             pass
     digest = _digest_file(Path(real))
     write_cache_entry(memo, digest)  # a read-only cache only costs speed
     return digest
+
+
+def _remove_fix(path: Path) -> str:
+    return f"Remove it (rm {path}); the cache rebuilds it."
 
 
 def tokenizer_fingerprint(tok_dir: str | Path, root: Path) -> str:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import probe, run_record
-from pitstop.atomic import write_cache_entry
+from pitstop.atomic import read_regular_text, write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.profiling import StepClock, measured_trainer, measurement_config
@@ -256,7 +256,9 @@ class TrialCache:
     def get(self, s: Settings) -> TrialResult | None:
         path = self.dir / f"{self.key(s)}.json"
         try:
-            return TrialResult.from_dict(json.loads(path.read_text(encoding="utf-8"))["result"])
+            # Not `read_text`: a FIFO planted at an entry's name would block the tune forever.
+            text = read_regular_text(path, "a cached trial result", f"Remove it (rm {path}).")
+            return TrialResult.from_dict(json.loads(text)["result"])
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or unreadable: measure again
 
