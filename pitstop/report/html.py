@@ -365,7 +365,7 @@ def _comparison(runs: list[LoadedRun], price: float | None) -> str:
             )
         na, nb = noise_cells(res)
         rows.append(
-            f"<tr><th>noise (step spread)</th><td>{text(na)}</td><td>{text(nb)}</td><td></td><td></td></tr>"
+            f"<tr><th>noise (block spread)</th><td>{text(na)}</td><td>{text(nb)}</td><td></td><td></td></tr>"
         )
         diffs = (
             "".join(

@@ -57,6 +57,9 @@ class Measured:
     steady: SteadyRate | None = None  # the median rate after the warm-up, where steps were kept
     tokens_per_step: float | None = None  # trained tokens per optimizer step, where recorded
     choices: dict[str, Any] = field(default_factory=dict)  # the run's recorded choices
+    # Ranks whose tokens the run's counts summed (`RunSummary.ranks_counted`): the figures
+    # above are already divided by it, so they are one GPU's, as the estimate prices.
+    summed_ranks: int = 1
 
 
 def load_measured(path: str | Path) -> Measured:
@@ -113,14 +116,22 @@ _NO_RATE = (
 def _from_summary(s: RunSummary, path: Path) -> Measured:
     if not s.tokens_per_second:
         raise DataError(_NO_RATE.format(p=path))
+    # `pitstop train` under torchrun sums its ranks' tokens: one GPU's share is 1/ranks of
+    # them (a writer that counts rank 0's batches has one GPU's already).
+    n = s.ranks_counted
+    steady = steps_steady(read_steps(path.with_name(run_record.METRICS)))
+    if steady is not None and n > 1:
+        steady = SteadyRate(
+            steady.tokens_per_second / n, steady.extra_startup_seconds,
+            f"{steady.detail}, / {n} ranks (the run's counts sum them)",
+        )  # fmt: skip
     return Measured(
-        str(path), float(s.tokens_per_second), device_label(s.device),
+        str(path), float(s.tokens_per_second) / n, device_label(s.device),
         wall_seconds=s.wall_seconds, train_seconds=s.train_seconds, mfu=s.mfu,
-        time_breakdown=s.time_breakdown, machine=s.machine, config=s.config,
-        steady=steps_steady(read_steps(path.with_name(run_record.METRICS))),
-        tokens_per_step=(s.trained_tokens / s.optimizer_steps)
+        time_breakdown=s.time_breakdown, machine=s.machine, config=s.config, steady=steady,
+        tokens_per_step=(s.trained_tokens / s.optimizer_steps / n)
         if s.trained_tokens and s.optimizer_steps else None,
-        choices=s.choices or {},
+        choices=s.choices or {}, summed_ranks=n,
     )  # fmt: skip
 
 

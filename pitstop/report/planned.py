@@ -17,6 +17,7 @@ from typing import Any
 
 from pitstop import run_record
 from pitstop.errors import ConfigError, DataError
+from pitstop.hub import model_dir
 from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
@@ -58,6 +59,11 @@ def estimate_problems(
     # `estimate_planned_run` reads them, and says what is missing if it does not.
     if not model and params is None and not from_profile:
         problems.append("give --model DIR (exact) or --params N (a rough Llama-shaped guess)")
+    if model:
+        try:
+            model_dir(model)
+        except ConfigError as e:
+            problems += e.problems
     if data and tokens is not None:
         problems.append("give --data or --tokens, not both")
     if not data and tokens is None and not from_profile:
@@ -206,6 +212,9 @@ def run_defaults(
     trained, seen, padded = summary.trained_tokens, summary.seen_tokens, summary.padded_tokens
     if not trained:
         return model, None
+    # The whole run's tokens: a writer that counted rank 0's batches saw 1/world of them.
+    ranks = (summary.world_size or 1) / summary.ranks_counted
+    trained, seen = trained * ranks, (seen * ranks if seen else seen)
     eff = seen / padded if seen and padded else None
     tokens = DataTokens(
         int(seen or trained),
@@ -288,11 +297,16 @@ def estimate_planned_run(
             f"--from-profile {from_profile}: the run records no trained tokens; give --data "
             "FILE_OR_STORE or --tokens T: how much data the run sees"
         )
-    if run_model and not (Path(run_model) / "config.json").is_file():
-        missing.append(
-            f"--from-profile {from_profile}: the run's model {run_model} has no config.json "
-            "here (moved, or measured on another machine?); give --model DIR or --params N"
-        )
+    if model:  # a directory, or a Hub id's snapshot in the local cache
+        try:
+            model = model_dir(model)
+        except ConfigError as e:
+            if not run_model:
+                raise
+            missing.append(
+                f"--from-profile {from_profile}: the run's model is not here ({e.problems[0]}; "
+                "moved, or measured on another machine?); give --model DIR or --params N"
+            )
     if missing:
         raise ConfigError(missing, header=f"invalid estimate ({len(missing)} problem(s)):")
     given = {"gradient_checkpointing": gradient_checkpointing, "micro_batch_size": micro_batch_size,

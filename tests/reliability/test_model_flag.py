@@ -57,3 +57,15 @@ def test_doctor_reads_a_cached_hub_id(tmp_path: Path, tiny_model_dir: Path, monk
     monkeypatch.setattr(doctor_mod, "model_facts", lambda d: read.append(d) or facts(d))
     assert main(["doctor", "--model", "org/tiny", "--no-compile-check", "--json"]) == 0
     assert [Path(d) for d in read] == [snap.resolve()] and facts(read[0]) is not None
+
+
+def test_estimate_resolves_a_cached_hub_id_and_names_a_missing_one(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["estimate", "--model", "org/tiny", "--tokens", "1e6", "--gpu", "H100"]) == 0
+    assert "Time" in capsys.readouterr().out
+    assert main(["estimate", "--model", "org/missing", "--tokens", "1e6", "--gpu", "H100"]) == 2
+    err = capsys.readouterr().err
+    assert "--model org/missing: no such model directory" in err and "hf download" in err
