@@ -228,6 +228,7 @@ class PitstopCallback(TrainerCallback):
             "rows": 0,
             "events": {"checkpoints": 0, "evals": 0, "logs": 0},
             "worker_startup_s": 0.0,
+            "worker_shutdown_s": 0.0,
         }
         self._after_step_end = False
 
@@ -264,6 +265,12 @@ class PitstopCallback(TrainerCallback):
         if self._cur is not None:
             self._cur["worker_startup_s"] += seconds
             self._event("worker_startups")
+
+    def _worker_stopped(self, seconds: float) -> None:
+        """Record the shut-down of DataLoader workers at an epoch's end (inside data_wait)."""
+        if self._cur is not None:
+            self._cur["worker_shutdown_s"] += seconds
+            self._event("worker_shutdowns")
 
     def _count_batch(self, batch: Any) -> None:
         cur = self._cur
@@ -562,6 +569,13 @@ class PitstopCallback(TrainerCallback):
                 "warmup_seconds": round(sum(s["worker_startup_s"] for s in warm_steps), 6),
                 "warmup_starts": sum(s["events"].get("worker_startups", 0) for s in warm_steps),
             }
+        if any(s["events"].get("worker_shutdowns") for s in measured):
+            # Non-persistent workers are joined at each epoch's end: the counterpart of the
+            # start-up, a cost every epoch pays again (inside data_wait, named apart).
+            profile["worker_shutdown"] = {
+                "seconds": round(sum(s["worker_shutdown_s"] for s in measured), 6),
+                "stops": sum(s["events"].get("worker_shutdowns", 0) for s in measured),
+            }
         return profile
 
     def _doctor(self, args: Any) -> dict[str, Any] | None:
@@ -638,6 +652,12 @@ class PitstopCallback(TrainerCallback):
                 f"  worker start-up (inside data_wait): {startup['seconds']:.4f} s in "
                 f"{startup['starts']} start(s); {startup['warmup_seconds']:.4f} s in "
                 f"{startup['warmup_starts']} start(s) in the warm-up, left out above"
+            )
+        stop = p.get("worker_shutdown")
+        if stop:
+            lines.append(
+                f"  worker shut-down at epoch ends (inside data_wait): {stop['seconds']:.4f} s "
+                f"in {stop['stops']} stop(s)"
             )
         tf32 = (p.get("choices") or {}).get("tf32")
         if isinstance(tf32, dict):

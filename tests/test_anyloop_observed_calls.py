@@ -200,6 +200,14 @@ def test_worker_startup_is_named_and_shares_agree(tmp_path: Path, persistent: bo
     assert tb["data_wait"] / sum(tb.values()) == pytest.approx(profile_share, rel=1e-4)
     assert s.profile["warmup_time_breakdown"]["data_wait"] >= WORKER_SLEEP_S
     assert "worker start-up" in w.format()
+    # The epoch's end (non-persistent workers are joined there) is named too, and inside the
+    # step it follows: every step's phases add up to its time (they exceeded it before).
+    stops = (p.get("worker_shutdown") or {}).get("stops", 0)
+    assert stops == (0 if persistent else 1)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for x in lines:
+        phases = sum(v for k, v in x.items() if k.endswith("_s"))
+        assert phases == pytest.approx(x["step_seconds"], rel=1e-6, abs=1e-9)
 
 
 def test_starts_workers() -> None:
@@ -259,3 +267,26 @@ def test_profile_command_shows_saves_gc_and_tf32(tmp_path: Path) -> None:
     assert prof["choices"]["tf32"]["value"] is True
     assert "(4 saves)" in res.stdout and "(4 gc.collect() calls)" in res.stdout
     assert "TF32: True" in res.stdout
+
+
+def test_the_last_epochs_end_is_outside_the_last_step(tmp_path: Path) -> None:
+    """The `next()` that ends the last epoch (workers joined) comes after the last step: it
+    was charged to that step's data_wait beyond its end, so its phases exceeded its time."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 32), nn.Linear(32, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    loader = DataLoader(rows(8), batch_size=2, num_workers=1)
+    with pitstop.watch(output=tmp_path / "run", print_report=False, doctor=False) as w:
+        for batch in loader:  # to the end: the last next() raises StopIteration
+            logits = model(batch["input_ids"])
+            nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+    p = w.profile
+    assert p is not None and p["steps"] == 3
+    # (each figure is rounded to the microsecond in the profile)
+    assert sum(p["phases"].values()) == pytest.approx(sum(p["step_seconds"]), abs=2e-5)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for x in lines:
+        phases = sum(v for k, v in x.items() if k.endswith("_s"))
+        assert phases == pytest.approx(x["step_seconds"], rel=1e-6, abs=1e-9)

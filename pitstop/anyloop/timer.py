@@ -108,6 +108,7 @@ class Watch:
         self._thread = threading.get_ident()
         self._calling = False  # inside an observed call (one calling another is not timed twice)
         self._fetching = False  # inside a DataLoader next(): its time is data_wait
+        self._tail = (0.0, False)  # an epoch end's wait after a step ended: see _epoch_end
 
     @property
     def _rec(self) -> Any:
@@ -300,11 +301,32 @@ class Watch:
             self._rec._dataset = getattr(loader, "dataset", None)
         return _TimedIterator(it, self, t_iter, iter_s, starts)
 
+    def _epoch_end(self, wait: float, stops: bool) -> None:
+        """The wait of the `next()` that ended an epoch (workers shut down there).
+
+        After a step has ended it is held until a next step opens, which closes the last one
+        after it; after the run's last step no step spans it, and it is left out (as the
+        Trainer's end is in PitstopCallback). Inside an open step it is that step's.
+        """
+        rec = self._rec
+        if rec._after_step_end:
+            self._tail = (self._tail[0] + wait, self._tail[1] or stops)
+        else:
+            rec._add("data_wait", wait)
+            if stops:
+                rec._worker_stopped(wait)
+
     def _open_if_needed(self, at: float | None = None) -> None:
         """Open a step (at `at`, default now) unless one is open; the previous one ends there."""
         rec = self._rec
         if rec._after_step_end or rec._cur is None:
             now = time.perf_counter() if at is None else at
+            wait, stops = self._tail
+            if wait:  # the previous epoch's end, inside the step that ends now
+                rec._add("data_wait", wait)
+                if stops:
+                    rec._worker_stopped(wait)
+                self._tail = (0.0, False)
             rec._close(now)
             rec._open(now)
             self._micro.append(0)
@@ -450,6 +472,10 @@ class _TimedIterator:
         self._it = it
         self._watch = watch
         self._first: tuple[float, float, bool] | None = (t_iter, iter_s, starts)
+        # Its workers are shut down (joined) when the epoch ends, unless they persist.
+        self._stops = int(getattr(it, "_num_workers", 0) or 0) > 0 and not getattr(
+            it, "_persistent_workers", False
+        )
 
     def __iter__(self) -> _TimedIterator:
         return self
@@ -474,7 +500,7 @@ class _TimedIterator:
         try:
             batch = next(self._it)
         except StopIteration:  # the epoch's end opens no step; its wait stays with the last
-            w._rec._add("data_wait", time.perf_counter() - t)
+            w._epoch_end(time.perf_counter() - t, self._stops)
             raise
         finally:
             w._fetching = False
