@@ -35,9 +35,11 @@ and the fix, whatever `--on-bad-record` says: those are not one bad record.
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import io
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +52,11 @@ from pitstop.errors import DataError, short_repr
 TEXT_SPLIT_BYTES = 64 << 20
 TEXT_PIECE_BYTES = 4 << 20
 CHUNK_BYTES = 1 << 20
+# The largest JSONL line (one record) read. Tokenizing costs about 10 bytes of memory per
+# byte of text (tokenize.py cuts long texts into pieces), so a record this size needs about
+# 1.5 GB; a longer line is skipped unread, never held whole (a 2 GiB line without a newline
+# is a broken export, not a document), and reported as a bad record.
+MAX_RECORD_BYTES = 128 << 20
 
 EXTENSIONS = {
     ".jsonl": "jsonl",
@@ -76,6 +83,8 @@ class Chunk:
     kind "rows":  items are (location, decoded record object)
     kind "arrow": items is [(first row number, pyarrow.RecordBatch)]
     kind "text":  items are (location, raw bytes of one document)
+    kind "toolong": items are (line number, bytes, ended by a newline) of JSONL lines over
+                    MAX_RECORD_BYTES, skipped unread
     """
 
     kind: str
@@ -213,7 +222,34 @@ def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str 
 
 
 def check_file(path: Path) -> None:
+    """Refuse what is not a readable data file, each with its own reason and fix."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        # The name is kept in the store's manifest and the cache's memo, both UTF-8.
+        raise DataError(
+            f"{ascii(str(path))[1:-1]}: the file name is not valid UTF-8 (it was written in "
+            "another encoding); rename the file, e.g. `convmv -f latin1 -t utf8 --notest FILE`"
+        ) from None
     if not path.exists():
+        if path.is_symlink():
+            try:
+                path.resolve(strict=True)
+            except RuntimeError:  # Python < 3.13
+                why = "loop"
+            except OSError as e:
+                why = "loop" if e.errno == errno.ELOOP else "missing"
+            else:
+                why = "missing"
+            if why == "loop":
+                raise DataError(
+                    f"{path}: a symbolic link loop (the link leads back to itself); point "
+                    "the link at the data file (`ls -l` shows where it goes)"
+                )
+            raise DataError(
+                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; "
+                "fix the link or give the data file itself"
+            )
         raise DataError(f"{path}: no such file; check the --data path")
     if path.is_dir():
         raise DataError(
@@ -357,6 +393,8 @@ def iter_chunks(
         "csv": _csv,
         "text": _text,
     }[fmt]
+    if fmt in ("jsonl", "json", "csv", "text"):
+        _check_encoding(path, compression)
     n = 0
     for chunk in reader(path, compression, fields, chunk_bytes):
         n += len(chunk.items)
@@ -365,37 +403,98 @@ def iter_chunks(
         raise DataError(f"{path}: no records found (only blank lines?); give a file with records")
 
 
+_WIDE_BOMS = (  # UTF-32 first: its little-endian mark starts with UTF-16's
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _check_encoding(path: Path, compression: str | None) -> None:
+    """Refuse a UTF-16 or UTF-32 file as a whole, naming the encoding and the fix.
+
+    Read as UTF-8, every line of such a file is a bad record ("invalid UTF-8 at byte 0",
+    or a NUL byte), which sends the user hunting for one broken line, and with
+    --on-bad-record skip it ends as "no usable documents". The byte-order mark says what
+    the file is; without one, NUL bytes at every other position of ASCII text do.
+    """
+    with open_binary(path, compression) as f:
+        head, _ = _read_some(f, 64)
+    name = next((enc for bom, enc in _WIDE_BOMS if head.startswith(bom)), None)
+    if name is None and len(head) >= 8:
+        even, odd = bool(head[0::2].strip(b"\x00")), bool(head[1::2].strip(b"\x00"))
+        if even != odd:  # one of the two byte positions is always NUL
+            name = "UTF-16 (without a byte-order mark)"
+    if name:
+        raise DataError(
+            f"{path}: the file is encoded as {name}, not UTF-8; re-encode it as UTF-8, "
+            f"e.g. `iconv -f {name.split()[0]} -t UTF-8 IN > OUT`"
+        )
+
+
 def _jsonl(
     path: Path, compression: str | None, fields: Fields, chunk_bytes: int
 ) -> Iterator[Chunk]:
     # Whole blocks of lines travel to the workers, which split them: the parent then does
     # one read, one newline count and one memcpy-like pickle per block, and stays out of
     # the workers' way (splitting into per-line objects here cost a third of a core).
-    carry = b""
+    # A line longer than a block is gathered in pieces and joined once (re-joining at
+    # every read was quadratic), up to MAX_RECORD_BYTES; past that the rest of the line is
+    # read and dropped, so memory stays bounded whatever the line, and the worker reports it.
+    limit = MAX_RECORD_BYTES
     lineno = 1
+    parts: list[bytes] = []  # the line being gathered, not yet ended by a newline
+    held = 0  # its bytes so far
+    skipped: int | None = None  # bytes so far of an over-long line being dropped
     first = True
     with open_binary(path, compression) as f:
         while True:
             data, err = _read_some(f, chunk_bytes)
-            buf = carry + data if carry else data
             if err is not None:  # lines before the damage were read whole; the rest is lost
-                raise _archive_error(path, err, _after(lineno - 1 + buf.count(b"\n"))) from None
-            if not data:
-                block, carry = buf, b""
-            else:
-                cut = buf.rfind(b"\n") + 1
-                if cut == 0:  # a line longer than a block: keep reading
-                    carry = buf
-                    continue
-                block, carry = buf[:cut], buf[cut:]
-            if first and block.startswith(b"\xef\xbb\xbf"):
-                block = block[3:]
+                raise _archive_error(path, err, _after(lineno - 1 + data.count(b"\n"))) from None
+            if first and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
             first = False
+            if not data:
+                break
+            if skipped is not None:
+                nl = data.find(b"\n")
+                if nl < 0:
+                    skipped += len(data)
+                    continue
+                yield Chunk("toolong", str(path), [(lineno, skipped + nl, True)])
+                lineno += 1
+                skipped, data = None, data[nl + 1 :]
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # no line ends in this read: keep gathering
+                parts.append(data)
+                held += len(data)
+                if held > limit:
+                    skipped, parts, held = held, [], 0
+                continue
+            if parts:  # the first newline here ends the line gathered so far
+                nl = data.find(b"\n")
+                if held + nl > limit:
+                    yield Chunk("toolong", str(path), [(lineno, held + nl, True)])
+                    lineno += 1
+                    data, cut = data[nl + 1 :], cut - nl - 1
+                else:
+                    parts.append(data)
+                    data, cut = b"".join(parts), cut + held
+                parts, held = [], 0
+            block, rest = data[:cut], data[cut:]
+            if rest:
+                parts, held = [rest], len(rest)
             if block.strip():
                 yield Chunk("block", str(path), [(lineno, block)])
             lineno += block.count(b"\n")
-            if not data:
-                break
+    if skipped is not None:
+        yield Chunk("toolong", str(path), [(lineno, skipped, False)])
+    elif parts:  # the last line, without a newline
+        block = b"".join(parts)
+        if block.strip():
+            yield Chunk("block", str(path), [(lineno, block)])
 
 
 def _read_text(path: Path, compression: str | None) -> str:
@@ -586,8 +685,25 @@ def _arrow(
         raise DataError(f"{path}: row {row}: the Arrow data is damaged ({e})") from None
 
 
+def _csv_problem(e: Exception, what: str = "row") -> str:
+    msg = str(e)
+    if "new-line character seen in unquoted field" in msg:
+        # Python's hint (universal-newline mode) is for programmers; the user has a file
+        # whose lines end in a lone CR, which only classic Mac OS wrote.
+        return (
+            f"cannot parse the CSV {what}: the lines end in a lone carriage return (CR, "
+            "classic Mac OS line ends); convert them to LF or CRLF, e.g. `tr '\\r' '\\n'`"
+        )
+    if "field larger than field limit" in msg:
+        return (
+            f"a CSV field is over {MAX_RECORD_BYTES / 2**20:,.0f} MiB, the limit of one record "
+            "(its tokens would take gigabytes to compute); split it into several records"
+        )
+    return f"cannot parse the CSV {what} ({msg})"
+
+
 def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) -> Iterator[Chunk]:
-    csv.field_size_limit(1 << 30)
+    csv.field_size_limit(MAX_RECORD_BYTES)
     lineno = 0
 
     def lines(f: BinaryIO) -> Iterator[str]:
@@ -610,7 +726,7 @@ def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) 
             except StopIteration:
                 return
             except csv.Error as e:
-                raise DataError(f"{path}:1: cannot parse the CSV header ({e})") from None
+                raise DataError(f"{path}:1: {_csv_problem(e, 'header')}") from None
             if not any(c in header for c in fields.all()):
                 raise DataError(
                     f"{path}:1: the CSV header names none of the record fields: found {header}; "
@@ -625,7 +741,7 @@ def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) 
                 except StopIteration:
                     break
                 except csv.Error as e:
-                    raise DataError(f"{path}:{start}: cannot parse the CSV row ({e})") from None
+                    raise DataError(f"{path}:{start}: {_csv_problem(e)}") from None
                 if not any(cell.strip() for cell in row):
                     continue
                 if len(row) != len(header):
@@ -665,7 +781,9 @@ def _text(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
             if len(buf) <= span:
                 cut = len(buf)
             else:
-                cut = buf.rfind(b"\n\n", 0, span) + 2
+                # A blank line: "\n\n", or "\r\n\r\n" in a file with Windows line ends.
+                lf, crlf = buf.rfind(b"\n\n", 0, span), buf.rfind(b"\n\r\n", 0, span)
+                cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
                 if cut < 2:
                     cut = buf.rfind(b"\n", 0, span) + 1
                 if cut < 1:

@@ -293,6 +293,13 @@ def parse_json_line(line: bytes, fields: Fields) -> Record:
         msg = getattr(e, "msg", str(e))
         col = getattr(e, "colno", None)
         where = f" at column {col}" if col else ""
+        if msg == "Extra data" and "\r" in text.rstrip("\r"):
+            # Lines ended by a lone CR (classic Mac OS) read as one line of many records.
+            raise BadRecord(
+                f"invalid JSON{where}: Extra data: the lines end in a lone carriage return "
+                "(CR, classic Mac OS line ends), so the file reads as one line; convert them "
+                "to LF, e.g. `tr '\\r' '\\n'`"
+            ) from None
         raise BadRecord(f"invalid JSON{where}: {msg}") from None
     except RecursionError:
         raise BadRecord("invalid JSON: nested too deeply") from None

@@ -22,20 +22,31 @@ Masking rules (store semantics: mask[i] = 1 iff token i is a loss target):
 - split: chunks of max_seq_len; a chunk's first token cannot be a target (nothing in
   the chunk predicts it), the targets this costs are counted and reported.
 - truncate keeps the first max_seq_len tokens (the EOS goes with the tail).
+
+Memory per record is bounded: a text longer than PIECE_CHARS is tokenized in pieces
+(`tokenizers` holds ~150 bytes per character of what it encodes at once: 8 GB for one
+64 MB record), cut only where the cut is verified to give the same ids (`_cut`).
+A record over MAX_RECORD_BYTES (readers.py) is a bad record with its size and the fix.
+A record that takes SLOW_RECORD_SECONDS is named on stderr while it runs (`_Watch`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import threading
+import time
 import traceback
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pitstop import log
+from pitstop.data import readers
 from pitstop.data.readers import Chunk
 from pitstop.data.records import BadRecord, Fields, Record, parse_json_line, parse_record
 from pitstop.data.store import target_free_documents
@@ -51,6 +62,18 @@ ALPACA_NO_INPUT = (
     "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
 )
 MAX_BAD_EXAMPLES = 10
+# Texts longer than this (characters) are tokenized in pieces of about this size: ~40 MB
+# of `tokenizers` working memory per piece, whatever the record's size.
+PIECE_CHARS = 1 << 18
+# Characters each side of a cut that are tokenized both whole and cut, to verify the cut.
+_CUT_CONTEXT = 256
+# Where a text may be cut: a single space between two letters (the piece after starts with
+# the space, or after it for tokenizers that put a space marker before every input: Llama 2's
+# Prepend("▁") normalizer), a line break before a letter, or CJK sentence punctuation before
+# a letter. Every cut is verified on its context before use (Worker._cut).
+_CUT = re.compile(r"(?<=[^\W\d_])( )(?=[^\W\d_])|(?<=\n)(?=[^\W\d_])|(?<=[。！？；])(?=[^\W\d_])")
+# A record still being rendered or tokenized after this long is named on stderr.
+SLOW_RECORD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,11 +148,17 @@ class Worker:
     # --- records -------------------------------------------------------------
     def records(self, chunk: Chunk) -> list[tuple[str, Record | BadRecord]]:
         path, fields, out = chunk.path, self.s.fields, []
+        limit = readers.MAX_RECORD_BYTES
         if chunk.kind == "block":
             for start, block in chunk.items:
                 for k, line in enumerate(block.split(b"\n")):
-                    if line.strip():
+                    if len(line) > limit:  # only when a block holds more than the limit
+                        out.append((f"{path}:{start + k}", too_long(len(line.rstrip()))))
+                    elif line.strip():
                         out.append((f"{path}:{start + k}", _try(parse_json_line, line, fields)))
+        elif chunk.kind == "toolong":
+            for ln, size, ended in chunk.items:
+                out.append((f"{path}:{ln}", too_long(size, ended=ended)))
         elif chunk.kind == "lines":
             for ln, raw in chunk.items:
                 out.append((f"{path}:{ln}", _try(parse_json_line, raw, fields)))
@@ -326,12 +355,18 @@ class Worker:
         spans: list[list[tuple[int, int]] | None] = []
         kinds: dict[str, int] = {}
         doc_kinds: list[str] = []
+        locs: list[str] = []
         recs = self.records(chunk)
         for loc, rec in recs:
             try:
                 if isinstance(rec, BadRecord):
                     raise rec
-                text, sp = self.render(rec)
+                with _WATCH.record(loc, rec, "rendering it"):
+                    text, sp = self.render(rec)
+                if (
+                    len(text) > readers.MAX_RECORD_BYTES
+                ):  # from a format read whole: Parquet, CSV...
+                    raise too_long(len(text), unit="characters")
             except BadRecord as e:
                 n_bad += 1
                 if len(bad) < MAX_BAD_EXAMPLES:
@@ -343,7 +378,8 @@ class Worker:
             doc_kinds.append(rec.kind)
             texts.append(text)
             spans.append(sp)
-        out = self.tokenize(texts, spans)
+            locs.append(loc)
+        out = self.tokenize(texts, spans, locs)
         out.update(bad=bad, n_bad=n_bad, n_records=len(recs), kinds=kinds)
         offsets = np.r_[0, np.cumsum(out["seq_len"])]
         held, free = target_free_documents(out["mask"], offsets, out["seq_doc"])
@@ -354,40 +390,167 @@ class Worker:
         return out
 
     def tokenize(
-        self, texts: list[str], spans: list[list[tuple[int, int]] | None]
+        self,
+        texts: list[str],
+        spans: list[list[tuple[int, int]] | None],
+        locs: list[str] | None = None,
     ) -> dict[str, Any]:
         n = len(texts)
-        ids: list[list[int]] = [[] for _ in range(n)]
+        ids: list[Any] = [[] for _ in range(n)]  # a list of ids, or an array for a long text
         masks: dict[int, np.ndarray] = {}
-        plain = [i for i in range(n) if spans[i] is None]
-        masked = [i for i in range(n) if spans[i] is not None]
-        if plain:
-            # No offsets needed: the fast path skips computing them.
-            for i, e in zip(plain, self.backend.encode_batch_fast([texts[i] for i in plain])):
-                ids[i] = e.ids
-        if masked:
-            for i, e in zip(masked, self.backend.encode_batch([texts[i] for i in masked])):
-                ids[i] = e.ids
-                off = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
-                m = np.zeros(len(off), dtype=bool)
-                for a, b in spans[i]:  # type: ignore[union-attr]
-                    m |= (off[:, 0] < b) & (off[:, 1] > a)
+        long = [i for i in range(n) if len(texts[i]) > PIECE_CHARS]
+        short = [i for i in range(n) if len(texts[i]) <= PIECE_CHARS]
+        plain = [i for i in short if spans[i] is None]
+        masked = [i for i in short if spans[i] is not None]
+        with _WATCH.chunk(locs, "tokenizing"):
+            if plain:
+                # No offsets needed: the fast path skips computing them.
+                for i, e in zip(plain, self.backend.encode_batch_fast([texts[i] for i in plain])):
+                    ids[i] = e.ids
+            if masked:
+                for i, e in zip(masked, self.backend.encode_batch([texts[i] for i in masked])):
+                    ids[i] = e.ids
+                    masks[i] = _target_mask(e.offsets, spans[i], 0)  # type: ignore[arg-type]
+        for i in long:
+            where = locs[i] if locs else f"text {i}"
+            with _WATCH.one(where, f"{len(texts[i]):,} characters", "tokenizing it"):
+                ids[i], m = self._encode_long(texts[i], spans[i], where)
+            if m is not None:
                 masks[i] = m
         eos = self.eos
-        for seq in ids:
-            if not seq or seq[-1] != eos:
+        for i, seq in enumerate(ids):
+            if isinstance(seq, np.ndarray):
+                if not len(seq) or seq[-1] != eos:
+                    ids[i] = np.append(seq, np.asarray(eos, dtype=self.dtype))
+            elif not seq or seq[-1] != eos:
                 seq.append(eos)
         lengths = np.fromiter((len(s) for s in ids), dtype=np.int64, count=n)
         total = int(lengths.sum())
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=total)
-        mask = np.ones(total, dtype=np.uint8)
         starts = np.zeros(n, dtype=np.int64)
         if n:
             starts[1:] = np.cumsum(lengths)[:-1]
+        tokens = np.empty(total, dtype=self.dtype)
+        i = 0
+        while i < n:  # runs of short documents in one pass; a long one's array copied as is
+            if isinstance(ids[i], np.ndarray):
+                tokens[starts[i] : starts[i] + lengths[i]] = ids[i]
+                ids[i] = None  # its memory goes now, not at the end of the chunk
+                i += 1
+                continue
+            j = i
+            while j < n and not isinstance(ids[j], np.ndarray):
+                j += 1
+            a, b = starts[i], starts[j - 1] + lengths[j - 1]
+            tokens[a:b] = np.fromiter(chain.from_iterable(ids[i:j]), dtype=self.dtype, count=b - a)
+            i = j
+        del ids
+        mask = np.ones(total, dtype=np.uint8)
         for i, m in masks.items():
             mask[starts[i] : starts[i] + len(m)] = m
         mask[starts] = 0  # a document's first token has nothing before it to predict it
         return self.apply_long_docs(tokens, mask, lengths, starts)
+
+    # --- long texts, in pieces ---------------------------------------------------
+    def _bare(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def _special_ids(self) -> tuple[list[int], list[int]] | None:
+        """The ids the tokenizer adds before and after any text (BOS...); None: not a frame."""
+        if not hasattr(self, "_specials"):
+            probe = "Pitstop checks which special tokens frame a text."
+            full, bare = self.backend.encode(probe).ids, self._bare(probe)
+            self._specials: tuple[list[int], list[int]] | None = None
+            for k in range(len(full) - len(bare) + 1):
+                if full[k : k + len(bare)] == bare:
+                    self._specials = (full[:k], full[k + len(bare) :])
+                    break
+        return self._specials
+
+    def _cut_ok(self, text: str, c: int, nxt: int) -> bool:
+        """Whether cutting `text` at `c` (the next piece starting at `nxt`) keeps the ids.
+
+        The text around the cut is tokenized whole and as the two pieces: equal ids there
+        mean the cut falls on a boundary the tokenizer itself keeps (a pre-token boundary
+        that no merge crosses), since nothing further away reaches across it.
+        """
+        lo, hi = max(0, c - _CUT_CONTEXT), min(len(text), nxt + _CUT_CONTEXT)
+        return self._bare(text[lo:hi]) == self._bare(text[lo:c]) + self._bare(text[nxt:hi])
+
+    def _cut(self, text: str, a: int) -> tuple[int, int] | None:
+        """(end of the piece that starts at `a`, start of the next): a verified cut, or None.
+
+        Candidates are tried from PIECE_CHARS back to half of it, then forward to four times
+        it; a space is tried as the start of the next piece, then as dropped (tokenizers
+        that mark every input's start with a space). The mode that worked is tried first.
+        """
+        for lo, hi, backward in (
+            (a + PIECE_CHARS // 2, a + PIECE_CHARS, True),
+            (a + PIECE_CHARS, a + 4 * PIECE_CHARS, False),
+        ):
+            found = list(_CUT.finditer(text, lo, min(hi, len(text) - 1)))
+            # 16 candidates at most: a cut that fails is rare (a tokenizer that merges
+            # across spaces), and one that fails 16 times will not pass later either.
+            for m in islice(reversed(found) if backward else found, 16):
+                c = m.start()
+                modes = [0, 1] if m.group(1) else [0]
+                if m.group(1) and getattr(self, "_drop_space", False):
+                    modes = [1, 0]
+                for skip in modes:
+                    if self._cut_ok(text, c, c + skip):
+                        self._drop_space = bool(skip)
+                        return c, c + skip
+        return None
+
+    def _encode_long(
+        self, text: str, spans: list[tuple[int, int]] | None, where: str
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Ids (and the target mask) of a long text, tokenized piece by piece.
+
+        Memory: the pieces' ids and masks (3 bytes per token at most) plus one piece's
+        working set, instead of the whole text's.
+        """
+        frame = self._special_ids()
+        parts: list[np.ndarray] = []
+        mparts: list[np.ndarray] = []
+        a, n = 0, len(text)
+        if frame is not None:
+            parts.append(np.asarray(frame[0], dtype=self.dtype))
+            mparts.append(np.zeros(len(frame[0]), dtype=bool))
+        while a < n:
+            cut = self._cut(text, a) if frame is not None and n - a > PIECE_CHARS else None
+            if cut is None and frame is not None and n - a > 4 * PIECE_CHARS:
+                raise BadRecord(
+                    f"the text ({n:,} characters) has no place within {4 * PIECE_CHARS:,} "
+                    f"characters after character {a:,} where this tokenizer can cut it into "
+                    "pieces with the same tokens (a space between two words or a line break), "
+                    "and tokenizing it whole would take gigabytes; split it into several records"
+                )
+            if frame is None:  # the tokenizer adds something other than a prefix and suffix
+                if n > 4 * PIECE_CHARS:
+                    raise BadRecord(
+                        f"the text is {n:,} characters, and this tokenizer's special tokens "
+                        "do not let pitstop tokenize it in pieces; a record over "
+                        f"{4 * PIECE_CHARS:,} characters would take gigabytes to tokenize "
+                        "whole: split it into several records"
+                    )
+                b = nxt = n
+            else:
+                b, nxt = cut if cut is not None else (n, n)
+            piece = text[a:b]
+            add = frame is None
+            if spans is None:
+                e = self.backend.encode_batch_fast([piece], add_special_tokens=add)[0]
+            else:
+                e = self.backend.encode(piece, add_special_tokens=add)
+                mparts.append(_target_mask(e.offsets, spans, a))
+            parts.append(np.asarray(e.ids, dtype=self.dtype))
+            del e, piece
+            a = nxt
+        if frame is not None:
+            parts.append(np.asarray(frame[1], dtype=self.dtype))
+            mparts.append(np.zeros(len(frame[1]), dtype=bool))
+        ids = np.concatenate(parts)
+        return ids, (np.concatenate(mparts) if spans is not None else None)
 
     def apply_long_docs(
         self, tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray, starts: np.ndarray
@@ -413,14 +576,18 @@ class Worker:
             info["targets_lost"] = int(mask[cut].sum())
             mask[cut] = 0
         elif self.s.long_docs == "truncate":
-            pos = np.arange(len(tokens), dtype=np.int64) - np.repeat(starts, lengths)
-            keep = pos < L
+            # One byte per token: a position array (np.repeat of the starts) was 16 bytes.
+            keep = np.ones(len(tokens), dtype=bool)
+            for i in np.flatnonzero(long):
+                keep[starts[i] + L : starts[i] + lengths[i]] = False
             info["tokens_removed"] = int((~keep).sum())
             info["targets_removed"] = int(mask[~keep].sum())
             tokens, mask = tokens[keep], mask[keep]
             seq_len, seq_doc = np.minimum(lengths, L), docs
         else:  # drop
-            keep = np.repeat(~long, lengths)
+            keep = np.ones(len(tokens), dtype=bool)
+            for i in np.flatnonzero(long):
+                keep[starts[i] : starts[i] + lengths[i]] = False
             info["tokens_removed"] = int(lengths[long].sum())
             info["targets_removed"] = int(mask[~keep].sum())
             tokens, mask = tokens[keep], mask[keep]
@@ -434,6 +601,39 @@ class Worker:
             "targets": int(mask.sum()),
             **info,
         }
+
+
+def _target_mask(offsets: Any, spans: list[tuple[int, int]], shift: int) -> np.ndarray:
+    """Which tokens overlap a target character span; `shift`: where the text's offsets start."""
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    if shift:
+        off += shift
+    m = np.zeros(len(off), dtype=bool)
+    if not len(off):
+        return m
+    lo, hi = off[:, 0].min(), off[:, 1].max()  # special tokens have (0, 0) anywhere
+    for a, b in spans:
+        if a < hi and b > lo:  # spans away from this piece cost nothing
+            m |= (off[:, 0] < b) & (off[:, 1] > a)
+    return m
+
+
+def _size(n: int, unit: str) -> str:
+    if unit == "bytes":
+        return f"{n:,} bytes ({n / 2**20:,.1f} MiB)"
+    return f"{n:,} {unit}"
+
+
+def too_long(size: int, *, ended: bool = True, unit: str = "bytes") -> BadRecord:
+    """The bad record for a record over MAX_RECORD_BYTES: its size, the limit and the fix."""
+    limit = readers.MAX_RECORD_BYTES
+    tail = "" if ended else ", running to the end of the file without a newline"
+    return BadRecord(
+        f"the record is {_size(size, unit)}{tail}, over the limit of {_size(limit, unit)} for "
+        "one record (tokenizing it would take gigabytes of memory); split it into several "
+        "records (a document longer than --max-seq-len is cut into rows anyway), or, if it "
+        "should be many records, check that the export kept its line breaks"
+    )
 
 
 def _try(fn: Any, *args: Any) -> Record | BadRecord:
@@ -459,6 +659,92 @@ def _text_record(raw: bytes) -> Record:
     if not text.strip():
         raise BadRecord("the text is empty")
     return Record("text", (text,))
+
+
+# --- naming a slow record ---------------------------------------------------------
+class _Watch:
+    """Names on stderr the record a worker has spent SLOW_RECORD_SECONDS on, while it runs.
+
+    A chat template whose rendering grows with the cube of the turns can take minutes on
+    one long conversation, while the progress bar (which counts finished chunks) shows
+    nothing; the record's file, line and size say what to look at. A daemon thread of the
+    worker process checks once a second (started lazily, so a forked worker has its own).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now: list[Any] | None = None  # [where, what, stage, start, warned]
+        self._pid = -1
+
+    def _ensure_thread(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            threading.Thread(target=self._loop, name="pitstop-slow-record", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(min(1.0, SLOW_RECORD_SECONDS / 4))
+            with self._lock:
+                now = self._now
+                if now is None or now[4] or time.monotonic() - now[3] < SLOW_RECORD_SECONDS:
+                    continue
+                now[4] = True
+            where, what, stage, start, _ = now
+            hint = ""
+            if stage == "rendering it" and what.startswith("a chat"):
+                hint = (
+                    " A chat template that loops over the messages inside a loop over the "
+                    "messages takes time growing with the cube of the turns: simplify the "
+                    "template, or split or drop very long conversations."
+                )
+            log.warning(
+                f"pitstop: warning: {where}: one record ({what}) has taken "
+                f"{time.monotonic() - start:.0f} s so far, {stage}; prepare is still working "
+                f"on it, not stuck.{hint}"
+            )
+
+    class _Span:
+        def __init__(self, watch: _Watch, state: list[Any] | None) -> None:
+            self.watch, self.state = watch, state
+
+        def __enter__(self) -> None:
+            if self.state is None:
+                return
+            self.watch._ensure_thread()
+            self.state[3] = time.monotonic()
+            with self.watch._lock:
+                self.watch._now = self.state
+
+        def __exit__(self, *exc: object) -> None:
+            if self.state is None:
+                return
+            with self.watch._lock:
+                self.watch._now = None
+            if self.state[4]:
+                log.warning(
+                    f"pitstop: {self.state[0]}: done after {time.monotonic() - self.state[3]:.0f} s"
+                )
+
+    def one(self, where: str, what: str, stage: str) -> _Watch._Span:
+        return self._Span(self, [where, what, stage, 0.0, False])
+
+    def record(self, where: str, rec: Record, stage: str) -> _Watch._Span:
+        if rec.kind == "chat":
+            msgs = rec.values[0]
+            size = sum(len(m[1]) for m in msgs)
+            what = f"a chat of {len(msgs):,} messages, {size:,} characters of content"
+        else:
+            what = f"a {rec.kind} record of {sum(map(len, rec.values)):,} characters"
+        return self.one(where, what, stage)
+
+    def chunk(self, locs: list[str] | None, stage: str) -> _Watch._Span:
+        if not locs:
+            return self._Span(self, None)
+        where = locs[0] if len(locs) == 1 else f"{locs[0]} to {locs[-1].rsplit(':', 1)[-1]}"
+        return self.one(where, f"one of {len(locs):,} records tokenized together", stage)
+
+
+_WATCH = _Watch()
 
 
 # --- process-pool plumbing ------------------------------------------------------
