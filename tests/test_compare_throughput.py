@@ -85,7 +85,8 @@ def test_periodic_stalls_are_in_the_throughput_and_the_ratio(tmp_path: Path) -> 
     assert tps["ratio"] == pytest.approx(sb.tokens_per_second / st.tokens_per_second, rel=1e-9)
     assert tps["verdict"] == "better"
     # The stalls recur within every block: not a noisy run, though its steps vary 5-fold.
-    assert not res["steady"]["a"]["noisy"], res["steady"]["a"]
+    # (the machine's own load may still flag it: another test run on this 2-core box)
+    assert not [r for r in res["steady"]["a"]["noisy"] if "spread" in r], res["steady"]["a"]
     # The data-wait share covers the same steady steps as the throughput.
     share = next(r for r in res["metrics"] if r["metric"] == "data_wait_share")["a"]
     waits = sum(r.data_wait_s for r in steady_lines) / sum(r.step_seconds for r in steady_lines)
@@ -138,6 +139,7 @@ def _synthetic(
     (dest / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     summary = {
         "status": "completed", "source": source, "trained_tokens": cum,
+        "tokens_per_second": cum / sum(secs),
         "optimizer_steps": len(secs), "train_seconds": sum(secs), "wall_seconds": sum(secs) + 1,
         "world_size": world_size, "machine": machine or {"load_average_1m": 0.1, "cpu_cores": 2},
     }  # fmt: skip
@@ -174,3 +176,21 @@ def test_same_settings_on_a_noisy_machine_blames_the_machine(tmp_path: Path) -> 
     res = compare(quiet, loaded)
     assert not res["settings_differ"]
     assert any("comes from the machine, not the configuration" in n for n in res["notes"])
+
+
+def test_estimate_reads_one_gpu_of_a_multi_rank_run(tmp_path: Path) -> None:
+    from pitstop.report.measured import load_measured
+
+    one = load_measured(_synthetic(tmp_path / "one", [0.1] * 12, tokens=4000))
+    # pitstop train on 2 ranks sums both ranks' tokens: one GPU's rate is half of them.
+    summed = load_measured(
+        _synthetic(tmp_path / "two", [0.1] * 12, tokens=8000, world_size=2, source="pitstop")
+    )
+    # a profiled command on 2 ranks counts rank 0's batches: already one GPU's.
+    rank0 = load_measured(_synthetic(tmp_path / "r0", [0.1] * 12, tokens=4000, world_size=2))
+    for m in (summed, rank0):
+        assert m.tokens_per_second == pytest.approx(one.tokens_per_second)
+        assert m.tokens_per_step == pytest.approx(4000)
+        assert m.steady is not None and one.steady is not None
+        assert m.steady.tokens_per_second == pytest.approx(one.steady.tokens_per_second)
+    assert summed.summed_ranks == 2 and rank0.summed_ranks == 1
