@@ -145,6 +145,7 @@ def test_saves_gc_and_empty_cache_are_timed_counted_and_advised(
     found = _ids(w.report["findings"])
     ck = found["checkpoint-overhead"]
     assert ck["evidence"]["save_steps"] == SAVE_EVERY
+    assert "torch.save every" in ck["fix"]  # the loop's own words, not a TrainingArguments field
     pauses = found["gc-empty-cache-pauses"]
     assert pauses["evidence"]["gc_collect_calls"] == gcs
     assert pauses["evidence"]["empty_cache_calls"] == gcs

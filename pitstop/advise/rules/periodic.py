@@ -21,11 +21,6 @@ MEMORY_CALLS = {
 }
 
 
-def _loop_fix(ctx: Context, pitstop: str, hf: str, loop: str) -> str:
-    """The fix for a custom loop (its own code, not a TrainingArguments field), else `fix()`."""
-    return loop if getattr(ctx.setup, "custom_loop", False) else ctx.setup.fix(pitstop, hf)
-
-
 def _periodic(
     ctx: Context, phase: str, event: str, every: int | None
 ) -> tuple[float, float, int | None, float] | None:
@@ -68,9 +63,9 @@ def checkpoint_overhead(ctx: Context) -> Finding | None:
         effect=f"saving every {n} steps would cost about {pct(PERIODIC_TARGET)}" if n else
         "fewer saves cost proportionally less",
         basis="measured in this profile",
-        fix=_loop_fix(ctx, f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
-                      f"save_steps={n}" if n else 'save_strategy="epoch"',
-                      f"call torch.save every {n} steps" if n else "save less often (once an epoch)"),
+        fix=ctx.setup.fix(f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
+                          f"save_steps={n}" if n else 'save_strategy="epoch"',
+                          f"call torch.save every {n} steps" if n else "save less often (once an epoch)"),
         gain=share - PERIODIC_TARGET,
     )  # fmt: skip
 
