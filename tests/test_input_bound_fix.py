@@ -111,3 +111,18 @@ def test_reported_drops_only_measured_zero_gains() -> None:
     assert [f.id for f in kept] == ["real", "notice"]  # a 0-gain notice is not a 0% effect
     table = format_findings([finding("noise", 0.0, True).to_dict()])
     assert "noise" not in table
+
+
+def test_verdict_fixes_of_a_custom_loop_are_written_for_the_loop() -> None:
+    """optimizer-bound and sync-bound: torch terms for a plain loop, not TrainingArguments."""
+    for phase, rule, loop_word in (("optimizer", "optimizer-bound", "fused=True"),
+                                   ("other", "sync-bound", "every 50 steps")):  # fmt: skip
+        prof = loop_profile(0, TWO_CORES, wait=0.0)
+        prof["phases"][phase] = 0.5 * sum(prof["step_seconds"])  # half of every step
+        found = findings(prof)
+        assert rule in found, sorted(found)
+        assert loop_word in found[rule]["fix"] and "optim=" not in found[rule]["fix"]
+        assert "logging_steps" not in found[rule]["fix"]
+        trainer = findings(loop_profile(0, TWO_CORES, wait=0.0, custom=False) | {
+            "phases": prof["phases"]})  # fmt: skip
+        assert loop_word not in trainer[rule]["fix"]

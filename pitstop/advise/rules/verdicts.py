@@ -27,7 +27,9 @@ def optimizer_bound(ctx: Context) -> Finding | None:
         effect="AdamW reads and writes ~16 bytes per parameter per step whatever the batch; " + caveat,
         basis="measured in this profile",
         fix=s.fix("--tokens-per-step T (larger T: changes the training math, see effect)",
-                  'optim="adamw_torch_fused"; or a larger gradient_accumulation_steps (changes the effective batch, see effect)'),
+                  'optim="adamw_torch_fused"; or a larger gradient_accumulation_steps (changes the effective batch, see effect)',
+                  "torch.optim.AdamW(params, lr=..., fused=True) on a GPU; or accumulate more "
+                  "micro-batches per optimizer.step() (changes the effective batch, see effect)"),
         gain=share / 2,
     )  # fmt: skip
 
@@ -100,14 +102,18 @@ def sync_bound(ctx: Context) -> Finding | None:
     if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
         title = "host-side time between steps: Python overhead, logging or allocator stalls"
         fix = s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
-                    "tokenizing) in custom code", hf_fix)  # fmt: skip
+                    "tokenizing) in custom code", hf_fix,
+                    "log every 50 steps, not every step; move per-step Python work (printing, "
+                    ".item(), tokenizing) out of the loop")  # fmt: skip
     else:
         if s.nan_inf_filter:
             hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's "
                       "loss for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
         title = "host-side time or erratic steps: the device waits on the host"
         fix = s.fix("--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
-                    "torch.cuda.empty_cache() calls in custom code", hf_fix)  # fmt: skip
+                    "torch.cuda.empty_cache() calls in custom code", hf_fix,
+                    "read loss.item() only every 50 steps (each .item() waits for the GPU); "
+                    "remove torch.cuda.empty_cache() and per-step prints from the loop")  # fmt: skip
     return Finding(
         id="sync-bound",
         severity="high" if x.severity == "severe" else "medium",
