@@ -291,3 +291,27 @@ def test_the_last_epochs_end_is_outside_the_last_step(tmp_path: Path) -> None:
     for x in lines:
         phases = sum(v for k, v in x.items() if k.endswith("_s"))
         assert phases == pytest.approx(x["step_seconds"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_process_group_read_at_the_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: int
+) -> None:
+    """A group made without torchrun's environment (mp.spawn) and destroyed before exit."""
+    import torch.distributed as dist
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    group = {"on": True}
+    monkeypatch.setattr(dist, "is_initialized", lambda: group["on"])
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda *a: rank)
+    loader = DataLoader(rows(8), batch_size=2)
+    with pitstop.watch(output=tmp_path / "run", print_report=False, doctor=False) as w:
+        train(loader, steps=4)
+        group["on"] = False  # destroy_process_group() before the watch stops
+    written = (tmp_path / "run" / "summary.json").is_file()
+    if rank == 0:
+        assert w.summary is not None and w.summary.world_size == 4 and written
+    else:  # only rank 0 writes
+        assert w.summary is None and not written

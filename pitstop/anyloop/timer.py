@@ -282,7 +282,8 @@ class Watch:
             Watch._active = None
         if os.getpid() != self._pid or self._step_optimizer is None:
             return None  # a forked worker, or no optimizer stepped: nothing to say
-        rank0 = os.environ.get("RANK", "0") == "0"
+        rank, _ = self._settings.get("process") or _process()
+        rank0 = rank == 0
         args = self._args()
         self._rec.on_train_end(args, SimpleNamespace(is_world_process_zero=rank0), None)
         return self._rec.summary
@@ -414,8 +415,10 @@ class Watch:
         from pitstop.advise.environment import tf32_state
 
         self._settings["optimizer"] = type(optimizer).__name__
-        # Read at the first step: a loop sets them before it trains, and they hold for the run.
+        # Read at the first step: a loop sets them before it trains, and they hold for the run
+        # (a process group is often destroyed before the interpreter exits, where stop() runs).
         self._settings["tf32"] = tf32_state()
+        self._settings["process"] = _process()
 
     def _args(self) -> SimpleNamespace:
         """The loop's settings, as the TrainingArguments fields the doctor reads."""
@@ -455,7 +458,7 @@ class Watch:
             fp16=hf["fp16"],
             torch_compile=False,
             output_dir=str(self.output) if self.output is not None else None,
-            world_size=_world_size(),
+            world_size=(s.get("process") or _process())[1],
             to_dict=lambda: dict(hf),
         )
 
@@ -536,16 +539,21 @@ def _save_interval(steps: list[int]) -> int | None:
     return gaps[len(gaps) // 2] if gaps else None
 
 
-def _world_size() -> int:
-    """The processes training: torch.distributed's group, else torchrun's WORLD_SIZE, else 1."""
+def _process() -> tuple[int, int]:
+    """(rank, world size): torch.distributed's group, else torchrun's RANK / WORLD_SIZE, else
+    (0, 1): one process."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE") or 1))
-    except ValueError:  # not a number: no launcher set it
-        return 1
+        return int(dist.get_rank()), int(dist.get_world_size())
+
+    def env(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name) or default)
+        except ValueError:  # not a number: no launcher set it
+            return default
+
+    return env("RANK", 0), max(1, env("WORLD_SIZE", 1))
 
 
 def _grad_enabled() -> bool:
