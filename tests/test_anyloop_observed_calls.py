@@ -315,3 +315,20 @@ def test_process_group_read_at_the_first_step(
         assert w.summary is not None and w.summary.world_size == 4 and written
     else:  # only rank 0 writes
         assert w.summary is None and not written
+
+
+@pytest.mark.slow
+def test_torchrun_run_records_its_world_size(tmp_path: Path) -> None:
+    """`pitstop profile -- torchrun --nproc-per-node 2 loop.py`: rank 0 writes world_size 2."""
+    loop = [str(ROOT / "tests" / "_linear_loop.py"), "--steps", "4"]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *loop]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-m", "pitstop", "profile", "--output", str(tmp_path / "run"), "--", *run],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    # Per rank: rank 0's own 4 steps of 2 rows x 15 shifted targets (docs/profile-any-loop.md).
+    assert summary["trained_tokens"] == 4 * 2 * 15
