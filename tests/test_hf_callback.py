@@ -130,6 +130,13 @@ def test_profile_written_to_output_dir(runs: dict, tiny_model_dir: Path) -> None
     doc = json.loads((out / "findings.json").read_text())
     assert doc["findings"] and doc["verdict"]["kind"] == "input-bound"
     assert "input-bound" in cb.format()
+    # The Trainer's processes (TrainingArguments.world_size: one here), and the phases of the
+    # profile's steps, so compare's data-wait share is the one the profile prints.
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 1
+    tb, p = summary["time_breakdown"], cb.profile
+    share = p["phases"]["data_wait"] / sum(p["step_seconds"])
+    assert tb["data_wait"] / sum(tb.values()) == pytest.approx(share, rel=1e-4)
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch + transformers: 10-25 s on 2 cores
