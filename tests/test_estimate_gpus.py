@@ -100,7 +100,7 @@ def test_hopper_variants_resolve_to_their_own_row(
         # The MFU path (the device name torch reports) and the estimate's (the table row).
         assert gpu_peak(torch_name, precision)[0] == pytest.approx(tflops * 1e12)
         assert gpu.peak_flops(precision)[0] == pytest.approx(tflops * 1e12)
-    assert gpu_peak(torch_name, "bf16")[1].startswith(f"{gpu.peak_key} bf16")
+    assert gpu_peak(torch_name, "bf16")[1].startswith(f"{gpu.spec.family} bf16")
 
 
 def test_an_nvl_card_is_not_the_sxm_row():

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
         "config_ranges",
         "config",
         "quiet_imports",
+        "catalog",
     ),
     ("probe",),
     ("data",),

@@ -10,18 +10,21 @@ import pytest
 
 from pitstop.advise.doctor import doctor, make_setup
 from pitstop.advise.rules import Context, run_rules
-from pitstop.advise.target import CAPABILITY, make_target
+from pitstop.advise.target import make_target
+from pitstop.catalog.gpus import GPUS
 from pitstop.config import RunConfig
 from pitstop.measure.schema import make_profile
 from pitstop.probe import DeviceInfo
-from pitstop.report.gpus import GPUS
 
 CPU = DeviceInfo(type="cpu", name="AMD EPYC", cpu_count=2)
 ENV = {"transformers": "5.23.0", "flash_attn": {"installed": None}, "tf32": {}, "compile": {}}
 
 
-def test_capability_table_covers_every_gpu_of_the_estimate() -> None:
-    assert set(CAPABILITY) == {g.name for g in GPUS}
+def test_every_catalogued_gpu_is_a_target_with_its_own_facts() -> None:
+    for g in GPUS:
+        dev = make_target(CPU, gpu=g.name).device
+        assert (dev.name, dev.capability, dev.bf16) == (g.name, g.capability, g.bf16)
+        assert dev.total_memory_bytes == g.memory_bytes
 
 
 @pytest.mark.parametrize(

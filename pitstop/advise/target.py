@@ -2,9 +2,10 @@
 
 Users write a TrainingArguments / SFTConfig or pitstop config on a laptop and rent the
 GPU later. `doctor --gpu H100 --nproc 2 --lora-r 16 --transformers-version 4.41.2`
-judges the rules for that target: its device (from the estimate's GPU table,
-pitstop/report/gpus.py), the number of processes, whether only LoRA adapters train
-(and whether the base is 4-bit), and the transformers release the run will use.
+judges the rules for that target: its device (from the GPU catalogue,
+pitstop/catalog/gpus.py: capability, bf16, memory), the number of processes, whether only
+LoRA adapters train (and whether the base is 4-bit), and the transformers release the run
+will use.
 Without any of these flags the target is this machine, as before.
 
 A GPU target's CPU core count is unknown unless `--cpus` gives it (0 in `DeviceInfo`
@@ -20,21 +21,6 @@ from typing import Any
 from pitstop.advise.setup import Setup
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo
-
-# Compute capability of every card in the estimate's table (pitstop/report/gpus.py GPUS),
-# keyed by its exact table name: a name the user types is resolved to that entry first
-# (by exact name or alias, never by prefix), so "L40" is not read as "L4". Source:
-# NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus). The flash-attn rule needs >= 8.0.
-# MI300X is an AMD card: it has no CUDA compute capability (flash-attn for ROCm is a
-# separate build), so the capability rules stay quiet for it.
-CAPABILITY: dict[str, tuple[int, int] | None] = {
-    "B200": (10, 0), "H200": (9, 0), "H200 NVL": (9, 0), "GH200": (9, 0), "GH200 144G": (9, 0),
-    "H20": (9, 0), "MI300X": None, "H100": (9, 0), "H100 NVL": (9, 0),
-    "H100 PCIe": (9, 0), "A100 80GB": (8, 0), "A100 40GB": (8, 0), "L40S": (8, 9),
-    "L40": (8, 9), "L4": (8, 9), "A10": (8, 6), "RTX 5090": (12, 0), "RTX 4090": (8, 9),
-    "RTX A6000": (8, 6), "RTX 3090": (8, 6), "V100 32GB": (7, 0), "V100 16GB": (7, 0),
-    "T4": (7, 5),
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -135,13 +121,13 @@ def make_target(
         except ConfigError as e:
             problems += e.problems
         else:
-            if g.name not in CAPABILITY:  # a bug: tests/test_target_audits.py checks both lists
-                raise KeyError(f"{g.name} has no entry in advise/target.py CAPABILITY")
-            cap = CAPABILITY[g.name]
+            assert g.spec is not None  # get_gpu returns catalogue cards only
             device = DeviceInfo(
                 type="cuda",
                 name=g.name,
-                capability=cap,
+                # Looked up by exact name or alias (never by prefix), so "L40" is not the L4;
+                # None for a card that is not a CUDA device (the capability rules stay quiet).
+                capability=g.spec.capability,
                 bf16=g.bf16,
                 total_memory_bytes=g.memory_bytes,
                 cpu_count=cpus or 0,  # unknown for a rented machine unless given

@@ -1,7 +1,7 @@
 """The device's peak FLOP/s, the denominator of MFU.
 
-GPUs: a table of dense (no structured sparsity) tensor-core peaks from NVIDIA's
-datasheets, by precision. CPUs: there is no reliable table, so the peak is
+GPUs: the dense (no structured sparsity) tensor-core peaks of the card's entry in the
+catalogue (pitstop/catalog/gpus.py), by precision. CPUs: there is no reliable table, so the peak is
 measured once per precision (the best of a few 1024^3 matrix products through torch,
 fp32 or bf16, i.e. what the BLAS actually reaches with this thread count: tens of
 milliseconds) and cached in the cache directory, one file per key (CPU model, thread
@@ -16,81 +16,23 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
 from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
+from pitstop.catalog.gpus import find_spec
 from pitstop.probe import PrecisionSpeed, cpu_name
-
-# name fragment -> {precision: dense peak FLOP/s}, with the source of each row.
-# Matching is by whole word in torch.cuda.get_device_name(), the longest row name found
-# winning (`gpu_peak`), so "NVIDIA H100 NVL" is the NVL row, not the SXM's "H100", and
-# "NVIDIA GH200 480GB" is not the "H200" (the "G" joins the word).
-GPU_PEAKS: list[tuple[str, dict[str, float], str]] = [
-    ("B200", {"bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
-     "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 per GPU, dense = half the sparse figure)"),
-    ("H200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "https://www.nvidia.com/en-us/data-center/h200/ (SXM, dense = half the sparse figure)"),
-    # The NVL cards are PCIe boards of the same GH100 die at a lower power limit (350-600 W):
-    # 1,671 TFLOPS bf16 and 835 TF32 with sparsity per GPU, not the SXM's 1,979 and 989.
-    ("H200 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
-     "https://www.nvidia.com/en-us/data-center/h200/ (H200 NVL, dense = half the sparse figure)"),
-    # Grace Hopper's GPU runs at SXM clocks: the H100 SXM's peaks (GH200 datasheet).
-    ("GH200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/ (dense = half the sparse figure)"),
-    ("H100 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
-     "https://www.nvidia.com/en-us/data-center/h100/ (H100 NVL per GPU, dense = half the sparse figure)"),
-    ("H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378.0e12, "fp32": 51.2e12},
-     "https://www.nvidia.com/en-us/data-center/h100/ (PCIe, dense = half the sparse figure)"),
-    ("H100", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
-     "https://www.nvidia.com/en-us/data-center/h100/ (SXM, dense = half the sparse figure)"),
-    ("H20", {"bf16": 148e12, "fp16": 148e12, "tf32": 74e12, "fp32": 44e12},
-     "NVIDIA H20 product brief (dense)"),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-     "https://www.nvidia.com/en-us/data-center/a100/"),
-    ("L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183.2e12, "fp32": 91.6e12},
-     "https://www.nvidia.com/en-us/data-center/l40s/"),
-    ("L40", {"bf16": 181.05e12, "fp16": 181.05e12, "tf32": 90.5e12, "fp32": 90.5e12},
-     "https://www.nvidia.com/en-us/data-center/l40/ (dense = half the sparse figure)"),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
-     "https://www.nvidia.com/en-us/data-center/l4/"),
-    ("A10", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
-     "https://www.nvidia.com/en-us/data-center/products/a10-gpu/"),
-    ("RTX 5090", {"bf16": 209.5e12, "fp16": 209.5e12, "tf32": 104.8e12, "fp32": 104.8e12},
-     "NVIDIA RTX Blackwell GPU architecture whitepaper, table 1 (fp32 accumulate, dense)"),
-    ("RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
-     "NVIDIA Ada Lovelace architecture whitepaper, table 2 (fp32 accumulate)"),
-    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12},
-     "NVIDIA Ampere GA102 whitepaper, table 9 (fp32 accumulate)"),
-    ("RTX A6000", {"bf16": 154.8e12, "fp16": 154.8e12, "tf32": 77.4e12, "fp32": 38.7e12},
-     "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/ datasheet (dense = half the sparse figure)"),
-    ("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12},
-     "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense)"),
-    ("V100", {"fp16": 125e12, "fp32": 15.7e12},
-     "https://www.nvidia.com/en-us/data-center/v100/ (SXM2)"),
-    ("T4", {"fp16": 65e12, "fp32": 8.1e12},
-     "https://www.nvidia.com/en-us/data-center/tesla-t4/"),
-]  # fmt: skip
 
 
 def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
-    """Dense peak FLOP/s of a GPU by name for `precision` (bf16, fp16, tf32, fp32)."""
-    # The longest row name found in `name` as a whole word, so "NVIDIA L40" is not the
-    # L4 and "H100 PCIe" is not the H100 SXM.
-    hits = [
-        row
-        for row in GPU_PEAKS
-        if re.search(r"(?<![a-z0-9])" + re.escape(row[0].lower()) + r"(?![0-9])", name.lower())
-    ]
-    if hits:
-        fragment, peaks, source = max(hits, key=lambda row: len(row[0]))
-        if precision in peaks:
-            return peaks[precision], f"{fragment} {precision} dense peak, {source}"
-        return None, f"{fragment} has no {precision} tensor-core peak in the table"
-    return None, f"{name!r} is not in pitstop's GPU peak table; MFU is not reported"
+    """Dense peak FLOP/s of a GPU by name for `precision` (bf16, fp16, tf32, fp32), from the
+    card's catalogue entry (pitstop/catalog/gpus.py: `find_spec` reads torch's names)."""
+    spec = find_spec(name)
+    if spec is None:
+        return None, f"{name!r} is not in pitstop's GPU catalogue; MFU is not reported"
+    return spec.peak(precision)
 
 
 def _cpu_key() -> dict[str, Any]:

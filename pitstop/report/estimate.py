@@ -10,7 +10,7 @@ Time = work ÷ throughput (+ one-off start-up when a measured run shows it):
 * computed (--gpu NAME): positions per second = MFU × peak FLOP/s ÷ training FLOPs
   per position, with FLOPs per position from `pitstop.measure.cost_model` (the doctor's
   too): (6·N_trainable + 4·N_frozen + 12·L·d·T; PaLM appendix B) and the dense peak from
-  `pitstop.measure.peak.gpu_peak`. MFU is the user's --mfu, else one measured on a
+  the GPU catalogue (`pitstop.catalog.gpus`). MFU is the user's --mfu, else one measured on a
   GPU by the profile, else DEFAULT_MFU, an assumption and labelled so.
   Positions = tokens ÷ packing efficiency when the data's statistics give it.
 * a measured run moved to another device (--from-profile with another --gpu, or --mfu):
@@ -25,7 +25,7 @@ length, accumulation: `StepShape`) is kept on either path unless a flag changes 
 the step count (and the checkpoint count with it) is the run's own.
 
 Cost = hours × GPUs × price per GPU-hour (the user's price, else an example price
-from `gpus.py`, labelled as an example with its date).
+from the GPU catalogue, labelled as an example with its date).
 
 Options for 1, 2, 4, 8 GPUs: throughput(n) = throughput(1) · n · e^log2(n), e being
 the stated scaling efficiency kept per doubling (default 0.9, --scaling-efficiency).

@@ -1,148 +1,57 @@
-"""GPU memory sizes and example prices for `pitstop estimate`.
+"""The GPU an estimate is priced for: a catalogued card, or the user's own numbers on top.
 
-Peak FLOP/s come from `pitstop.measure.peak.GPU_PEAKS` (one table for MFU and for
-estimates); this module only adds what the estimate needs besides: how much memory
-a card has, and an *example* price per GPU-hour.
-
-Memory: the capacity `torch.cuda.get_device_properties(i).total_memory` reports
-(slightly below the marketed "80 GB", since part of the HBM holds ECC/firmware
-reservations), rounded down to 0.1 GiB. Source: NVIDIA datasheets for the marketed
-size; reported sizes as commonly seen from torch on these cards.
-
-Prices: EXAMPLES ONLY, written down on PRICES_DATE from public on-demand price pages
-of GPU clouds (Lambda, RunPod, Google Cloud and similar) as typical single-GPU
-hourly prices. They differ between providers, regions and weeks; pass your own
-with `--price-per-gpu-hour`. Every output that uses one says it is an example.
+Every card's facts (peaks, memory, example price, capability, aliases) live in one place,
+`pitstop.catalog.gpus`; this module adds what only the estimate needs: `--gpu-tflops`,
+`--gpu-memory-gib` and `--price-per-gpu-hour` replacing a card's values or describing a
+card the catalogue does not hold, and the error that lists the known names.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass
 
+from pitstop.catalog.gpus import GPUS, PRICES_SOURCE, GiB, GpuSpec, find_spec
 from pitstop.errors import ConfigError
-from pitstop.measure.peak import gpu_peak
 
-GiB = 1024**3
-PRICES_DATE = "2026-11"
-PRICES_SOURCE = (
-    f"example on-demand prices noted {PRICES_DATE} from public GPU-cloud price pages "
-    "(Lambda, RunPod, Google Cloud); yours will differ: pass --price-per-gpu-hour"
-)
+__all__ = ["PRICES_SOURCE", "GiB", "Gpu", "custom_gpu", "find_gpu", "get_gpu"]
 
 
 @dataclass(frozen=True)
 class Gpu:
-    """One card: the name users type, the name fragment `gpu_peak` matches, memory, example price."""
+    """The priced card: a catalogue entry (`spec`, None for the user's own card) with the
+    user's values where given."""
 
     name: str
-    peak_key: str  # the row of pitstop.measure.peak.GPU_PEAKS (matched as in `gpu_peak`)
+    spec: GpuSpec | None
     memory_bytes: int
     example_price_per_hour: float | None
-    bf16: bool = True  # bf16 tensor cores (Ampere and newer)
     peak_override: float | None = None  # the user's own dense peak FLOP/s (--gpu-tflops)
 
+    @property
+    def bf16(self) -> bool:
+        """bf16 tensor cores: the catalogue's answer; a card it does not hold is assumed to."""
+        return self.spec.bf16 if self.spec is not None else True
+
     def peak_flops(self, precision: str) -> tuple[float | None, str]:
-        """Dense peak FLOP/s for `precision`: the user's, else from the shared peak table."""
+        """Dense peak FLOP/s for `precision`: the user's, else the catalogue's."""
         if self.peak_override is not None:
             return (
                 self.peak_override,
                 f"{self.peak_override / 1e12:g} TFLOP/s (yours, --gpu-tflops)",
             )
-        return gpu_peak(self.peak_key, precision)
+        assert self.spec is not None  # custom_gpu requires --gpu-tflops without a spec
+        return self.spec.peak(precision)
 
 
-def _g(gib: float) -> int:
-    return int(gib * GiB)
-
-
-GPUS: list[Gpu] = [
-    Gpu("B200", "B200", _g(179.0), 5.99),  # 180 GB HBM3e (HGX B200 datasheet)
-    Gpu("H200", "H200", _g(139.8), 3.50),
-    # The three below have no example price noted: pass --price-per-gpu-hour.
-    Gpu("H200 NVL", "H200 NVL", _g(139.8), None),  # 141 GB HBM3e, as the H200 SXM
-    # GH200: torch names it "NVIDIA GH200 480GB" (96 GB HBM3; the 480 GB is the Grace CPU's
-    # LPDDR5X) or "NVIDIA GH200 144G HBM3e". Not read from a card: the marketed size less
-    # what the H100 rows lose (0.5% reserved, then 0.5 GiB).
-    Gpu("GH200", "GH200", _g(95.0), None),
-    Gpu("GH200 144G", "GH200", _g(142.9), None),
-    Gpu("H20", "H20", _g(95.0), 1.50),  # 96 GB HBM3
-    Gpu("MI300X", "MI300X", _g(191.5), 2.49),  # 192 GB HBM3 (AMD datasheet)
-    Gpu("H100", "H100", _g(79.1), 2.99),  # SXM
-    Gpu("H100 PCIe", "H100 PCIe", _g(79.1), 2.49),
-    Gpu("H100 NVL", "H100 NVL", _g(93.0), None),  # 94 GB HBM3; nvidia-smi reports 95830 MiB
-    Gpu("A100 80GB", "A100", _g(79.1), 1.79),
-    Gpu("A100 40GB", "A100", _g(39.4), 1.29),
-    Gpu("L40S", "L40S", _g(44.4), 0.99),
-    Gpu("L40", "L40", _g(44.4), 0.89),  # 48 GB GDDR6 with ECC
-    Gpu("L4", "L4", _g(22.0), 0.80),
-    Gpu("A10", "A10", _g(22.0), 0.75),
-    Gpu("RTX 5090", "RTX 5090", _g(31.4), 0.89),  # 32 GB GDDR7
-    Gpu("RTX 4090", "RTX 4090", _g(23.6), 0.69),
-    Gpu("RTX A6000", "RTX A6000", _g(47.5), 0.49),  # 48 GB GDDR6
-    Gpu("RTX 3090", "RTX 3090", _g(23.6), 0.43),
-    Gpu("V100 32GB", "V100", _g(31.7), 0.55, bf16=False),
-    Gpu("V100 16GB", "V100", _g(15.8), 0.45, bf16=False),
-    Gpu("T4", "T4", _g(14.6), 0.35, bf16=False),
-]
-
-# Spellings people type for the same card.
-_ALIASES = {
-    "h100 sxm": "H100",
-    "h100-sxm": "H100",
-    "h100 sxm5": "H100",
-    "h100-pcie": "H100 PCIe",
-    "h100-nvl": "H100 NVL",
-    "h100nvl": "H100 NVL",
-    "h200-nvl": "H200 NVL",
-    "h200nvl": "H200 NVL",
-    "gh200 96gb": "GH200",
-    "gh200-96gb": "GH200",
-    "gh200 480gb": "GH200",
-    "gh200 144gb": "GH200 144G",
-    "gh200-144gb": "GH200 144G",
-    "a100": "A100 80GB",
-    "a100-80gb": "A100 80GB",
-    "a100 80g": "A100 80GB",
-    "a100-40gb": "A100 40GB",
-    "a100 40g": "A100 40GB",
-    "4090": "RTX 4090",
-    "rtx4090": "RTX 4090",
-    "3090": "RTX 3090",
-    "rtx3090": "RTX 3090",
-    "v100": "V100 32GB",
-    "a10g": "A10",
-    "a6000": "RTX A6000",
-    "rtx a6000": "RTX A6000",
-    "5090": "RTX 5090",
-    "rtx5090": "RTX 5090",
-    "mi300": "MI300X",
-    "instinct mi300x": "MI300X",
-}
-
-
-def _norm(s: str) -> str:
-    return " ".join(s.lower().replace("_", " ").split())
+def _priced(spec: GpuSpec) -> Gpu:
+    return Gpu(spec.name, spec, spec.memory_bytes, spec.price)
 
 
 def find_gpu(name: str) -> Gpu | None:
-    """The table entry for a name a user typed or torch reported, or None."""
-    n = _norm(name)
-    by_name = {_norm(g.name): g for g in GPUS}
-    if n in by_name:
-        return by_name[n]
-    if n in _ALIASES:
-        return by_name[_norm(_ALIASES[n])]
-    # A device name as torch reports it ("NVIDIA H100 80GB HBM3"): the longest table
-    # name contained in it as a whole word wins, so "H100 PCIe" beats "H100" and
-    # "A100" is not taken for "A10".
-    hits = [
-        g for g in GPUS if re.search(r"(?<![a-z0-9])" + re.escape(_norm(g.name)) + r"(?![0-9])", n)
-    ]
-    if not hits and "a100" in n:
-        hits = [by_name["a100 40gb" if "40" in n else "a100 80gb"]]
-    return max(hits, key=lambda g: len(g.name)) if hits else None
+    """The card for a name a user typed or torch reported, or None."""
+    spec = find_spec(name)
+    return _priced(spec) if spec is not None else None
 
 
 def custom_gpu(
@@ -157,12 +66,11 @@ def custom_gpu(
         )
     return Gpu(
         name=base.name if base else (name or "your GPU"),
-        peak_key=base.peak_key if base else "",
-        memory_bytes=_g(memory_gib) if memory_gib is not None else base.memory_bytes,  # type: ignore[union-attr]
+        spec=base.spec if base else None,
+        memory_bytes=int(memory_gib * GiB) if memory_gib is not None else base.memory_bytes,  # type: ignore[union-attr]
         example_price_per_hour=price
         if price is not None
         else (base.example_price_per_hour if base else None),
-        bf16=base.bf16 if base else True,
         peak_override=tflops * 1e12 if tflops is not None else None,
     )
 
