@@ -48,6 +48,10 @@ POINTS: dict[str, str] = {
     "ckpt-write": "written checkpoint N's files into its partial directory, not yet its "
     "COMPLETE marker",
     "ckpt-renamed": "renamed checkpoint N into place (complete), before pruning old ones",
+    "final-write": "written final/'s files into its partial directory, not yet renamed "
+    "into place (the last checkpoint may still be being written)",
+    "export-write": "written the merged model's files (export --merge, --merge-lora) into its "
+    "partial directory, not yet renamed into place",
 }
 HOLD_SECONDS_MAX = 600.0  # a held process whose test died goes on by itself
 

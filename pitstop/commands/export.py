@@ -1,13 +1,33 @@
-"""`pitstop export RUN --merge`: a LoRA run's adapter merged into a plain HF model."""
+"""`pitstop export RUN --merge`: a LoRA run's adapter merged into a plain HF model.
+
+Refused before anything loads, each with the fix: a run still training (its lock is
+held), a run directory without final/ (it stopped or is partial: resume it, or export a
+checkpoint), a full fine-tune (nothing to merge), an explicit --output that exists and is
+not empty (never replaced: it may be another model). The run's lock is held while
+exporting from a run directory, so a `train --resume` cannot start under the export.
+SIGINT and SIGTERM stop the export with its partial directory removed; after a SIGKILL
+the next export removes it (train/export.py: partial_dir).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from pitstop import run_record, runlock
 from pitstop.commands.paths import require_outputs
-from pitstop.errors import ConfigError
+from pitstop.errors import ConfigError, PitstopError
+
+
+class ExportStopped(PitstopError):
+    """SIGINT or SIGTERM stopped the export; nothing was published."""
+
+    exit_code = 130
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -28,6 +48,94 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _is_run_dir(path: Path) -> bool:
+    return any((path / m).exists() for m in (*run_record.RUN_MARKERS, runlock.LOCK_NAME))
+
+
+def check_source(path: Path) -> None:
+    """ConfigError for a run that cannot be exported now (see the module docstring)."""
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give the --output directory of a LoRA run")
+    if not path.is_dir():
+        raise ConfigError(f"{path} is a file; give a run directory or an adapter directory")
+    if not _is_run_dir(path):
+        return  # an adapter directory, or nothing pitstop knows: train/export.py says which
+    who = runlock.holder(path)
+    if who is not None:
+        raise ConfigError(
+            f"{path} is still training ({who}): its final/ is written only when the run "
+            "ends. Export after it finishes, or stop it (SIGTERM saves a checkpoint) and "
+            f"export that checkpoint: pitstop export {path}/checkpoints/step-N --merge "
+            "--output DIR"
+        )
+    if (path / run_record.FINAL).is_dir():
+        return
+    from pitstop.train.checkpoint import complete_checkpoints  # imports torch
+
+    ckpts = complete_checkpoints(path / run_record.CHECKPOINTS)
+    status = _status(path)
+    hint = (
+        f"resume it (pitstop train --config {path / run_record.CONFIG} --resume) or export "
+        f"its newest complete checkpoint: pitstop export {ckpts[-1][1]} --merge --output "
+        f"{path / run_record.MERGED}"
+        if ckpts
+        else "it has no complete checkpoint either: train it again"
+    )
+    raise ConfigError(
+        f"{path} has no final/ (the run {status}), so there is no finished adapter to merge; {hint}"
+    )
+
+
+def _status(path: Path) -> str:
+    import json
+
+    try:
+        s = json.loads((path / run_record.SUMMARY).read_text(encoding="utf-8"))["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "did not finish: no readable summary.json"
+    return "completed without a final model" if s == "completed" else f"ended {s}"
+
+
+def check_dest(output: str | None) -> None:
+    """An explicit --output that exists and holds anything is never replaced."""
+    if output is None:
+        return  # RUN/merged: pitstop's own place, replaced by a new export
+    dest = Path(output)
+    if dest.is_dir() and any(dest.iterdir()):
+        raise ConfigError(
+            f"--output {dest} exists and is not empty; pitstop export does not replace a "
+            "directory it may not have written. Give a new directory, or remove this one "
+            "first"
+        )
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM (and SIGINT) raise ExportStopped, so the partial directory is removed.
+
+    Python's default for SIGTERM ends the process at once: the half-written copy of the
+    model stayed on disk.
+    """
+    previous = {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise ExportStopped(
+            f"{signal.Signals(signum).name} stopped the export: nothing was written (the "
+            "partial copy was removed); run the same command again to export"
+        )
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, stop)
+    except ValueError:  # not the main thread (tests calling main() from a thread)
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.merge:
         raise ConfigError(
@@ -35,8 +143,14 @@ def run(args: argparse.Namespace) -> int:
             "already is a plain Hugging Face model directory)"
         )
     require_outputs(dirs={"--output": args.output})
-    from pitstop.train.export import merge_adapter  # imports torch and transformers
+    src = Path(args.run)
+    check_source(src)
+    check_dest(args.output)
+    # Held while exporting: a `train --resume` of this run cannot start under the export.
+    lock = runlock.acquire(src) if _is_run_dir(src) else contextlib.nullcontext()
+    with lock, _stop_on_signals():
+        from pitstop.train.export import merge_adapter  # imports torch and transformers
 
-    dest = merge_adapter(Path(args.run), Path(args.output) if args.output else None, args.dtype)
+        dest = merge_adapter(src, Path(args.output) if args.output else None, args.dtype)
     print(f"merged model: {dest}")
     return 0

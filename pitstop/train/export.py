@@ -10,6 +10,7 @@ result loads with AutoModelForCausalLM.from_pretrained and needs no peft.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pitstop import run_record
+from pitstop import faults, run_record
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.train.model_io import (
@@ -78,18 +79,55 @@ def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "
             + missing_hint(base_name)
         )
     out_dtype = base_dtype(base_dir) if dtype == "auto" else _DTYPES[dtype]
-    base = AutoModelForCausalLM.from_pretrained(
-        base_dir, dtype=torch.float32, local_files_only=True, use_safetensors=True
-    )
-    merged = peft.PeftModel.from_pretrained(base, src).merge_and_unload()
-    merged.to(out_dtype)
-    tmp = dest.parent / f".{dest.name}.partial-{secrets.token_hex(4)}"
-    tmp.mkdir(parents=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    set_config_dtype(tmp, out_dtype)
-    AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(tmp)
+    # The partial directory comes first: a read-only or full destination fails before the
+    # minutes of loading and merging, not after them.
+    tmp = partial_dir(dest)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(
+            base_dir, dtype=torch.float32, local_files_only=True, use_safetensors=True
+        )
+        merged = peft.PeftModel.from_pretrained(base, src).merge_and_unload()
+        merged.to(out_dtype)
+        merged.save_pretrained(tmp, safe_serialization=True)
+        set_config_dtype(tmp, out_dtype)
+        AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(tmp)
+        faults.from_env().reached("export-write")  # tests: a signal or kill lands here
+    except BaseException:  # Ctrl-C or SIGTERM (commands/export.py) included
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     publish_dir(tmp, dest)
     return dest
+
+
+def partial_dir(dest: Path) -> Path:
+    """A new `.NAME.partial-PID-HEX` beside `dest`, after removing those of dead writers.
+
+    A write killed by SIGKILL leaves its partial directory behind, a whole model copy
+    each time; its pid in the name tells a later writer that nobody fills it any more.
+    A `.NAME.old-HEX` is the previous copy a publish had set aside: garbage once `dest`
+    exists again. The leading dot keeps any of them from looking like a model.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for p in dest.parent.glob(f".{dest.name}.partial-*"):
+        pid = p.name.rsplit(".partial-", 1)[1].split("-")[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+    if dest.exists():
+        for p in dest.parent.glob(f".{dest.name}.old-*"):
+            shutil.rmtree(p, ignore_errors=True)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    return tmp
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def write_final(
@@ -100,10 +138,12 @@ def write_final(
     atomically; OUT/merged/ too with --merge-lora. `before_publish` runs between the two
     (the trainer waits there for its last checkpoint: final/ is never published by a
     run that could not save its end)."""
-    tmp = out / f".final.partial-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = partial_dir(out / run_record.FINAL)  # also clears a killed final save's debris
     try:
         save_final(model, tokenizer, tmp, state, cfg)
+        # The trainer's Faults are not handed to this function; the environment they were
+        # read from gives the same ones (pitstop/faults.py reads it, nothing else does).
+        faults.from_env().reached("final-write")
         before_publish()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
