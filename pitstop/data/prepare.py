@@ -14,6 +14,7 @@ store, and a repeated one is a cache hit.
 
 from __future__ import annotations
 
+import glob
 import multiprocessing as mp
 import os
 import sys
@@ -42,6 +43,7 @@ from pitstop.data.readers import (
     CHUNK_BYTES,
     Chunk,
     check_file,
+    check_name,
     detect,
     hf_dataset_files,
     is_hf_dataset,
@@ -54,7 +56,7 @@ from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_token
 from pitstop.errors import ConfigError, DataError
 from pitstop.positions import position_limit
 
-__all__ = ["Prepared", "format_stats", "open_store", "prepare_data"]
+__all__ = ["Prepared", "expand_patterns", "format_stats", "open_store", "prepare_data"]
 
 
 @dataclass
@@ -75,7 +77,7 @@ def prepare_data(
     A single existing token store directory is returned as is.
     """
     t0 = time.perf_counter()
-    inputs = list(cfg.data if data is None else data)
+    inputs = expand_patterns(list(cfg.data if data is None else data))
     if not inputs:
         raise ConfigError("no data: give --data FILE (a dataset file or a prepared token store)")
     if len(inputs) == 1 and is_store(inputs[0]):
@@ -112,7 +114,11 @@ def prepare_data(
         check_file(d)
         paths.append(d)
         formats.append(detect(d, cfg.format))
+    for p in paths:  # a dataset folder's files too: their names go into the manifest
+        check_name(p)
+    check_name(tok_dir, "tokenizer directory")
     root = cache_root(cfg.cache_dir)
+    check_name(root, "cache directory")
     root.mkdir(parents=True, exist_ok=True)
     fields = Fields.from_config(cfg)
     options = {
@@ -205,6 +211,29 @@ def prepare_data(
         }
         writer.finish(manifest)
     return Prepared(dest, False, stats, time.perf_counter() - t0)
+
+
+def expand_patterns(inputs: list[str]) -> list[str]:
+    """`--data` entries with a quoted pattern (`'shards/*.jsonl'`) replaced by its files, sorted.
+
+    An entry that exists is taken as it is, even with `*` in its name. A pattern that
+    matches nothing is refused here, naming the pattern: as a missing file it would read
+    "no such file", which sends the user looking for a file named with a `*`.
+    """
+    out: list[str] = []
+    for d in map(str, inputs):
+        if os.path.lexists(d) or not any(c in d for c in "*?["):
+            out.append(d)
+            continue
+        found = sorted(glob.glob(d, recursive=True))
+        if not found:
+            raise DataError(
+                f"--data {d}: the pattern matches no file; check the directory and the "
+                "pattern (pitstop expands a quoted pattern itself; the shell passes an "
+                "unquoted one on as it is when nothing matches)"
+            )
+        out += found
+    return out
 
 
 def open_store(

@@ -221,16 +221,23 @@ def hf_dataset_files(path: Path, split: str = "train") -> tuple[list[Path], str 
     return files, chosen
 
 
-def check_file(path: Path) -> None:
-    """Refuse what is not a readable data file, each with its own reason and fix."""
+def check_name(path: Path | str, what: str = "file") -> None:
+    """Refuse a path whose name is not valid UTF-8 (Linux allows any bytes in a name).
+
+    The path is kept in the store's manifest and the cache's memo, both UTF-8 text.
+    """
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
-        # The name is kept in the store's manifest and the cache's memo, both UTF-8.
         raise DataError(
-            f"{ascii(str(path))[1:-1]}: the file name is not valid UTF-8 (it was written in "
-            "another encoding); rename the file, e.g. `convmv -f latin1 -t utf8 --notest FILE`"
+            f"{ascii(str(path))[1:-1]}: the {what} name is not valid UTF-8 (it was written in "
+            "another encoding); rename it, e.g. `convmv -f latin1 -t utf8 --notest NAME`"
         ) from None
+
+
+def check_file(path: Path) -> None:
+    """Refuse what is not a readable data file, each with its own reason and fix."""
+    check_name(path)
     if not path.exists():
         if path.is_symlink():
             try:

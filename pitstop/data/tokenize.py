@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 import time
 import traceback
@@ -151,9 +152,12 @@ class Worker:
         limit = readers.MAX_RECORD_BYTES
         if chunk.kind == "block":
             for start, block in chunk.items:
-                for k, line in enumerate(block.split(b"\n")):
+                lines = block.split(b"\n")
+                for k, line in enumerate(lines):
                     if len(line) > limit:  # only when a block holds more than the limit
-                        out.append((f"{path}:{start + k}", too_long(len(line.rstrip()))))
+                        # A block ends without a newline only at the end of the file.
+                        ended = k < len(lines) - 1
+                        out.append((f"{path}:{start + k}", too_long(len(line), ended=ended)))
                     elif line.strip():
                         out.append((f"{path}:{start + k}", _try(parse_json_line, line, fields)))
         elif chunk.kind == "toolong":
@@ -697,7 +701,7 @@ class _Watch:
                     "messages takes time growing with the cube of the turns: simplify the "
                     "template, or split or drop very long conversations."
                 )
-            log.warning(
+            _say(
                 f"pitstop: warning: {where}: one record ({what}) has taken "
                 f"{time.monotonic() - start:.0f} s so far, {stage}; prepare is still working "
                 f"on it, not stuck.{hint}"
@@ -721,7 +725,7 @@ class _Watch:
             with self.watch._lock:
                 self.watch._now = None
             if self.state[4]:
-                log.warning(
+                _say(
                     f"pitstop: {self.state[0]}: done after {time.monotonic() - self.state[3]:.0f} s"
                 )
 
@@ -745,6 +749,15 @@ class _Watch:
 
 
 _WATCH = _Watch()
+
+
+def _say(message: str) -> None:
+    """A warning on its own line, not glued to the progress bar's (in a worker process,
+    the bar copied at fork is only cleared: the parent redraws its own)."""
+    from tqdm import tqdm
+
+    with tqdm.external_write_mode(file=sys.stderr):
+        log.warning(message)
 
 
 # --- process-pool plumbing ------------------------------------------------------
