@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 import yaml
 
 from pitstop.advise.setup import UNKNOWN, Setup
-from pitstop.errors import ConfigError
+from pitstop.config_ranges import MAX_COUNT
+from pitstop.errors import ConfigError, short_repr
 from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.yaml_load import parse_yaml
 
@@ -53,6 +55,71 @@ CHECKED = frozenset({
     "logging_strategy", "logging_steps", "eval_strategy", "evaluation_strategy", "eval_steps",
     "torch_empty_cache_steps", "logging_nan_inf_filter", "use_cpu", "no_cuda",
 })  # fmt: skip
+
+
+# What each field the rules read must hold in a declared file (TrainingArguments' and
+# SFTConfig's own types), with the range where it means something: a wrong type or an
+# absurd number would otherwise become a finding about it (`dataloader_num_workers: 1e30`
+# was "1000000000000000019884624838656 loader workers on 2 CPU cores").
+_WORKERS_MAX = 1024  # DataLoader worker processes: far above any machine's cores
+_STRATEGIES = ("no", "steps", "epoch", "best")
+_STEPS = "an integer of at least 1 (or a fraction of the run in (0, 1))"
+FIELD_KINDS: dict[str, tuple[str, Any]] = {
+    **{k: ("bool", None) for k in (
+        "packing", "padding_free", "group_by_length", "bf16", "fp16", "gradient_checkpointing",
+        "activation_checkpointing", "torch_compile", "logging_nan_inf_filter", "use_cpu",
+        "no_cuda")},
+    "tf32": ("bool_or_none", None),
+    "dataloader_num_workers": ("int", (0, _WORKERS_MAX)),
+    "per_device_train_batch_size": ("int", (1, MAX_COUNT)),
+    "gradient_accumulation_steps": ("int", (1, MAX_COUNT)),
+    "max_length": ("int_or_none", (1, MAX_COUNT)),
+    "max_seq_length": ("int_or_none", (1, MAX_COUNT)),
+    "torch_empty_cache_steps": ("int_or_none", (1, MAX_COUNT)),
+    **{k: ("steps", None) for k in ("save_steps", "logging_steps", "eval_steps")},
+    **{k: ("choice", _STRATEGIES) for k in (
+        "save_strategy", "logging_strategy", "eval_strategy", "evaluation_strategy")},
+    "train_sampling_strategy": ("str", None),
+    "optim": ("str", None),
+}  # fmt: skip
+
+
+def declared_problems(values: dict[str, Any]) -> list[str]:
+    """One line per field of a declared file that holds what TrainingArguments would not:
+    a wrong type, a number outside its range, or a non-finite number anywhere (JSON's
+    NaN/Infinity, or 1e400)."""
+    out = []
+    for name, v in values.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            out.append(f"{name} is {v}; give a finite number")
+            continue
+        if name not in FIELD_KINDS:
+            continue
+        kind, arg = FIELD_KINDS[name]
+        want = _kind_problem(kind, arg, v)
+        if want:
+            out.append(f"{name} is {short_repr(v)}; it must be {want}")
+    return out
+
+
+def _kind_problem(kind: str, arg: Any, v: Any) -> str | None:
+    """What `v` should have been, or None when it is fine."""
+    v = getattr(v, "value", v)  # an enum (IntervalStrategy, OptimizerNames) as its string
+    is_int = isinstance(v, int) and not isinstance(v, bool)
+    if kind == "bool" or (kind == "bool_or_none" and v is not None):
+        return None if isinstance(v, bool) else "true or false"
+    if kind in ("int", "int_or_none") and not (kind == "int_or_none" and v is None):
+        lo, hi = arg
+        span = f"of at least {lo}" if hi == MAX_COUNT else f"from {lo} to {hi:,}"
+        return None if is_int and lo <= v <= hi else f"an integer {span}"
+    if kind == "steps" and v is not None:
+        ok = (is_int and 1 <= v <= MAX_COUNT) or (isinstance(v, float) and 0 < v < 1)
+        return None if ok else _STEPS
+    if kind == "choice":
+        return None if v in arg else "one of " + ", ".join(repr(c) for c in arg)
+    if kind == "str" and v is not None and not isinstance(v, str):
+        return "a name (a string)"
+    return None
 
 
 @cache
@@ -104,6 +171,12 @@ def load_hf_args(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"--hf-args {p}: must be a mapping of field: value "
             f"(e.g. the output of TrainingArguments.to_dict()), got {type(data).__name__}"
+        )
+    problems = declared_problems(data)
+    if problems:
+        raise ConfigError(
+            [*problems, "fix these fields (TrainingArguments would refuse or misread them)"],
+            header=f"--hf-args {p}: {len(problems)} field(s) hold what TrainingArguments would not:",
         )
     return data
 
