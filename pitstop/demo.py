@@ -11,7 +11,6 @@ Everything runs through the same library calls as the individual commands.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -100,7 +99,7 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
     )
     print(format_findings(report["findings"]))
     # The HTML report shows the findings next to the curves.
-    (run_dir / "findings.json").write_text(json.dumps({"findings": report["findings"]}, indent=1))
+    run_record.write_findings(run_dir, report)
 
     _say("a full epoch of this corpus, estimated from this run's measured throughput")
     est = estimate_planned_run(

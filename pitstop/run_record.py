@@ -38,7 +38,7 @@ TENSORBOARD = "tensorboard"  # TensorBoard events
 PROFILE = "profile.json"  # `pitstop profile --output`'s default name
 HF_PROFILE = "pitstop_profile.json"  # the profile PitstopCallback writes beside a HF run
 REPORT = "report.html"  # `pitstop report`'s default name
-FINDINGS = "findings.json"  # the doctor's findings beside a run (the demo writes them)
+FINDINGS = "findings.json"  # the doctor's report beside a run (`write_findings`)
 
 WANDB_ID = "wandb-run-id"  # the wandb run this run logs to (--resume continues that run)
 CHOICES = "choices.json"  # the measured choices the run trains with: a ChoiceRecord
@@ -279,6 +279,16 @@ def write_summary(out_dir: str | Path, summary: RunSummary) -> Path:
     path = Path(out_dir) / SUMMARY
     clean = {k: _finite(v) for k, v in summary.to_json().items()}
     write_json_atomic(path, clean)
+    return path
+
+
+def write_findings(out_dir: str | Path, report: dict[str, Any]) -> Path:
+    """Write OUT_DIR/findings.json atomically: the doctor's whole report, its "findings" a
+    list (the one writer the doctor command, the demo and PitstopCallback use); its path."""
+    if not isinstance(report.get("findings"), list):
+        raise ValueError("a findings.json report holds a list under 'findings'")
+    path = Path(out_dir) / FINDINGS
+    write_json_atomic(path, report)
     return path
 
 

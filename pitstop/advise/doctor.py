@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pitstop import log
+from pitstop import log, run_record
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
 from pitstop.advise.finding import Finding, rank, reported
@@ -288,12 +288,8 @@ def doctor(
 
 def write_findings(report: dict[str, Any], out_dir: str | Path) -> Path:
     """Write the report as OUT_DIR/findings.json (what `pitstop report` shows); its path."""
-    from pitstop.atomic import write_json_atomic
-
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise ConfigError(f"--output {d} is a file; give a directory (e.g. the run directory)")
     d.mkdir(parents=True, exist_ok=True)
-    path = d / "findings.json"
-    write_json_atomic(path, report)
-    return path
+    return run_record.write_findings(d, report)
