@@ -138,6 +138,11 @@ class Worker:
         self.s = s
         self.tok = tok if tok is not None else load_tokenizer(s.tokenizer, s.trust_remote_code)
         self.backend = self.tok.backend_tokenizer
+        # A tokenizer.json may carry truncation or padding settings (transformers keeps
+        # them on the backend, and applies its own only through its own calls): here they
+        # would cut every document to max_length tokens, or pad it, without a word.
+        self.backend.no_truncation()
+        self.backend.no_padding()
         self.eos = int(self.tok.eos_token_id)
         self.eos_text = self.tok.eos_token
         bos = self.tok.bos_token_id

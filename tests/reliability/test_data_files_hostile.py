@@ -261,6 +261,29 @@ def test_a_quoted_pattern_reads_its_files_in_order(tiny_model_dir, tmp_path, cap
     assert rc == 0 and json.loads(out)["documents"] == 2, err
 
 
+# --- the tokenizer's own settings ----------------------------------------------------
+
+
+def test_a_tokenizer_json_that_truncates_or_pads_changes_nothing(tiny_model_dir, tmp_path, capsys):
+    """Some tokenizer.json files carry "truncation" or "padding" (for an encoder's 512
+    tokens); prepare tokenizes with the backend, which applied them to every document."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tj = json.loads((model / "tokenizer.json").read_text())
+    tj["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst",
+                        "stride": 0}  # fmt: skip
+    tj["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None,
+                     "pad_id": 2, "pad_type_id": 0, "pad_token": "<pad>"}  # fmt: skip
+    (model / "tokenizer.json").write_text(json.dumps(tj))
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(_jsonl())
+    rc, out, err = _prepare(model, tmp_path / "c", data, capsys=capsys)
+    assert rc == 0, err
+    got = _tokens(out)
+    rc, out, err = _prepare(tiny_model_dir, tmp_path / "c", data, capsys=capsys)
+    assert got == _tokens(out)
+
+
 # --- names ----------------------------------------------------------------------------
 
 
