@@ -60,6 +60,9 @@ from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
 from pitstop.faults import NO_FAULTS, Faults
 
+# The loader state beside the weights: JSON when it is plain values, else tensors.
+LOADER_STATE_JSON, LOADER_STATE_PT = "loader_state.json", "loader_state.pt"
+
 MARKER = "COMPLETE.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -496,9 +499,9 @@ class CheckpointWriter:
             _write_json(tmp / "trainer_state.json", snap.trainer_state)
             _write_json(tmp / "rng.json", snap.rng)
             try:
-                _write_json(tmp / "loader_state.json", snap.loader_state)
+                _write_json(tmp / LOADER_STATE_JSON, snap.loader_state)
             except TypeError:
-                torch.save(snap.loader_state, tmp / "loader_state.pt")
+                torch.save(snap.loader_state, tmp / LOADER_STATE_PT)
             if self.faults.fails_checkpoint(snap.step):
                 raise OSError(28, "No space left on device (injected by a test fault)")
             self.faults.reached("ckpt-write", snap.step)
@@ -584,6 +587,18 @@ def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
 # --- reading -------------------------------------------------------------------
 
 
+def read_loader_state(path: Path) -> Any:
+    """A checkpoint's loader state: loader_state.json, else loader_state.pt (tensors and
+    plain values only); None when the checkpoint holds neither. The one reader of both."""
+    import torch
+
+    if (path / LOADER_STATE_JSON).is_file():
+        return json.loads((path / LOADER_STATE_JSON).read_text(encoding="utf-8"))
+    if (path / LOADER_STATE_PT).is_file():
+        return torch.load(path / LOADER_STATE_PT, weights_only=True)
+    return None
+
+
 def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     """Everything but the model weights: optimizer, trainer state, RNG, loader state.
 
@@ -597,13 +612,10 @@ def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
             "trainer_state": json.loads((path / "trainer_state.json").read_text(encoding="utf-8")),
             "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
         }
-        if (path / "loader_state.json").is_file():
-            out["loader_state"] = json.loads(
-                (path / "loader_state.json").read_text(encoding="utf-8")
-            )
-        else:
-            current = path / "loader_state.pt"
-            out["loader_state"] = torch.load(current, weights_only=True)
+        current = path / LOADER_STATE_PT
+        out["loader_state"] = read_loader_state(path)
+        if out["loader_state"] is None:  # neither file: the error below names the checkpoint
+            raise FileNotFoundError(f"{current} (nor {LOADER_STATE_JSON}) does not exist")
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"checkpoint {path}: {current.name} is not a pitstop checkpoint file (it holds "

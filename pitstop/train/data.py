@@ -82,14 +82,11 @@ def check_targets(store: Any, cfg: RunConfig) -> None:
 
 def saved_strategy(out: Path) -> str | None:
     """The batching strategy of the newest checkpoint in `out` (a resumed `auto` run keeps it)."""
-    import json
-
-    from pitstop.train.checkpoint import latest_checkpoint
+    from pitstop.train.checkpoint import latest_checkpoint, read_loader_state
 
     ck = latest_checkpoint(out / run_record.CHECKPOINTS)
-    if ck is None or not (ck / "loader_state.json").is_file():
-        return None
-    return json.loads((ck / "loader_state.json").read_text(encoding="utf-8")).get("strategy")
+    state = read_loader_state(ck) if ck is not None else None
+    return state.get("strategy") if isinstance(state, dict) else None
 
 
 def build_loader(
