@@ -677,28 +677,43 @@ class _Watch:
     A chat template whose rendering grows with the cube of the turns can take minutes on
     one long conversation, while the progress bar (which counts finished chunks) shows
     nothing; the record's file, line and size say what to look at. A daemon thread of the
-    worker process checks once a second (started lazily, so a forked worker has its own).
+    process checks once a second; it is started when a record starts and ends after a few
+    idle seconds, so a process that forks tokenizer workers later holds no extra thread.
     """
 
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a lock held at fork would stay held in the child
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._now: list[Any] | None = None  # [where, what, stage, start, warned]
-        self._pid = -1
+        self._running = False
 
-    def _ensure_thread(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
+    def _begin(self, state: list[Any]) -> None:
+        with self._lock:  # one lock for both, so the thread cannot end between them
+            self._now = state
+            start, self._running = not self._running, True
+        if start:
             threading.Thread(target=self._loop, name="pitstop-slow-record", daemon=True).start()
 
     def _loop(self) -> None:
+        idle = 0.0
         while True:
-            time.sleep(min(1.0, SLOW_RECORD_SECONDS / 4))
+            step = min(1.0, SLOW_RECORD_SECONDS / 4)
+            time.sleep(step)
             with self._lock:
                 now = self._now
+                idle = idle + step if now is None else 0.0
+                if idle >= 5:
+                    self._running = False
+                    return
                 if now is None or now[4] or time.monotonic() - now[3] < SLOW_RECORD_SECONDS:
                     continue
                 now[4] = True
             where, what, stage, start, _ = now
+            what = self.describe(what)
             hint = ""
             if stage == "rendering it" and what.startswith("a chat"):
                 hint = (
@@ -719,10 +734,8 @@ class _Watch:
         def __enter__(self) -> None:
             if self.state is None:
                 return
-            self.watch._ensure_thread()
             self.state[3] = time.monotonic()
-            with self.watch._lock:
-                self.watch._now = self.state
+            self.watch._begin(self.state)
 
         def __exit__(self, *exc: object) -> None:
             if self.state is None:
@@ -738,13 +751,18 @@ class _Watch:
         return self._Span(self, [where, what, stage, 0.0, False])
 
     def record(self, where: str, rec: Record, stage: str) -> _Watch._Span:
-        if rec.kind == "chat":
-            msgs = rec.values[0]
+        # The record itself: described only if it turns out slow (cheap per record).
+        return self._Span(self, [where, rec, stage, 0.0, False])
+
+    @staticmethod
+    def describe(what: Any) -> str:
+        if isinstance(what, str):
+            return what
+        if what.kind == "chat":
+            msgs = what.values[0]
             size = sum(len(m[1]) for m in msgs)
-            what = f"a chat of {len(msgs):,} messages, {size:,} characters of content"
-        else:
-            what = f"a {rec.kind} record of {sum(map(len, rec.values)):,} characters"
-        return self.one(where, what, stage)
+            return f"a chat of {len(msgs):,} messages, {size:,} characters of content"
+        return f"a {what.kind} record of {sum(map(len, what.values)):,} characters"
 
     def chunk(self, locs: list[str] | None, stage: str) -> _Watch._Span:
         if not locs:
