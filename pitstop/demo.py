@@ -119,5 +119,5 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
         f"  final model      {run_dir / 'final'}  (AutoModelForCausalLM.from_pretrained loads it)"
     )
     print(f"  summary          {run_dir / run_record.SUMMARY}")
-    print(f"  per-step metrics {run_dir / 'metrics.jsonl'}")
+    print(f"  per-step metrics {run_dir / run_record.METRICS}")
     return 0

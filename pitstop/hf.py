@@ -489,7 +489,7 @@ class PitstopCallback(TrainerCallback):
         write_steps(out, [StepLine.from_json(line) for line in self._lines])
         write_json_atomic(out / run_record.HF_PROFILE, self.profile)
         if self.report is not None:
-            write_json_atomic(out / run_record.FINDINGS, self.report)
+            run_record.write_findings(out, self.report)
         assert self.summary is not None
         write_summary(out, self.summary)  # last: it marks the run complete
 

@@ -21,9 +21,13 @@ CUSTOM_LOOP_NOTE = "a custom loop timed by pitstop.watch"
 
 
 def is_custom_loop(profile: dict[str, Any] | None) -> bool:
-    """Whether a profile timed a plain PyTorch loop (its settings observed through hooks)."""
-    notes = (profile or {}).get("notes") or []
-    return any(CUSTOM_LOOP_NOTE in str(n) for n in notes)
+    """Whether a profile timed a plain PyTorch loop (its settings observed through hooks):
+    its source is "script" (pitstop.anyloop.recorder); a profile written before that field
+    said so carries the recorder's note instead."""
+    p = profile or {}
+    if p.get("source") == "script":
+        return True
+    return any(CUSTOM_LOOP_NOTE in str(n) for n in p.get("notes") or [])
 
 
 @dataclass

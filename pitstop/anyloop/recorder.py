@@ -40,6 +40,7 @@ class LoopRecorder(PitstopCallback):
 
     def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
         profile = super()._build_profile(args, model)
+        profile["source"] = SOURCE  # its config is what the hooks observed, not declared
         precision = profile["choices"].get("precision")
         if isinstance(precision, dict):  # the callback's reason names TrainingArguments
             precision["reason"] = "observed: the autocast dtype, else the parameters' dtype"

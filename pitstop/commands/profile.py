@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import log
+from pitstop.atomic import write_json_atomic
 from pitstop.commands.flags import (
     add_config_flags,
     check_number_flags,
@@ -32,6 +33,7 @@ from pitstop.commands.flags import (
 )
 from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError
+from pitstop.run_record import PROFILE
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 3
@@ -117,15 +119,15 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup is None:
         args.warmup = DEFAULT_WARMUP
     problems = check_outputs(
-        files={"--output": (args.profile_output, "profile.json")}, dirs={"--trace": args.trace}
+        files={"--output": (args.profile_output, PROFILE)}, dirs={"--trace": args.trace}
     )
     cfg = config_from_args(args, "profile")  # raises every config problem at once
     if problems:
         raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
     result = run_profile(cfg, steps=args.steps, warmup=args.warmup, trace_dir=args.trace)
-    out = Path(args.profile_output or "profile.json")
+    out = Path(args.profile_output or PROFILE)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.profile, indent=1, default=str) + "\n", encoding="utf-8")
+    write_json_atomic(out, result.profile)  # never a half-written profile at the path
     if args.json:
         print(json.dumps(result.profile, indent=1, default=str))
     else:

@@ -4,7 +4,8 @@ One schema for both sources, so `pitstop doctor --profile` and the verdict read
 either. Keys (units in the names where a user reads them)::
 
     schema             "pitstop.profile/1"
-    source             "pitstop" | "hf"
+    source             "pitstop" | "hf" | "script" (a plain loop under pitstop.watch /
+                       `pitstop profile -- COMMAND`: its config is what the hooks observed)
     steps              K, optimizer steps measured (after the warm-up)
     warmup             W, optimizer steps run first and left out of every number below
     step_seconds       [K floats], wall time of each measured step

@@ -23,7 +23,7 @@ def fp16_on_bf16(ctx: Context) -> Finding | None:
         effect="same tensor-core peak (bf16 = fp16 on the datasheet), but bf16 has fp32's exponent "
         "range: no loss scaling, no steps skipped on overflow, no GradScaler inf check per step",
         basis="documented",
-        reference="NVIDIA datasheets (pitstop/measure/peak.py GPU_PEAKS)",
+        reference="NVIDIA datasheets (pitstop/catalog/gpus.py)",
         fix=ctx.setup.fix("--precision bf16 (or auto)", "bf16=True, fp16=False"),
     )
 
@@ -55,7 +55,7 @@ def fp32_on_gpu(ctx: Context) -> Finding | None:
         evidence=ev,
         effect=effect,
         basis="documented",
-        reference="NVIDIA datasheets (pitstop/measure/peak.py GPU_PEAKS)",
+        reference="NVIDIA datasheets (pitstop/catalog/gpus.py)",
         fix=ctx.setup.fix(f"--precision {half} (or auto)", f"{half}=True"),
         gain=gain,
     )
