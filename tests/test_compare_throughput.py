@@ -20,7 +20,7 @@ import pytest
 import pitstop
 from pitstop.report.compare import compare, format_compare
 from pitstop.report.runs import load_run
-from pitstop.report.steady import NOISE_FLOOR, Steady, band, blocks, steady
+from pitstop.report.steady import NOISE_FLOOR, Steady, band, blocks, period, steady
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,6 +99,24 @@ def test_blocks_tile_the_steps() -> None:
         assert bs[0][0] == 0 and bs[-1][1] == n
         assert all(a < b for a, b in bs) and all(x[1] == y[0] for x, y in itertools.pairwise(bs))
         assert max(b - a for a, b in bs) <= math.isqrt(n) + math.isqrt(n)  # about √n each
+
+
+def test_a_periodic_stall_gives_blocks_of_whole_periods_and_a_narrow_band(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(0)
+    # every 4th step waits 0.08 s for data on top of ~0.03 s: a loader with 4 workers
+    secs = [0.03 * (1 + rng.uniform(-0.05, 0.05)) + (0.08 if i % 4 == 3 else 0.0)
+            for i in range(60)]  # fmt: skip
+    assert period(secs) == 4
+    bs = blocks(len(secs), 4)
+    assert len(bs) >= 2 and all((b - a) % 4 == 0 for a, b in bs)
+    assert period([0.03 * (1 + rng.uniform(-0.2, 0.2)) for _ in range(60)]) == 1
+    st = steady(load_run(_synthetic(tmp_path / "r", [0.2, *secs])))
+    assert st is not None and st.spread < 0.05  # each block holds the same stalls
+    # Blocks of ⌊√59⌋ = 7 steps hold one stall or two: the band would be several times wider.
+    rates = [(b - a) / sum(secs[a:b]) for a, b in blocks(len(secs))]
+    assert statistics.stdev(rates) / statistics.fmean(rates) > 3 * st.spread
 
 
 @pytest.mark.parametrize("rel_se", [0.0, 0.01, 0.3, 1.0, 5.0, 50.0])

@@ -11,7 +11,8 @@ Per run (from metrics.jsonl, one line per optimizer step):
   N workers makes every Nth step wait, and those waits are part of what the run costs.
   Only the warm-up is left out. Steady step time: the steady seconds over the steps;
 - spread: the coefficient of variation of the rates of consecutive blocks of steady steps
-  (`blocks`, about √n steps each, so a stall that recurs within a block is in every block).
+  (`blocks`, about √n steps each; when the step times repeat with a period, `period`, each
+  block holds whole periods, so a stall that recurs every few steps is in every block alike).
 
 The noise band of a ratio B/A comes from the same blocks: each run's throughput has a
 relative standard error of about sd(block rates) / mean / √blocks (batch means); the
@@ -42,6 +43,9 @@ Z = 2.0  # band half-width in standard errors (about 95% for a normal error)
 NOISE_FLOOR = 0.02  # ±2%: timer resolution and run-to-run variation on a quiet machine
 NOISY_FLOOR = 0.05  # ±5% when a run is flagged noisy (its spread or the machine's load)
 NOISY_SPREAD = 0.25  # block rates' coefficient of variation above this flags a run as noisy
+# Step times whose autocorrelation at some lag reaches this repeat with that period: the
+# blocks then hold whole periods (a stall every 4th step: blocks of 4, 8, 12 ... steps).
+PERIODIC_ACF = 0.5
 
 
 @dataclass
@@ -106,12 +110,35 @@ def steady_lines(run: LoadedRun) -> list[Any]:
     return split_warmup(timed, lambda r: r.warmup is True)[1]
 
 
-def blocks(n: int) -> list[tuple[int, int]]:
-    """[start, end) of consecutive blocks of n steps: ⌊√n⌋ steps each (the last ones one
-    longer where n does not divide), so a stall recurring every few steps lands in each."""
+def period(secs: list[float]) -> int:
+    """The steps after which the step times repeat (a loader with N workers stalls every
+    Nth step): the lag from 2 to n/4 with the highest autocorrelation, when that is at least
+    PERIODIC_ACF; else 1 (no pattern)."""
+    n = len(secs)
+    mean = statistics.fmean(secs) if secs else 0.0
+    dev = [x - mean for x in secs]
+    var = sum(d * d for d in dev)
+    best, lag = PERIODIC_ACF, 1
+    for k in range(2, n // 4 + 1):
+        acf = sum(dev[i] * dev[i + k] for i in range(n - k)) / var if var > 0 else 0.0
+        if acf > best:
+            best, lag = acf, k
+    return lag
+
+
+def blocks(n: int, every: int = 1) -> list[tuple[int, int]]:
+    """[start, end) of consecutive blocks of n steps, about ⌊√n⌋ steps each. With a period
+    (`every` > 1) each block holds whole periods, so each holds the same stalls; the steps
+    past the last whole block are left out of the blocks (never out of the throughput).
+    Without one, the blocks tile the n steps (the last ones one longer where n does not
+    divide)."""
     if n <= 0:
         return []
     size = max(1, math.isqrt(n))
+    if every > 1:
+        size = every * max(1, round(size / every))
+        k = n // size
+        return [(i * size, (i + 1) * size) for i in range(k)] if k > 1 else [(0, n)]
     k = max(1, n // size)
     cuts = [round(i * n / k) for i in range(k + 1)]
     return list(itertools.pairwise(cuts))
@@ -121,7 +148,7 @@ def rate_error(secs: list[float], toks: list[float] | None) -> tuple[float, floa
     """(spread, relative standard error, blocks) of a steady rate from its block rates:
     tokens/s of each block where tokens are known, else steps/s."""
     rates = []
-    for a, b in blocks(len(secs)):
+    for a, b in blocks(len(secs), period(secs)):
         s = sum(secs[a:b])
         rates.append((sum(toks[a:b]) if toks is not None else b - a) / s)
     mean = statistics.fmean(rates)
