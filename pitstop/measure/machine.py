@@ -111,6 +111,21 @@ def shared_by_others(machine: dict[str, Any] | None) -> str | None:
     return f"other processes used {used:.1f} of {cores} cores{extra}"
 
 
+def loaded_by_average(machine: dict[str, Any] | None, per_core: float = 1.0) -> str | None:
+    """ "load 3.2 on 2 cores" when the 1-minute load average reached `per_core` x the cores
+    and nothing better was measured; else None. The load average counts the run's own
+    processes (its loader workers, its ranks), so where the others' CPU time was measured
+    (`other_cores`, `shared_by_others`) that decides instead."""
+    machine = machine or {}
+    if machine.get("other_cores") is not None:
+        return None
+    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
+    ok = isinstance(load, (int, float)) and isinstance(cores, (int, float)) and cores > 0
+    if not ok or load < per_core * cores:  # type: ignore[operator]
+        return None
+    return f"load {load:.1f} on {cores:.0f} cores"
+
+
 def describe_load(machine: dict[str, Any] | None) -> str | None:
     """ "load 3.2 on 2 cores" (None when unknown): what a figure was measured under."""
     machine = machine or {}

@@ -45,7 +45,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pitstop.measure.machine import shared_by_others
+from pitstop.measure.machine import loaded_by_average, shared_by_others
 
 INPUT_MODERATE, INPUT_SEVERE = 0.05, 0.20
 CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
@@ -148,11 +148,10 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     machine = profile.get("machine") or {}
     load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
     shared = shared_by_others(machine)  # measured: others' CPU time during the run
-    others_measured = machine.get("other_cores") is not None
-    # The load average counts the run's own workers too: only without a measure of the
-    # others' CPU time is it evidence of another process.
-    busy = bool(not others_measured and load and cores and load / cores >= BUSY_LOAD_PER_CORE)
-    unmeasured = not others_measured and load is None  # nothing says whether it was quiet
+    # The load average counts the run's own workers too: evidence of another process only
+    # without a measure of the others' CPU time.
+    busy = loaded_by_average(machine, BUSY_LOAD_PER_CORE) is not None
+    unmeasured = machine.get("other_cores") is None and load is None  # no word on quiet
     dev = profile.get("device")  # an object, or a bare name ("cpu") in hand-written profiles
     on_cpu = (dev.get("type") if isinstance(dev, dict) else dev) == "cpu"
     noisy = (

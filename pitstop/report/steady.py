@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pitstop.measure.machine import shared_by_others
+from pitstop.measure.machine import loaded_by_average, shared_by_others
 from pitstop.report.runs import LoadedRun
 
 # Steps left out when the run does not mark its warm-up: a process's first steps create
@@ -181,9 +181,9 @@ def noise_reasons(run: LoadedRun, spread: float) -> list[str]:
     if spread > NOISY_SPREAD:
         out.append(f"block spread {spread:.0%}")
     machine = run.summary.machine or {}
-    load, cores = _num(machine.get("load_average_1m")), _num(machine.get("cpu_cores"))
-    if load is not None and cores and load > cores:
-        out.append(f"load {load:.1f} on {cores:.0f} cores")
+    loaded = loaded_by_average(machine)  # only where others' CPU time was not measured
+    if loaded:
+        out.append(loaded)
     shared = shared_by_others(machine)
     if shared:
         out.append(shared)
