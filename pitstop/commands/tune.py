@@ -10,7 +10,12 @@ the config's `--output`; the run directory written into the YAML comes from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from pitstop import log
@@ -21,9 +26,47 @@ from pitstop.commands.flags import (
     escape_percent,
 )
 from pitstop.commands.paths import check_outputs
-from pitstop.errors import ConfigError
+from pitstop.errors import ConfigError, PitstopError
+from pitstop.tune.search import StopRequest, TuneInterrupted
 from pitstop.tune.space import KNOBS
+from pitstop.tune.trial import remove_trial_dirs
 from pitstop.tune.tuner import DEFAULT_BUDGET_SECONDS, format_report, tune, write_tuned_config
+
+
+class TuneStopped(PitstopError):
+    """SIGINT or SIGTERM stopped the tune; nothing was written but cached trials."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise TuneInterrupted wherever the tune is.
+
+    Python's default SIGTERM ended the process at once, leaving the running trial's
+    temporary run directory behind; inside a trial, the trainer's own handlers take
+    over and the trial turns the stop into TuneInterrupted (tune/trial.py).
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        StopRequest.signum = signum
+        # Raised inside a finalizer, the exception is printed ("Exception ignored in")
+        # and dropped; the next trial raises it from the flag instead.
+        while frame is not None:
+            if frame.f_code.co_name == "__del__":
+                return
+            frame = frame.f_back
+        raise TuneInterrupted(signum)
+
+    previous = {}
+    StopRequest.signum = None
+    with contextlib.suppress(ValueError):  # not the main thread: no handlers
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        StopRequest.signum = None
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -108,16 +151,29 @@ def run(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         log.info(f"pitstop tune: {msg}")
 
-    report = tune(
-        cfg,
-        budget_seconds=args.budget_seconds,
-        knobs=knobs,
-        memory_cap_gb=args.memory_cap_gb,
-        trial_warmup=args.trial_warmup,
-        trial_steps=args.trial_steps,
-        use_cache=not args.no_trial_cache,
-        log=progress,
-    )
+    try:
+        with _stop_on_signals():
+            report = tune(
+                cfg,
+                budget_seconds=args.budget_seconds,
+                knobs=knobs,
+                memory_cap_gb=args.memory_cap_gb,
+                trial_warmup=args.trial_warmup,
+                trial_steps=args.trial_steps,
+                use_cache=not args.no_trial_cache,
+                log=progress,
+            )
+            StopRequest.check()  # a stop whose exception was swallowed on the way
+    except TuneInterrupted as e:
+        remove_trial_dirs(os.getpid())  # one the signal caught half made or half removed
+        name = signal.Signals(e.signum).name
+        err = TuneStopped(
+            f"{name} stopped the tune: no tuned config was written ({args.tuned_output} is "
+            "as it was) and the running trial's temporary directory was removed; the trials "
+            "measured so far are cached, so the same command starts again quicker"
+        )
+        err.exit_code = 128 + e.signum
+        raise err from None
     if report.result.best is not None:
         write_tuned_config(cfg, report, args.tuned_output, run_output=args.run_output)
     if args.json:

@@ -169,8 +169,37 @@ def free_memory() -> None:
         pass
 
 
+class TuneInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stops the whole tune (`commands/tune.py` says what is kept).
+
+    A KeyboardInterrupt, not an Exception: every `except Exception` that turns a trial's
+    error into a failed trial (`safe_measure`) lets it through, as it does Ctrl-C.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopRequest:
+    """The signal that asked the tune to stop (None: none), kept past the exception.
+
+    The handler raises TuneInterrupted where the main thread is; when that is inside a
+    `__del__` or a callback whose exceptions are ignored (tqdm's), the exception is
+    lost, and the next trial (`safe_measure`) or the tune's end raises it again.
+    """
+
+    signum: int | None = None
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.signum is not None:
+            raise TuneInterrupted(cls.signum)
+
+
 def safe_measure(measure: Measure, settings: Settings) -> TrialResult:
     """Run one trial; an out-of-memory error becomes status 'oom', any other error 'failed'."""
+    StopRequest.check()
     try:
         return measure(settings)
     except (KeyboardInterrupt, SystemExit):

@@ -31,6 +31,7 @@ import io
 import itertools
 import json
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -44,7 +45,15 @@ from pitstop.config import RunConfig
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.profiling import StepClock, measured_trainer, measurement_config
 from pitstop.run_record import RunSummary, read_steps
-from pitstop.tune.search import COMPILE_FAILED, OK, TrialResult, free_memory, relative_spread
+from pitstop.train.signals import RunInterrupted
+from pitstop.tune.search import (
+    COMPILE_FAILED,
+    OK,
+    TrialResult,
+    TuneInterrupted,
+    free_memory,
+    relative_spread,
+)
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
 from pitstop.version import __version__
 
@@ -121,7 +130,8 @@ class TrialRunner:
             if settings is None
             else apply_settings(self.cfg, settings, self.tokens_per_step)
         )
-        tmp = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
+        remove_trial_dirs()
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-"))
         trainer = None
         try:
             run_cfg = measurement_config(trial_cfg, tmp / "run", self.warmup + self.max_steps)
@@ -134,7 +144,12 @@ class TrialRunner:
                 kwargs = {"device": self.device} if self.device is not None else {}
                 clock = StepClock(on_step_start=self._stop_when_stable)
                 trainer = measured_trainer(run_cfg, clock, **kwargs)
-                summary = RunSummary.from_json(trainer.fit())
+                try:
+                    summary = RunSummary.from_json(trainer.fit())
+                except RunInterrupted as e:
+                    # The trial's trainer caught the user's SIGINT/SIGTERM (its handlers
+                    # replace tune's while it runs): the tune stops, not just this trial.
+                    raise TuneInterrupted(e.exit_code - 128) from None
             peak = peak_memory(trainer.device.type)
             setup = clock.starts[0] - t_start if clock.starts else 0.0
             tps_math = int(trainer.geometry.tokens_per_step)
@@ -185,6 +200,33 @@ class TrialRunner:
             result.status, result.error = COMPILE_FAILED, reason or "torch.compile did not run"
         result.seconds = time.perf_counter() - t_start
         return result
+
+
+TRIAL_DIR_PREFIX = "pitstop-tune-"
+
+
+def remove_trial_dirs(pid: int | None = None) -> None:
+    """Remove process `pid`'s temporary trial directories (None: those of dead tunes).
+
+    A trial's directory is named `pitstop-tune-PID-*`; a stopped tune removes its own,
+    a killed one (SIGKILL) cannot, and its checkpoints stayed in the temporary directory.
+    """
+    for p in Path(tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*-*"):
+        owner = p.name[len(TRIAL_DIR_PREFIX) :].split("-")[0]
+        if not owner.isdigit():
+            continue
+        if (int(owner) == pid) if pid is not None else not _alive(int(owner)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _device_type(cfg: RunConfig) -> str:
