@@ -677,7 +677,7 @@ class _Watch:
     A chat template whose rendering grows with the cube of the turns can take minutes on
     one long conversation, while the progress bar (which counts finished chunks) shows
     nothing; the record's file, line and size say what to look at. A daemon thread of the
-    process checks once a second; it is started when a record starts and ends after a few
+    process checks four times a second; it is started when a record starts and ends after a few
     idle seconds, so a process that forks tokenizer workers later holds no extra thread.
     """
 
@@ -701,7 +701,7 @@ class _Watch:
     def _loop(self) -> None:
         idle = 0.0
         while True:
-            step = min(1.0, SLOW_RECORD_SECONDS / 4)
+            step = min(0.25, SLOW_RECORD_SECONDS / 4)  # a few wake-ups a second, while busy
             time.sleep(step)
             with self._lock:
                 now = self._now
