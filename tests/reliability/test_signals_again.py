@@ -41,6 +41,9 @@ from _rel import (
 pytestmark = pytest.mark.slow
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
 IDS = ["SIGINT", "SIGTERM", "SIGKILL"]
+# Variants that take a path another case already takes run with `make soak` only: each
+# costs two CLI processes (~25 s on the 2-core box) and the suite must stay under ~10 min.
+SOAK = pytest.mark.soak
 
 
 def _stop(proc: subprocess.Popen, sig: signal.Signals, gate: Path | None = None) -> str:
@@ -153,7 +156,12 @@ def _auto_cmd(model: Path, store: Path, out: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("point", "sig"),
-    [("measured", s) for s in SIGNALS] + [("startup", signal.SIGKILL)],
+    [
+        pytest.param("measured", signal.SIGINT, marks=SOAK),  # KeyboardInterrupt, as SIGTERM
+        ("measured", signal.SIGTERM),
+        ("measured", signal.SIGKILL),
+        pytest.param("startup", signal.SIGKILL, marks=SOAK),
+    ],
     ids=[f"measured-{i}" for i in IDS] + ["startup-SIGKILL"],
 )
 def test_train_signal_around_the_first_step_measurements_then_rerun(
@@ -216,7 +224,11 @@ def _tune_cmd(model: Path, store: Path, d: Path) -> list[str]:
             "--knobs", "micro_batch"]  # fmt: skip
 
 
-@pytest.mark.parametrize("sig", SIGNALS, ids=IDS)
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=SOAK), signal.SIGKILL],  # SIGTERM: as SIGINT
+    ids=IDS,
+)
 def test_tune_signal_inside_a_trial_then_rerun(sig, tiny_model_dir, rel_store, tmp_path):
     tmp = tmp_path / "tmp"  # the trials' temporary directories land here (TMPDIR)
     tmp.mkdir()
