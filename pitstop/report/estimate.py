@@ -86,15 +86,17 @@ class StepShape:
     """A measured run's optimizer step: what `estimate --from-profile` keeps by default."""
 
     trained_tokens: float  # trained tokens per optimizer step
-    micro_batch_size: int | None = None  # rows per micro-batch
+    # rows per micro-batch as measured (a fact about the past run; the estimate's own
+    # micro-batch is `micro_batch_size`, decided from it or from the flag)
+    rows: int | None = None
     seq_len: int | None = None  # positions per row
     accumulation: int | None = None  # micro-batches per optimizer step
     source: str = "the measured run"
 
     def describe(self) -> str:
         parts = []
-        if self.micro_batch_size:
-            parts.append(f"{self.micro_batch_size} row(s)")
+        if self.rows:
+            parts.append(f"{self.rows} row(s)")
         if self.seq_len:
             parts.append(f"{self.seq_len:,} positions")
         if self.accumulation:
@@ -508,7 +510,7 @@ def estimate(
     if step is None:
         step = measured_step(profile)
     seq_len = seq_len or (step.seq_len if step else None) or tokens.max_seq_len or 1024
-    micro_batch_size = micro_batch_size or (step.micro_batch_size if step else None) or 1
+    micro_batch_size = micro_batch_size or (step.rows if step else None) or 1
     grad_accum = grad_accum or (step.accumulation if step else None) or 1
     notes: list[str] = [kept_from_profile] if kept_from_profile else []
     if gpu is None and profile is not None:
@@ -683,7 +685,7 @@ def optimizer_steps(
         basis = f"{step.describe()}, as in the measured run"
         changed = []
         if planned is not None:
-            was = (step.micro_batch_size, step.seq_len, step.accumulation)
+            was = (step.rows, step.seq_len, step.accumulation)
             names = ("micro-batch rows", "row length", "accumulation")
             for name, new, old in zip(names, planned, was):
                 if old and new and new != old:

@@ -174,7 +174,7 @@ def run_step(profile: Measured, summary: RunSummary | None) -> StepShape | None:
     if step is None or summary is None:
         return step
     steps, rows, padded = summary.optimizer_steps, summary.rows, summary.padded_tokens
-    seq, mbs, accum = step.seq_len, step.micro_batch_size, step.accumulation
+    seq, mbs, accum = step.seq_len, step.rows, step.accumulation
     if seq is None and rows and padded:
         seq = max(1, round(padded / rows))
     rows_per_step = rows / steps if rows and steps else None
@@ -182,7 +182,7 @@ def run_step(profile: Measured, summary: RunSummary | None) -> StepShape | None:
         mbs = max(1, round(rows_per_step / accum))
     if accum is None and rows_per_step and mbs:
         accum = max(1, round(rows_per_step / mbs))
-    return replace(step, seq_len=seq, micro_batch_size=mbs, accumulation=accum)
+    return replace(step, seq_len=seq, rows=mbs, accumulation=accum)
 
 
 def run_defaults(

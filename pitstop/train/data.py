@@ -82,10 +82,15 @@ def check_targets(store: Any, cfg: RunConfig) -> None:
 
 def saved_strategy(out: Path) -> str | None:
     """The batching strategy of the newest checkpoint in `out` (a resumed `auto` run keeps it)."""
+    import pickle
+
     from pitstop.train.checkpoint import latest_checkpoint, read_loader_state
 
     ck = latest_checkpoint(out / run_record.CHECKPOINTS)
-    state = read_loader_state(ck) if ck is not None else None
+    try:
+        state = read_loader_state(ck) if ck is not None else None
+    except (OSError, ValueError, pickle.UnpicklingError):
+        return None  # a damaged or planted file: resume's own load refuses it by name
     return state.get("strategy") if isinstance(state, dict) else None
 
 
