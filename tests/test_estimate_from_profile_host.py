@@ -180,7 +180,7 @@ def test_the_model_and_tokens_default_to_the_runs(
     bare = loop_run(tmp_path / "bare")
     with pytest.raises(ConfigError, match="names no model directory; give --model DIR"):
         estimate_planned_run(from_profile=str(bare), gpu="RTX 4090")
-    with pytest.raises(ConfigError, match="the run.s model is not here"):
+    with pytest.raises(ConfigError, match="the run's model is not here"):
         estimate_planned_run(from_profile=str(loop_run(tmp_path / "gone",
                              config={"model": str(tmp_path / "nowhere")})))  # fmt: skip
 

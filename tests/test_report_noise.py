@@ -91,8 +91,14 @@ def test_warmup_left_out_and_said(tmp_path: Path) -> None:
     marked = steady(load_run(synthetic_run(tmp_path / "m", warmup_s=8.7, mark_warmup=True)))
     assert marked is not None and marked.warmup == 1
     text = format_compare(compare(tmp_path / "r", tmp_path / "m"))
-    assert "A: tokens over seconds of 14 steady steps, stalls included (2 warm-up step(s) left out)" in text
-    assert "B: tokens over seconds of 15 steady steps, stalls included (1 warm-up step(s) left out)" in text
+    assert (
+        "A: tokens over seconds of 14 steady steps, stalls included (2 warm-up step(s) left out)"
+        in text
+    )
+    assert (
+        "B: tokens over seconds of 15 steady steps, stalls included (1 warm-up step(s) left out)"
+        in text
+    )
 
 
 def test_compare_and_estimate_leave_out_the_same_warmup_steps(tmp_path: Path) -> None:
