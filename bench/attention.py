@@ -37,7 +37,7 @@ from pitstop.batching.collate import collate
 from pitstop.batching.plan import MicroBatchSpec
 from pitstop.packing import best_fit_decreasing
 from pitstop.tiny import llama_config
-from pitstop.train.build import to_device, token_loss_sum
+from pitstop.train.forward import to_device, token_loss_sum
 
 BACKENDS = ("sdpa", "flex_attention", "flash_attention_2", "eager")
 

@@ -51,7 +51,7 @@ def kernels_here(dev: torch.device) -> list[tuple[str, str | None]]:
 
 
 def check_packed(dev: torch.device, precision: str) -> list[Row]:
-    from pitstop.train.build import packed_attention_check
+    from pitstop.train.attention_check import packed_attention_check
 
     rows = []
     autocast = torch.bfloat16 if precision == "bf16" else None
@@ -166,7 +166,7 @@ def window_results(
     from transformers import AutoModelForCausalLM
 
     from pitstop.train import doc_attention
-    from pitstop.train.build import forward_kwargs, to_device
+    from pitstop.train.forward import forward_kwargs, to_device
     from pitstop.train.model_io import set_attention
 
     doc_attention.register()
@@ -287,7 +287,7 @@ def backends_case(model: Any, dev: torch.device, autocast: torch.dtype | None) -
     ruled out; raises what it raises."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from pitstop.train.build import to_device, token_loss_sum
+    from pitstop.train.forward import to_device, token_loss_sum
 
     backends = [b for b in (getattr(SDPBackend, n, None) for n in FUSED_BACKENDS) if b is not None]
     # Documents around the window, one longer than a query block; on a GPU also more
@@ -352,7 +352,7 @@ def check_model(
     from pitstop import probe
     from pitstop.config import RunConfig
     from pitstop.train import model_io
-    from pitstop.train.build import packed_attention_check
+    from pitstop.train.attention_check import packed_attention_check
 
     name = f"your model: {Path(model_dir).name}" + (f" (LoRA r={lora_r})" if lora_r else "")
     cfg = RunConfig(model=str(model_dir), data=["unused"], output="unused", lora_r=lora_r)

@@ -97,7 +97,8 @@ def check_staging(dev: torch.device, precision: str) -> list[Row]:
 
 def check_sizer(dev: torch.device, precision: str) -> list[Row]:
     from pitstop.probe import Choice
-    from pitstop.train.build import _cuda_sizer, token_loss_sum
+    from pitstop.train.forward import token_loss_sum
+    from pitstop.train.memory_plan import cuda_sizer
     from pitstop.train.optim import build_optimizer
 
     name = "sizer vs actual peak"
@@ -106,7 +107,7 @@ def check_sizer(dev: torch.device, precision: str) -> list[Row]:
     autocast = torch.bfloat16 if precision == "bf16" else None
     model = tiny_llama("sdpa", dev)
     choice = Choice("adamw_fused", "selftest")
-    sizer = _cuda_sizer(model, dev, "sdpa", autocast, choice)
+    sizer = cuda_sizer(model, dev, "sdpa", autocast, choice)
     mb = {k: v.cpu() for k, v in batch(dev, rows=4, width=256).items()}
     measured, _ = sizer.measure(mb)
     predicted = measured + sizer.reserved_bytes

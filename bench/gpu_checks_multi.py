@@ -59,7 +59,7 @@ def _step(strategy: str, rank: int, dev: torch.device, backend: str) -> dict[str
 
     from pitstop.config import RunConfig
     from pitstop.train import distributed as dist_mod
-    from pitstop.train.build import to_device, token_loss_sum
+    from pitstop.train.forward import to_device, token_loss_sum
     from pitstop.train.optim import build_optimizer
     from pitstop.train.token_loss import shifted_targets
 
@@ -100,14 +100,15 @@ def _ddp_memory(rank: int, dev: torch.device, backend: str) -> dict[str, Any]:
     model before wrapping as `pitstop train` does."""
     from pitstop.config import RunConfig
     from pitstop.train import distributed as dist_mod
-    from pitstop.train.build import _cuda_sizer, to_device, token_loss_sum
+    from pitstop.train.forward import to_device, token_loss_sum
+    from pitstop.train.memory_plan import cuda_sizer
     from pitstop.train.optim import build_optimizer
 
     autocast = torch.bfloat16
     model = tiny_llama("sdpa", dev, layers=4, hidden=512, heads=8, kv_heads=2)
     choice = _optimizer_choice(dev)
     mbs = _micro_batches(2, rows=4, width=512)
-    sizer = _cuda_sizer(model, dev, "sdpa", autocast, choice, ddp=True)
+    sizer = cuda_sizer(model, dev, "sdpa", autocast, choice, ddp=True)
     measured, _ = sizer.measure(mbs[0])
     predicted = measured + sizer.reserved_bytes
     cfg = RunConfig(model="m", data="d", output="o", strategy="ddp")

@@ -43,7 +43,7 @@ def tokens_per_second(
 ) -> float:  # fmt: skip
     """Tokens/s of a forward+backward of `model` with `kernel` on host micro-batch `mb`, the
     median of `repeats` timed passes after `warmup` (pitstop's to_device + token_loss_sum)."""
-    from pitstop.train.build import to_device, token_loss_sum
+    from pitstop.train.forward import to_device, token_loss_sum
     from pitstop.train.model_io import set_attention
 
     set_attention(model, kernel)

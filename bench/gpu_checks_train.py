@@ -31,8 +31,8 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
 
     from pitstop.config import RunConfig
     from pitstop.train import distributed as dist_mod
-    from pitstop.train.build import token_loss_sum
     from pitstop.train.compile import GuardedForward, compile_module
+    from pitstop.train.forward import token_loss_sum
 
     name = "compile + DDP wrapping"
     autocast = torch.bfloat16 if precision == "bf16" else None
@@ -66,7 +66,7 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
 def check_fsdp_mp(dev: torch.device, precision: str) -> list[Row]:
     from pitstop.config import RunConfig
     from pitstop.train import distributed as dist_mod
-    from pitstop.train.build import token_loss_sum
+    from pitstop.train.forward import token_loss_sum
 
     name = "FSDP2 mixed precision"
     if precision != "bf16":
@@ -270,7 +270,7 @@ def compile_auto_refuses_sdpa_docs(dev: torch.device) -> tuple[bool, str]:
 def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
     from torch._dynamo.utils import counters
 
-    from pitstop.train.build import to_device, token_loss_sum
+    from pitstop.train.forward import to_device, token_loss_sum
 
     name = "compile: recompiles per document layout"
     autocast = torch.bfloat16 if precision == "bf16" else None

@@ -758,8 +758,8 @@ def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[st
     cpu_bf16 = False
     if cpu_docs:
         from pitstop.probe import cpu_has_bf16
-        from pitstop.train.build import token_loss_sum
         from pitstop.train.doc_attention import DOC_ATTENTION, register
+        from pitstop.train.forward import token_loss_sum
 
         register()
         cpu_bf16 = cpu_has_bf16()

@@ -24,7 +24,8 @@ from _attention_util import VOCAB, alone_logits, packed_batch, per_doc_logits
 from pitstop import probe
 from pitstop.probe import DeviceInfo
 from pitstop.train import doc_attention, model_io, packcheck
-from pitstop.train.build import packed_attention_check, to_device, token_loss_sum
+from pitstop.train.attention_check import packed_attention_check
+from pitstop.train.forward import to_device, token_loss_sum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,7 +19,7 @@ from _attention_util import alone_logits, packed_batch, per_doc_logits, tiny_lla
 
 from pitstop import probe
 from pitstop.train.attention import VARLEN_KEYS
-from pitstop.train.build import to_device, token_loss_sum
+from pitstop.train.forward import to_device, token_loss_sum
 
 pytestmark = [
     pytest.mark.gpu,

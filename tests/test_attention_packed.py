@@ -32,7 +32,7 @@ from pitstop import probe
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo
 from pitstop.train.attention import VARLEN_KEYS, doc_boundaries
-from pitstop.train.build import to_device, token_loss_sum
+from pitstop.train.forward import to_device, token_loss_sum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

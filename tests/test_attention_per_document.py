@@ -15,8 +15,8 @@ from _attention_util import VOCAB, alone_logits, packed_batch, per_doc_logits, t
 
 from pitstop import probe
 from pitstop.probe import DeviceInfo
-from pitstop.train.build import to_device, token_loss_sum
 from pitstop.train.doc_attention import DOC_ATTENTION, per_document_sdpa, register
+from pitstop.train.forward import to_device, token_loss_sum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ import torch
 
 from pitstop.probe import Choice
 from pitstop.train import distributed as dist_mod
-from pitstop.train.build import sizer_reserved_bytes
+from pitstop.train.memory_plan import sizer_reserved_bytes
 
 ADAMW = Choice("adamw_fused", "test")
 

@@ -14,7 +14,7 @@ from pitstop.advise.rules import Context
 from pitstop.advise.setup import from_run_config
 from pitstop.config import RunConfig
 from pitstop.probe import DeviceInfo, PrecisionSpeed
-from pitstop.train.build import _cpu_precision_speed
+from pitstop.train.precision_record import cpu_precision_speed
 
 # `pitstop.advise.doctor` the attribute is the function; the module is what is patched here
 doctor_mod = importlib.import_module("pitstop.advise.doctor")
@@ -60,7 +60,7 @@ def test_auto_is_what_train_would_choose_and_train_reuses_the_measurement(
     assert "2.50x" in prec["reason"] and "measured on this CPU" in prec["reason"]
     assert len(calls) == 1
     # pitstop train, on the same machine and config, reads the doctor's measurement
-    reused = _cpu_precision_speed(cfg, BF16_CPU)
+    reused = cpu_precision_speed(cfg, BF16_CPU)
     assert len(calls) == 1 and reused is not None
     assert reused.gain == pytest.approx(2.5) and reused.source.startswith("reused")
 

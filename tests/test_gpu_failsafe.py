@@ -47,7 +47,7 @@ def test_a_kernel_that_fails_its_first_forward_falls_back_to_sdpa(caplog) -> Non
     on with sdpa, checked the same way, and the banner says why."""
     from _attention_util import tiny_llama
 
-    from pitstop.train.build import packed_attention_check
+    from pitstop.train.attention_check import packed_attention_check
 
     model = tiny_llama("sdpa")
     real = model.forward

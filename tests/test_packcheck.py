@@ -16,7 +16,7 @@ import torch
 from _attention_util import install_reference_flash, tiny_llama
 
 from pitstop.train import packcheck
-from pitstop.train.build import forward_kwargs, to_device
+from pitstop.train.forward import forward_kwargs, to_device
 
 CPU = torch.device("cpu")
 

@@ -1,10 +1,10 @@
 """The run's peak memory starts after the micro-batch sizer's trials, not before them.
 
-On CUDA the sizer (train/build.py `_cuda_sizer`) runs forward+backward passes of micro-batches
+On CUDA the sizer (train/memory_plan.py `cuda_sizer`) runs forward+backward passes of micro-batches
 as large as the device holds, and `batching: auto` times each layout; the run's
 `peak_memory_bytes` is `torch.cuda.max_memory_allocated()` (measure/memory.py), which
 would otherwise report the largest trial. Here (CPU) the order of the calls is checked:
-every trial pass, then the reset, once; and `_cuda_sizer`'s reset is CUDA's.
+every trial pass, then the reset, once; and `cuda_sizer`'s reset is CUDA's.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_the_peak_window_starts_after_autos_timing_too(tiny_model_dir, store, tm
 
 def test_cuda_sizer_resets_cudas_peak_statistics_of_its_device(monkeypatch):
     from pitstop.probe import Choice
-    from pitstop.train.build import _cuda_sizer
+    from pitstop.train.memory_plan import cuda_sizer
 
     resets: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70e9, 80e9))
@@ -85,7 +85,7 @@ def test_cuda_sizer_resets_cudas_peak_statistics_of_its_device(monkeypatch):
         torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device)
     )
     device = torch.device("cuda", 1)
-    sizer = _cuda_sizer(torch.nn.Linear(4, 4), device, "sdpa", None, Choice("adamw", "test"))
+    sizer = cuda_sizer(torch.nn.Linear(4, 4), device, "sdpa", None, Choice("adamw", "test"))
     assert resets == []  # building the sizer starts nothing
     sizer.start_peak_window()
     assert resets == [device]

@@ -95,8 +95,8 @@ def _masking_work(attention: str, monkeypatch) -> tuple[set[str], int]:
     import transformers.masking_utils as mu
     from _attention_util import tiny_llama
 
-    from pitstop.train.build import forward_kwargs, to_device
     from pitstop.train.doc_attention import register
+    from pitstop.train.forward import forward_kwargs, to_device
 
     register()
     model = tiny_llama(attention)

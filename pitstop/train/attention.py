@@ -34,7 +34,7 @@ VARLEN_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
 # Backends whose kernel reads the offsets on the device (flash-attn's varlen kernel).
 _DEVICE_OFFSETS = frozenset({"flash_attention_2"})
 VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-# What the training forward passes beyond input_ids and position_ids (build.forward_kwargs).
+# What the training forward passes beyond input_ids and position_ids (forward.forward_kwargs).
 FORWARD_KEYS = (*VARLEN_KEYS, "attention_mask")
 
 

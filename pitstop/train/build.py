@@ -13,13 +13,9 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,27 +23,32 @@ import numpy as np
 import torch
 
 from pitstop import log, probe, run_record, versions
-from pitstop.batching.choices import read_run_choices
 from pitstop.batching.loader import Loader
-from pitstop.batching.resolve import MicroSizer
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig, parse_betas
-from pitstop.errors import ConfigError, PitstopError
+from pitstop.errors import ConfigError
 from pitstop.faults import NO_FAULTS, Faults, from_env
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
 from pitstop.measure.machine import CpuSnapshot, cpu_snapshot
-from pitstop.measure.peak import device_peak, model_precision_speed
+from pitstop.measure.peak import device_peak
 from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.run_record import ChoiceRecord
-from pitstop.train import checkpoint, data, distributed, model_io, optim, packcheck
-from pitstop.train.attention import FORWARD_KEYS, attention_kwargs
+from pitstop.train import (
+    attention_check,
+    checkpoint,
+    data,
+    distributed,
+    memory_plan,
+    model_io,
+    optim,
+    packcheck,
+    precision_record,
+)
 from pitstop.train.compile import compile_module
-from pitstop.train.doc_attention import KernelMismatch
 from pitstop.train.evaluate import EvalSet
+from pitstop.train.forward import to_device, token_loss_sum
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
-from pitstop.train.token_loss import shifted_targets, token_ce_sum
 
 
 @dataclass
@@ -106,53 +107,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[str, Any]:
-    """What the forward reads, on `device`: the tensors, and the kwargs `attention` needs
-    to keep packed documents apart (train/attention.py)."""
-    nb = device.type == "cuda"  # pinned host batches copy asynchronously
-    batch: dict[str, Any] = {
-        k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")
-    }
-    batch.update(attention_kwargs(mb, attention, device))
-    return batch
-
-
-def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
-    """What the training forward passes to the model for a `to_device` batch."""
-    # No attention_mask: the model derives a block-diagonal causal mask from position_ids
-    # (documents packed in one row never attend to each other); flash-attn and sdpa_docs
-    # read the documents' boundaries from the varlen kwargs instead, when to_device added
-    # them (sdpa_docs also an empty marker mask: train/attention.py boundaries_only_mask).
-    # train/packcheck.py checks that this holds on the run's device before step 1.
-    return {
-        "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
-        "use_cache": False,
-        **{k: batch[k] for k in FORWARD_KEYS if k in batch},
-    }
-
-
-def token_loss_sum(
-    forward: Callable[..., Any],
-    batch: dict[str, Any],
-    device_type: str,
-    autocast_dtype: torch.dtype | None,
-) -> torch.Tensor:
-    """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
-
-    `forward(**kwargs)` is the model call (the trainer's may fall back from compile).
-    """
-    kwargs = forward_kwargs(batch)
-    with torch.autocast(
-        device_type, dtype=autocast_dtype or torch.float32,
-        enabled=autocast_dtype is not None,
-    ):  # fmt: skip
-        out = forward(**kwargs)
-    # [B*T, V] logits and [B*T] targets (the model convention: position t predicts
-    # labels[t+1]); the sum in fp32, without an fp32 copy of the logits on a CPU.
-    return token_ce_sum(out.logits.flatten(0, 1), shifted_targets(batch["labels"]))
-
-
 @dataclass(frozen=True)
 class _Machine:
     """Where the run executes and the kernels it uses (decided before anything loads)."""
@@ -197,10 +151,12 @@ def build_run(
     loader, geometry, eval_set, data_key = build_data(
         cfg, out, m, model, autocast_dtype, choices, loader
     )
-    choices["packed_attention"] = _packed_attention_choice(
+    choices["packed_attention"] = attention_check.packed_attention_choice(
         packed, str(choices["batching"].value), m.env.rank
     )
-    geometry.measured = record_precision(geometry.measured, choices["precision"], m.dev)
+    geometry.measured = precision_record.record_precision(
+        geometry.measured, choices["precision"], m.dev
+    )
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
@@ -247,9 +203,9 @@ def place_run(
     # the unmeasured answer (fp32) unless bf16 is asked for.
     # A resumed run keeps the precision its first life measured (choices.json), so a
     # cleared cache or a busier machine cannot change the math halfway.
-    prec = _kept_precision(cfg, out, device)
+    prec = precision_record.kept_precision(cfg, out, device)
     if prec is None:
-        measured = None if env.distributed else _cpu_precision_speed(cfg, device)
+        measured = None if env.distributed else precision_record.cpu_precision_speed(cfg, device)
         prec = probe.choose_precision(cfg.precision, device, measured)
     choices["precision"] = prec
     precision = prec.value
@@ -286,7 +242,7 @@ def load_model(
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     # The first forward: packed documents must stay apart with this kernel, on this device
     # and these versions (train/packcheck.py); a kernel that cannot even run falls back.
-    packed, fallback = packed_attention_check(
+    packed, fallback = attention_check.packed_attention_check(
         model, m.device, attention.value, autocast_dtype, precision
     )
     attention = fallback or attention
@@ -337,7 +293,7 @@ def build_data(
             run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
             indices=held.train_indices if held else None, lockstep=fsdp,
             device_name=device.name, out=out, cache_dir=cfg.cache_dir,
-            sizer=_cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"],
+            sizer=memory_plan.cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"],
                               ddp=env.distributed)
             if tdev.type == "cuda" and not fsdp else None,
         )  # fmt: skip
@@ -430,7 +386,8 @@ def build_writer(
         faults=faults,
     )
     choices["checkpoints"] = Choice(
-        _save_policy(cfg), _checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp)
+        memory_plan.save_policy(cfg),
+        memory_plan.checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp),
     )
     if eval_set is not None:
         every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
@@ -441,110 +398,6 @@ def build_writer(
             "beside the newest (checkpoints/best.json)",
         )
     return writer
-
-
-def packed_attention_check(
-    model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
-    precision: str,
-) -> tuple[packcheck.PackCheck, Choice | None]:  # fmt: skip
-    """The start-up attention self-check (train/packcheck.py), and the attention choice to
-    use instead when `attention` could not even run it (None: keep it).
-
-    A kernel that raises on its first forward is an optimisation that does not apply here:
-    flex_attention failing to compile on this GPU, a broken flash-attn build, or sdpa_docs
-    (or sdpa) refusing an attention it does not compute (a logit softcap, attention sinks;
-    doc_attention.KernelMismatch). The model switches to the next of sdpa, eager that runs
-    (straight to eager after a KernelMismatch), with a warning naming the failure, and that
-    kernel is checked instead. Eager is the model's own attention: if it cannot run,
-    nothing can."""
-    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
-
-    def check(kernel: str) -> packcheck.PackCheck:
-        return packcheck.check_packed_attention(
-            model, forward_kwargs=forward_kwargs,
-            to_device=lambda mb, k: to_device(mb, device, k),
-            device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
-            attention=kernel, vocab_size=vocab,
-        )  # fmt: skip
-
-    failures: list[str] = []
-    chain = [attention] + [k for k in ("sdpa", "eager") if k != attention]
-    while chain:
-        kernel = chain.pop(0)
-        if failures:
-            model_io.set_attention(model, kernel)
-        try:
-            result = check(kernel)
-        except Exception as e:
-            if kernel == "eager" or isinstance(e, PitstopError):
-                raise  # the model's own attention cannot run: nothing to fall back to
-            failures.append(f"{kernel} failed on its first forward ({type(e).__name__}: {e})")
-            if isinstance(e, KernelMismatch):
-                # What sdpa_docs cannot compute (softcap, sinks) sdpa cannot either, and
-                # some transformers releases let sdpa drop a softcap without a word.
-                chain = ["eager"]
-            continue
-        if not failures:
-            return result, None
-        why = "; ".join(f[:300] for f in failures)
-        log.warning(f"pitstop: warning: {why}; falling back to {kernel}")
-        return result, Choice(kernel, f"{why}; {kernel} instead")
-    raise AssertionError("unreachable: eager either returns or raises")
-
-
-def _packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: int) -> Choice:
-    """The self-check's verdict as a banner choice. A leak refuses a run that packs
-    documents; a run without packed rows (bucket, pad) is not affected and goes on warned."""
-    if check.ok:
-        return Choice("checked", check.summary())
-    if batching in ("bucket", "pad"):
-        if rank == 0:
-            log.warning(
-                f"pitstop: warning: {check.summary()}; --batching {batching} packs no "
-                "documents together, so this run is not affected (--batching pack would be)"
-            )
-        return Choice("leaks (unused)", check.summary() + f"; not used by --batching {batching}")
-    kernels = ["sdpa_docs", "sdpa", "eager", "flex_attention", "flash_attention_2"]
-    raise packcheck.leak_error(check, batching=batching, attention_choices=kernels)
-
-
-def _kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choice | None:
-    """On --resume with precision auto: the precision the run's choices.json recorded."""
-    if not (cfg.resume and cfg.precision == "auto" and out is not None):
-        return None
-    record = read_run_choices(out)  # a damaged file is refused, naming the field
-    value = record.values.get("precision") if record is not None else None
-    if value is None:
-        return None
-    return Choice(
-        value, f"kept from this run (choices.json): {record.reasons.get('precision', '')}"
-    )
-
-
-def record_precision(record: ChoiceRecord | None, precision: Choice, dev: DeviceInfo) -> Any:
-    """The run's measured choices with a measured precision added (written to choices.json
-    before step 1, so --resume keeps it); unchanged when precision was not measured."""
-    if precision.measured is None or (record is not None and "precision" in record.values):
-        return record
-    if record is None:
-        record = ChoiceRecord(
-            key="run", key_fields={"device": dev.name},
-            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), values={},
-        )  # fmt: skip
-    return dataclasses.replace(
-        record,
-        values={**record.values, "precision": precision.value},
-        reasons={**record.reasons, "precision": precision.reason},
-        measurements={**record.measurements, "precision": precision.measured},
-    )
-
-
-def _cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionSpeed | None:
-    """fp32 against bf16 autocast at the model's matmul shapes, where the probe would weigh
-    bf16 on this CPU (measured once per machine and shapes, then cached); else None."""
-    if not probe.cpu_bf16_candidate(cfg.precision, device):
-        return None
-    return model_precision_speed(cache_root(cfg.cache_dir), cfg.model, cfg.max_seq_len)
 
 
 def _custom_eval_set(
@@ -563,118 +416,6 @@ def _custom_eval_set(
     assert held is not None
     return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
                    lockstep=fsdp, source=held.source)  # fmt: skip
-
-
-def checkpoint_host_bytes(
-    model: Any, params: list[torch.nn.Parameter], optimizer: Choice
-) -> tuple[int, int]:
-    """(weights, optimizer state) bytes a checkpoint copies to host memory. The optimizer
-    state does not exist before the first step, so it is computed from the parameters."""
-    weights = checkpoint.state_bytes(model_io.trainable_state(model))
-    return weights, optimizer_state_bytes(params, optimizer)
-
-
-def optimizer_state_bytes(params: list[torch.nn.Parameter], optimizer: Choice) -> int:
-    """Bytes of optimizer state for `params`, before the first step allocates it."""
-    # The cost model's bytes per parameter (AdamW's two moments in the parameter's dtype;
-    # bitsandbytes' 8-bit moments with their block scales), so the estimate agrees.
-    name = "adamw_8bit" if optimizer.value in optim.EIGHT_BIT else "adamw"
-    return int(
-        sum(
-            p.numel() * cost_model.optimizer_state_bytes_per_param(name, p.element_size())
-            for p in params
-        )
-    )
-
-
-def _cuda_sizer(
-    model: Any,
-    device: torch.device,
-    attention: str,
-    autocast_dtype: torch.dtype | None,
-    optimizer: Choice,
-    *,
-    ddp: bool = False,
-) -> MicroSizer:
-    """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
-
-    def measure(mb: dict[str, Any]) -> tuple[float, float]:
-        batch = to_device(mb, device, attention)  # the kernel the run trains with
-        times = []
-        try:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            # Two passes without zeroing: the second runs with the first's gradients alive,
-            # as every micro-batch after the first of a step does. The first warms up.
-            for _ in range(_SIZING_PASSES):
-                t0 = time.perf_counter()
-                token_loss_sum(model, batch, device.type, autocast_dtype).backward()
-                torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-            peak = float(torch.cuda.max_memory_allocated(device))
-        except torch.cuda.OutOfMemoryError:
-            peak = times_min = math.inf
-        else:
-            times_min = min(times[1:])
-        finally:
-            model.zero_grad(set_to_none=True)
-            del batch
-            torch.cuda.empty_cache()
-        return peak, times_min
-
-    free, _ = torch.cuda.mem_get_info(device)
-    capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
-    params = [p for p in model.parameters() if p.requires_grad]
-    return MicroSizer(
-        measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp),
-        start_peak_window=lambda: torch.cuda.reset_peak_memory_stats(device),
-    )  # fmt: skip
-
-
-def sizer_reserved_bytes(
-    params: list[torch.nn.Parameter], optimizer: Choice, *, ddp: bool,
-    bucket_view: bool = distributed.GRADIENT_AS_BUCKET_VIEW,
-) -> int:  # fmt: skip
-    """Device bytes the run will hold that a one-process forward+backward of the bare model
-    does not show: the optimizer's moments, and under DDP any gradient copy in its buckets."""
-    extra = distributed.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
-    return optimizer_state_bytes(params, optimizer) + extra
-
-
-_SIZING_PASSES = 3  # one warm-up, then the fastest of two timed
-
-
-def _checkpoint_reason(
-    model: Any, params: list[torch.nn.Parameter], optimizer: Choice, device: torch.device,
-    fsdp: bool,
-) -> str:  # fmt: skip
-    writes = "a background thread writes atomically (partial dir, marker, rename)"
-    if fsdp:
-        return f"asynchronous: the loop pauses to gather full state to host memory; {writes}"
-    weights, moments = checkpoint_host_bytes(model, params, optimizer)
-    gpu = device.type == "cuda"
-    where = (
-        "pinned host memory, filled on a side CUDA stream (the next optimizer step waits "
-        "for the copy on the device, not the host)"
-        if gpu
-        else "host memory"
-    )
-    return (
-        f"asynchronous: the loop pauses only to queue a copy into {(weights + moments) / 1e9:.2f} "
-        f"GB of {where}: weights {weights / 1e9:.2f} GB + optimizer state "
-        f"{moments / 1e9:.2f} GB, allocated at the first checkpoint and reused; {writes}; every "
-        "checkpoint, the last included, keeps the optimizer state (--resume continues exactly)"
-    )
-
-
-def _save_policy(cfg: RunConfig) -> str:
-    parts = []
-    if cfg.save_steps:
-        parts.append(f"every {cfg.save_steps} steps")
-    if cfg.save_minutes:
-        parts.append(f"every {cfg.save_minutes:g} min")
-    parts.append("at the end")
-    return ", ".join(parts) + f"; keep {cfg.save_total_limit}"
 
 
 def _quiet_transformers() -> None:

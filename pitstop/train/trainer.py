@@ -34,11 +34,12 @@ from pitstop.probe import DeviceInfo
 from pitstop.run_record import RunSummary, write_summary
 from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending, run_dir
 from pitstop.train.banner import print_banner, run_banner
-from pitstop.train.build import Run, build_run, to_device, token_loss_sum
+from pitstop.train.build import Run, build_run
 from pitstop.train.cadence import Cadence
 from pitstop.train.compile import GuardedForward
 from pitstop.train.evaluate import held_out_loss
 from pitstop.train.export import write_final
+from pitstop.train.forward import to_device, token_loss_sum
 from pitstop.train.guard import TrainingDiverged
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.run_log import RunLog

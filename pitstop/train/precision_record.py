@@ -1,0 +1,56 @@
+"""The run's precision record: the one a resumed run keeps, the one a measured choice adds
+to choices.json, and the CPU measurement that decides bf16 against fp32."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pitstop import probe
+from pitstop.batching.choices import read_run_choices
+from pitstop.cache_layout import cache_root
+from pitstop.config import RunConfig
+from pitstop.measure.peak import model_precision_speed
+from pitstop.probe import Choice, DeviceInfo
+from pitstop.run_record import ChoiceRecord
+
+
+def kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choice | None:
+    """On --resume with precision auto: the precision the run's choices.json recorded."""
+    if not (cfg.resume and cfg.precision == "auto" and out is not None):
+        return None
+    record = read_run_choices(out)  # a damaged file is refused, naming the field
+    value = record.values.get("precision") if record is not None else None
+    if value is None:
+        return None
+    return Choice(
+        value, f"kept from this run (choices.json): {record.reasons.get('precision', '')}"
+    )
+
+
+def record_precision(record: ChoiceRecord | None, precision: Choice, dev: DeviceInfo) -> Any:
+    """The run's measured choices with a measured precision added (written to choices.json
+    before step 1, so --resume keeps it); unchanged when precision was not measured."""
+    if precision.measured is None or (record is not None and "precision" in record.values):
+        return record
+    if record is None:
+        record = ChoiceRecord(
+            key="run", key_fields={"device": dev.name},
+            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), values={},
+        )  # fmt: skip
+    return dataclasses.replace(
+        record,
+        values={**record.values, "precision": precision.value},
+        reasons={**record.reasons, "precision": precision.reason},
+        measurements={**record.measurements, "precision": precision.measured},
+    )
+
+
+def cpu_precision_speed(cfg: RunConfig, device: DeviceInfo) -> probe.PrecisionSpeed | None:
+    """fp32 against bf16 autocast at the model's matmul shapes, where the probe would weigh
+    bf16 on this CPU (measured once per machine and shapes, then cached); else None."""
+    if not probe.cpu_bf16_candidate(cfg.precision, device):
+        return None
+    return model_precision_speed(cache_root(cfg.cache_dir), cfg.model, cfg.max_seq_len)
