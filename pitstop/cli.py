@@ -87,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"pitstop {args.command}: error: {e.render()}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"pitstop {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a command's stop_on_signals (SIGTERM too)
+        print(f"pitstop {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return int(getattr(e, "exit_code", 130))
     except BrokenPipeError:
         # The reader went away (`pitstop estimate ... | head`): not an error of ours. Point
         # stdout at devnull so the interpreter's final flush does not raise again.

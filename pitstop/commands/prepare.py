@@ -26,10 +26,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, "prepare")
     # Deferred: preparing loads tokenizers (transformers), which `pitstop --help` must not.
     from pitstop import log
+    from pitstop.commands.stopping import stop_on_signals
     from pitstop.data.prepare import format_stats, prepare_data
     from pitstop.data.stats import eos_only_message
 
-    result = prepare_data(cfg, progress=not args.json)
+    # SIGTERM too ends through prepare's cleanup: the partial store removed, the tokenizer
+    # workers stopped (Python's default would end the process around both).
+    with stop_on_signals("nothing was published to the cache; run the same command again"):
+        result = prepare_data(cfg, progress=not args.json)
     if args.json:
         print(
             json.dumps(

@@ -789,9 +789,27 @@ _WORKER: Worker | None = None
 
 def init_worker(settings: Settings) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _exit_with_parent(os.getppid())
     global _WORKER
     if _WORKER is None or _WORKER.s != settings:
         _WORKER = Worker(settings)
+
+
+PARENT_POLL_SECONDS = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker when the process that started it is gone. A SIGKILLed prepare runs
+    no cleanup, and its workers would wait on the executor's queue forever (an interrupted
+    command must leave no process behind). A parent-pid poll, not prctl's PDEATHSIG: that
+    fires when the *thread* that forked exits, which in a process pool may be any thread."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pitstop-parent-watch", daemon=True).start()
 
 
 def process_chunk(chunk: Chunk) -> dict[str, Any]:
