@@ -119,10 +119,12 @@ def _stop_on_signals() -> Iterator[None]:
     previous = {}
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise ExportStopped(
+        err = ExportStopped(
             f"{signal.Signals(signum).name} stopped the export: nothing was written (the "
             "partial copy was removed); run the same command again to export"
         )
+        err.exit_code = 128 + signum  # as a shell reports a signal: 130, 143
+        raise err
 
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
