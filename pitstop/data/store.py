@@ -32,6 +32,8 @@ token array with a loss mask; numpy's memmap does the reading.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import secrets
@@ -140,13 +142,25 @@ class StoreWriter:
         if self.dest.exists():  # a concurrent prepare of the same key finished first
             shutil.rmtree(self.tmp, ignore_errors=True)
             return self.dest
-        os.replace(self.tmp, self.dest)
+        try:
+            os.replace(self.tmp, self.dest)
+        except OSError as e:
+            # Another prepare of the same key published between the check and the rename
+            # (ENOTEMPTY/EEXIST): its store is the same content; this copy is not needed.
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not is_store(self.dest):
+                raise
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return self.dest
         fsync_dir(self.dest.parent)
         return self.dest
 
     def abort(self) -> None:
+        # On a full disk the first close flushes and fails with ENOSPC again: every file is
+        # closed regardless, so the partial store is always removed (it would keep the disk
+        # full after a failed prepare that says nothing was added).
         for f in self._files.values():
-            f.close()
+            with contextlib.suppress(OSError):
+                f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> StoreWriter:

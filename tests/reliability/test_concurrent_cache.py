@@ -123,13 +123,6 @@ class _LateDest(type(Path())):  # type: ignore[misc]
         return False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 33: StoreWriter.finish (pitstop/data/store.py, outside this change's files) "
-    "checks dest.exists() and then os.replace()s its partial directory onto it; a second "
-    "prepare of the same key publishing in between makes the rename fail with ENOTEMPTY, a "
-    "traceback. Fix: catch OSError(ENOTEMPTY/EEXIST) from os.replace when is_store(dest), "
-    "remove the partial, return dest"
-))  # fmt: skip
 def test_two_writers_of_one_store_racing_at_the_rename(tmp_path, tiny_tokenizer):
     import numpy as np
 

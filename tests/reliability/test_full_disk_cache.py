@@ -102,12 +102,6 @@ def test_full_disk_mid_prepare_keeps_the_cache_usable(filled):
         assert len(p.read_text().strip()) == 40, p
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 33: on ENOSPC, StoreWriter.abort (pitstop/data/store.py, outside this change's "
-    "files) closes its files first; the first close flushes, fails with ENOSPC again, and "
-    "the rmtree of the partial store never runs: the failed prepare's partial store keeps "
-    "the disk full. Fix: close each file under contextlib.suppress(OSError), then rmtree"
-))  # fmt: skip
 def test_full_disk_mid_prepare_leaves_no_partial_store(filled):
     stores = list((filled / "saved" / "stores").iterdir())
     assert [p.name for p in stores if ".partial-" in p.name] == [], "the partial store stayed"
