@@ -13,21 +13,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from pitstop import run_record, runlock
 from pitstop.commands.paths import require_outputs
-from pitstop.errors import ConfigError, PitstopError
-
-
-class ExportStopped(PitstopError):
-    """SIGINT or SIGTERM stopped the export; nothing was published."""
-
-    exit_code = 130
+from pitstop.commands.stopping import stop_on_signals
+from pitstop.errors import ConfigError
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,35 +101,6 @@ def check_dest(output: str | None) -> None:
         )
 
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM (and SIGINT) raise ExportStopped, so the partial directory is removed.
-
-    Python's default for SIGTERM ends the process at once: the half-written copy of the
-    model stayed on disk.
-    """
-    previous = {}
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        err = ExportStopped(
-            f"{signal.Signals(signum).name} stopped the export: nothing was written (the "
-            "partial copy was removed); run the same command again to export"
-        )
-        err.exit_code = 128 + signum  # as a shell reports a signal: 130, 143
-        raise err
-
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, stop)
-    except ValueError:  # not the main thread (tests calling main() from a thread)
-        pass
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.merge:
         raise ConfigError(
@@ -150,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
     check_dest(args.output)
     # Held while exporting: a `train --resume` of this run cannot start under the export.
     lock = runlock.acquire(src) if _is_run_dir(src) else contextlib.nullcontext()
-    with lock, _stop_on_signals():
+    # SIGTERM too ends through the cleanup that removes the partial copy (Python's default
+    # ended the process around it).
+    stopping = stop_on_signals(
+        "the export", "nothing was written (the partial copy was removed); run it again"
+    )
+    with lock, stopping:
         from pitstop.train.export import merge_adapter  # imports torch and transformers
 
         dest = merge_adapter(src, Path(args.output) if args.output else None, args.dtype)

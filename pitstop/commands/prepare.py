@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     # SIGTERM too ends through prepare's cleanup: the partial store removed, the tokenizer
     # workers stopped (Python's default would end the process around both).
-    with stop_on_signals("nothing was published to the cache; run the same command again"):
+    with stop_on_signals("the prepare", "nothing was published to the cache; run it again"):
         result = prepare_data(cfg, progress=not args.json)
     if args.json:
         print(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 
@@ -24,22 +24,30 @@ class Stopped(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
+Handler = Callable[[int, "FrameType | None"], None]
+
+
 @contextlib.contextmanager
-def stop_on_signals(what: str) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT raise `Stopped` saying `what` happened (e.g.
-    "nothing was published; run the same command again")."""
+def on_stop_signals(handler: Handler) -> Iterator[None]:
+    """`handler` for SIGTERM and SIGINT within the block, the previous ones restored after;
+    nothing is installed off the main thread (tests calling main() from a thread)."""
     previous = {}
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Stopped(f"{signal.Signals(signum).name} stopped it: {what}", 128 + signum)
-
-    try:
+    with contextlib.suppress(ValueError):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, stop)
-    except ValueError:  # not the main thread (tests calling main() from a thread)
-        pass
+            previous[sig] = signal.signal(sig, handler)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_on_signals(command: str, what: str) -> contextlib.AbstractContextManager[None]:
+    """Within the block, SIGTERM and SIGINT raise `Stopped`: "SIGTERM stopped `command`:
+    `what`" (e.g. "the export", "nothing was written; run the same command again")."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        raise Stopped(f"{name} stopped {command}: {what}", 128 + signum)
+
+    return on_stop_signals(stop)

@@ -26,6 +26,7 @@ from pitstop.commands.flags import (
     escape_percent,
 )
 from pitstop.commands.paths import check_outputs
+from pitstop.commands.stopping import on_stop_signals
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.tune.search import StopRequest, TuneInterrupted
 from pitstop.tune.space import KNOBS
@@ -56,16 +57,11 @@ def _stop_on_signals() -> Iterator[None]:
             frame = frame.f_back
         raise TuneInterrupted(signum)
 
-    previous = {}
     StopRequest.signum = None
-    with contextlib.suppress(ValueError):  # not the main thread: no handlers
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, stop)
     try:
-        yield
+        with on_stop_signals(stop):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         StopRequest.signum = None
 
 
