@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
         "config",
         "quiet_imports",
         "catalog",
+        "stopping",
     ),
     ("probe",),
     ("data",),

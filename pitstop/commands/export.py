@@ -18,8 +18,8 @@ from typing import Any
 
 from pitstop import run_record, runlock
 from pitstop.commands.paths import require_outputs
-from pitstop.commands.stopping import stop_on_signals
 from pitstop.errors import ConfigError
+from pitstop.stopping import stop_on_signals
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -26,8 +26,8 @@ from pitstop.commands.flags import (
     escape_percent,
 )
 from pitstop.commands.paths import check_outputs
-from pitstop.commands.stopping import on_stop_signals
 from pitstop.errors import ConfigError, PitstopError
+from pitstop.stopping import on_stop_signals
 from pitstop.tune.search import StopRequest, TuneInterrupted
 from pitstop.tune.space import KNOBS
 from pitstop.tune.trial import remove_trial_dirs

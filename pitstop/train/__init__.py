@@ -41,7 +41,13 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
 
         with lock.acquire(str(cfg.output)):  # the ranks it launches write under this lock
             return distributed.launch(cfg)
-    trainer = Trainer(cfg, **kwargs)
+    from pitstop.stopping import stop_on_signals
+
+    # Until the loop installs its own handlers (finish the step, save, say how to resume),
+    # SIGTERM ends the start-up (model load, first-step measurements) through its cleanup
+    # with one line, not silently at once.
+    with stop_on_signals("the run before its first step", "nothing was trained; run it again"):
+        trainer = Trainer(cfg, **kwargs)
     try:
         return trainer.fit()
     finally:
