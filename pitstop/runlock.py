@@ -125,3 +125,15 @@ def acquire(out: str | Path) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return RunLock(fd, path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's counts as alive): a
+    leftover named after a dead process is safe to remove."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True

@@ -22,6 +22,7 @@ import torch
 from pitstop import faults, run_record
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, MissingDependencyError
+from pitstop.runlock import pid_alive
 from pitstop.train.model_io import (
     _DTYPES,
     base_dtype,
@@ -110,7 +111,7 @@ def partial_dir(dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     for p in dest.parent.glob(f".{dest.name}.partial-*"):
         pid = p.name.rsplit(".partial-", 1)[1].split("-")[0]
-        if not pid.isdigit() or not _alive(int(pid)):
+        if not pid.isdigit() or not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
     if dest.exists():
         for p in dest.parent.glob(f".{dest.name}.old-*"):
@@ -118,16 +119,6 @@ def partial_dir(dest: Path) -> Path:
     tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     return tmp
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def write_final(

@@ -45,6 +45,7 @@ from pitstop.config import RunConfig
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.profiling import StepClock, measured_trainer, measurement_config
 from pitstop.run_record import RunSummary, read_steps
+from pitstop.runlock import pid_alive
 from pitstop.train.signals import RunInterrupted
 from pitstop.tune.search import (
     COMPILE_FAILED,
@@ -215,18 +216,8 @@ def remove_trial_dirs(pid: int | None = None) -> None:
         owner = p.name[len(TRIAL_DIR_PREFIX) :].split("-")[0]
         if not owner.isdigit():
             continue
-        if (int(owner) == pid) if pid is not None else not _alive(int(owner)):
+        if (int(owner) == pid) if pid is not None else not pid_alive(int(owner)):
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def _device_type(cfg: RunConfig) -> str:
