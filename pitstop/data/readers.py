@@ -263,6 +263,11 @@ def check_file(path: Path) -> None:
             f"{path} is a directory, not a dataset file (nor a token store: it has no manifest.json); "
             "give the data file(s) inside it"
         )
+    if not path.is_file():  # a FIFO, a socket, a device: a read could block or never end
+        raise DataError(
+            f"{path} is not a regular file (a named pipe, socket or device); write the data "
+            "to a file and give that file"
+        )
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty; give a file with records")
 

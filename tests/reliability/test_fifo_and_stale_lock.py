@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from _rel import env, no_traceback
@@ -161,3 +162,14 @@ def test_stale_lock_naming_ourselves_does_not_pass_as_ours(tmp_path, monkeypatch
 def test_not_a_regular_file_is_a_pitstop_error():
     assert issubclass(NotARegularFile, runlock.PitstopError)
     assert NotARegularFile("x").exit_code == 1
+
+
+def test_data_given_a_fifo_is_named_as_not_a_file(tmp_path: Path) -> None:
+    """`--data` naming a FIFO read as "the file is empty" (its size is 0): misleading."""
+    from pitstop.data.readers import check_file
+    from pitstop.errors import DataError
+
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is not a regular file"):
+        check_file(fifo)
