@@ -174,3 +174,24 @@ def test_settings_from_config_and_their_errors():
         BatchSettings("pack", 256, 512, micro_batch_size=1, world_size=4)
     with pytest.raises(ValueError, match="resolved first"):
         BatchSettings.from_config(RunConfig())
+
+
+@pytest.mark.parametrize("strategy", ["pack", "pad"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("lockstep", [False, True])
+@pytest.mark.parametrize(
+    "split", [{"micro_batch_size": 1}, {"micro_batch_size": 3}, {"tokens_per_micro_batch": 5 * MSL},
+              {"tokens_per_micro_batch": MSL + 1}],
+)  # fmt: skip
+def test_fixed_width_efficiency_counts_equal_walking_every_micro_batch(
+    strategy, world, lockstep, split
+):
+    """Issue 32: pack's and pad's efficiency is counted in numpy over the steps (3 s of
+    start-up at a million documents in Python); it must equal the loader's micro-batches."""
+    from pitstop.batching.plan import _counted, _fixed_width_counts
+
+    # the second: a last step with fewer rows than ranks (filler micro-batches)
+    for lengths, tps in ((LENGTHS, TPS), (np.array([MSL] * 9 + [5] * 3), 4 * MSL)):
+        p = plan_of(strategy, lengths=lengths, tps=tps)
+        s = BatchSettings(strategy, MSL, tps, world_size=world, **split)
+        assert _fixed_width_counts(p, s, lockstep) == _counted(p, s, lockstep)

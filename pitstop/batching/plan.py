@@ -423,6 +423,19 @@ def plan_efficiency(
     `lengths` (the store's sequence lengths, indexed by the plan's store ids) lets packed
     rows count their documents' attention segments; without them a packed row counts as
     one segment (its whole width), as every row of the one-sequence-per-row layouts does."""
+    if plan.strategy in ("pack", "pad"):
+        positions, micro, row_squares = _fixed_width_counts(plan, settings, lockstep)
+    else:
+        positions, micro, row_squares = _counted(plan, settings, lockstep)
+    squares = row_squares
+    if plan.strategy == "pack" and lengths is not None and plan.n_rows:
+        squares = _packed_attention_squares(plan, np.asarray(lengths, dtype=np.int64), positions)
+    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
+
+
+def _counted(plan: Plan, settings: BatchSettings, lockstep: bool) -> tuple[int, int, int]:
+    """(positions, micro-batches, sum of positions x width) by walking every step's
+    micro-batches on every rank: what the loader will hand out, exactly."""
     positions = micro = row_squares = 0
     for step in range(plan.n_steps):
         for rank in range(settings.world_size):
@@ -430,10 +443,35 @@ def plan_efficiency(
             micro += len(specs)
             positions += sum(s.n_positions for s in specs)
             row_squares += sum(s.n_positions * s.width for s in specs)
-    squares = row_squares
-    if plan.strategy == "pack" and lengths is not None and plan.n_rows:
-        squares = _packed_attention_squares(plan, np.asarray(lengths, dtype=np.int64), positions)
-    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
+    return positions, micro, row_squares
+
+
+def _fixed_width_counts(
+    plan: Plan, settings: BatchSettings, lockstep: bool
+) -> tuple[int, int, int]:
+    """`_counted` for the layouts whose rows are all max_seq_len wide (pack, pad), in numpy
+    over the steps instead of Python over every micro-batch (3 s of start-up at a million
+    documents): rank r gets every world-th row of a step; its micro-batches hold the
+    micro setting's rows each, a rank without rows one filler row; under lockstep every
+    rank is filled up to the most micro-batches. tests/test_batching_plan.py holds the two
+    equal."""
+    msl, world = plan.max_seq_len, settings.world_size
+    if settings.micro_batch_size is not None:
+        per = settings.micro_batch_size
+    else:
+        assert settings.tokens_per_micro_batch is not None
+        per = max(1, settings.tokens_per_micro_batch // msl)  # whole rows of msl positions
+    n = np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
+    rows = [np.maximum(0, (n - r + world - 1) // world) for r in range(world)]
+    micro = [np.where(k == 0, 1, -(-k // per)) for k in rows]
+    positions = sum(int(np.where(k == 0, 1, k).sum()) for k in rows) * msl
+    count = sum(int(m.sum()) for m in micro)
+    if lockstep and world > 1:
+        most = np.max(np.stack(micro), axis=0)
+        fillers = sum(int((most - m).sum()) for m in micro)
+        count += fillers
+        positions += fillers * msl
+    return positions, count, positions * msl
 
 
 def _packed_attention_squares(plan: Plan, lengths: np.ndarray, positions: int) -> int:
