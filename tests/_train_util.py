@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,13 @@ def assert_same_weights_across_ranks(ref: Path, out: Path) -> None:
         diff = (wa[k] - wb[k]).abs()
         assert float(diff.max()) < 1e-3, (k, float(diff.max()))
         assert int((diff > 1e-5).sum()) <= max(1, wa[k].numel() // 1000), k
+
+
+def fake_hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
+    """huggingface_hub's cache layout: models--org--name/{refs/main, snapshots/REV/...}."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(rev)
+    shutil.copytree(model_dir, repo_dir / "snapshots" / rev)
+    return repo_dir / "snapshots" / rev

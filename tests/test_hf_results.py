@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _train_util import fake_hub_cache
 
 from pitstop.config import build_config
 from pitstop.errors import ConfigError
@@ -27,18 +28,8 @@ def _cfg(model, store, out, **over):
     return train_config(model, store, out, **over)
 
 
-def _fake_hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
-    """huggingface_hub's cache layout: models--org--name/{refs/main, snapshots/REV/...}."""
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    repo_dir = root / ("models--" + repo.replace("/", "--"))
-    (repo_dir / "refs").mkdir(parents=True)
-    (repo_dir / "refs" / "main").write_text(rev)
-    shutil.copytree(model_dir, repo_dir / "snapshots" / rev)
-    return repo_dir / "snapshots" / rev
-
-
 def test_a_cached_hub_id_resolves_offline(tmp_path, tiny_model_dir, monkeypatch):
-    snap = _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    snap = fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     cfg = build_config({"model": "org/tiny", "data": ["x.jsonl"]}, command="prepare")
     assert Path(cfg.model) == snap.resolve()
@@ -125,7 +116,7 @@ def test_merge_lora_at_the_end_of_training_and_hub_id_base(
 
     from pitstop.train import run
 
-    _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     out = tmp_path / "run"
     run(_cfg("org/tiny", store, out, lora_r=4, max_steps=2, merge_lora=True))

@@ -6,24 +6,14 @@ nothing said why. A cached Hub id resolves to its snapshot, offline.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
+from _train_util import fake_hub_cache
 
 from pitstop.cli import main
 from pitstop.errors import ConfigError
 from pitstop.hub import model_dir
-
-
-def _fake_hub_cache(root: Path, repo: str, model: Path) -> Path:
-    """huggingface_hub's cache layout: models--org--name/{refs/main, snapshots/REV/...}."""
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    repo_dir = root / ("models--" + repo.replace("/", "--"))
-    (repo_dir / "refs").mkdir(parents=True)
-    (repo_dir / "refs" / "main").write_text(rev)
-    shutil.copytree(model, repo_dir / "snapshots" / rev)
-    return repo_dir / "snapshots" / rev
 
 
 def test_model_dir_names_what_is_missing(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
@@ -34,7 +24,7 @@ def test_model_dir_names_what_is_missing(tmp_path: Path, tiny_model_dir: Path, m
         model_dir("org/missing")
     with pytest.raises(ConfigError, match=r"has no config\.json"):
         model_dir(str(tmp_path))
-    snap = _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    snap = fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     assert Path(model_dir("org/tiny")) == snap.resolve()
     assert model_dir(str(tiny_model_dir)) == str(tiny_model_dir)
 
@@ -50,7 +40,7 @@ def test_doctor_reads_a_cached_hub_id(tmp_path: Path, tiny_model_dir: Path, monk
 
     doctor_mod = importlib.import_module("pitstop.advise.doctor")
 
-    snap = _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    snap = fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     read = []
     facts = doctor_mod.model_facts
@@ -62,7 +52,7 @@ def test_doctor_reads_a_cached_hub_id(tmp_path: Path, tiny_model_dir: Path, monk
 def test_estimate_resolves_a_cached_hub_id_and_names_a_missing_one(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    fake_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert main(["estimate", "--model", "org/tiny", "--tokens", "1e6", "--gpu", "H100"]) == 0
     assert "Time" in capsys.readouterr().out
