@@ -167,6 +167,9 @@ def main(strategy: str, out: Path) -> None:
         steps.append(rec)
     res = {"steps": steps, "sharded_grad_bytes": sharded_bytes, "full_grad_bytes": full_bytes}
     (out / f"rank-{rank}.json").write_text(json.dumps(res), encoding="utf-8")
+    # Leave together: a rank tearing gloo down while its peer still works was seen to
+    # abort the peer ("terminate called without an active exception", exit -6).
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -218,6 +221,9 @@ def resume(out: Path) -> None:
     )
     res = {"reads": reads, "held_full_state": bool(model_sd), "bit_identical": same}
     (out / f"rank-{rank}.json").write_text(json.dumps(res), encoding="utf-8")
+    # Leave together: a rank tearing gloo down while its peer still works was seen to
+    # abort the peer ("terminate called without an active exception", exit -6).
+    dist.barrier()
     dist.destroy_process_group()
 
 
