@@ -264,6 +264,12 @@ class RunSummary:
         the run's total (docs/run-directory.md)."""
         return (self.world_size or 1) if self.source == "pitstop" else 1
 
+    @property
+    def whole_run_factor(self) -> float:
+        """What the token counts are multiplied by to cover every rank: the world size for a
+        writer that counts rank 0's batches, 1 where they are summed already."""
+        return (self.world_size or 1) / self.ranks_counted
+
     def choice_reason(self, name: str) -> str:
         """Why choice `name` was made ("" when not recorded)."""
         c = self.choices.get(name)

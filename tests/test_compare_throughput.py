@@ -212,3 +212,21 @@ def test_estimate_reads_one_gpu_of_a_multi_rank_run(tmp_path: Path) -> None:
         assert m.steady is not None and one.steady is not None
         assert m.steady.tokens_per_second == pytest.approx(one.steady.tokens_per_second)
     assert summed.summed_ranks == 2 and rank0.summed_ranks == 1
+
+
+def test_an_estimate_defaults_to_the_whole_runs_tokens_at_its_own_packing() -> None:
+    """A profiled command on 2 ranks counted rank 0's tokens: the run trained twice them,
+    and its packing efficiency is a ratio, the same on every rank (it once read 2x)."""
+    from pitstop.report.measured import Measured
+    from pitstop.report.planned import run_defaults
+    from pitstop.run_record import RunSummary
+
+    s = RunSummary(source="script", world_size=2, trained_tokens=100.0, seen_tokens=120.0,
+                   padded_tokens=150.0)  # fmt: skip
+    assert s.whole_run_factor == 2.0
+    _, tokens = run_defaults(Measured("run/summary.json", 1.0, "cpu"), s)
+    assert tokens is not None
+    assert (tokens.trained_tokens, tokens.tokens) == (200, 240)
+    assert tokens.packing_efficiency == pytest.approx(0.8)
+    summed = RunSummary(source="pitstop", world_size=2, trained_tokens=200.0)
+    assert summed.whole_run_factor == 1.0

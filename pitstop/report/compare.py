@@ -97,7 +97,7 @@ def run_metrics(
     s = run.summary
     train, wall = _num(s.train_seconds), _num(s.wall_seconds)
     ranks = gpu_count(s)
-    scale = ranks / s.ranks_counted  # a writer that counts rank 0's batches: x world size
+    scale = s.whole_run_factor  # a writer that counts rank 0's batches: x world size
     trained = _num(s.trained_tokens)
     tps = _num(s.tokens_per_second)
     if tps is None and train and trained:

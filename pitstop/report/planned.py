@@ -212,10 +212,10 @@ def run_defaults(
     trained, seen, padded = summary.trained_tokens, summary.seen_tokens, summary.padded_tokens
     if not trained:
         return model, None
+    eff = seen / padded if seen and padded else None  # a ratio: the same on every rank
     # The whole run's tokens: a writer that counted rank 0's batches saw 1/world of them.
-    ranks = (summary.world_size or 1) / summary.ranks_counted
-    trained, seen = trained * ranks, (seen * ranks if seen else seen)
-    eff = seen / padded if seen and padded else None
+    scale = summary.whole_run_factor
+    trained, seen = trained * scale, (seen * scale if seen else seen)
     tokens = DataTokens(
         int(seen or trained),
         int(trained),

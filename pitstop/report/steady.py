@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from pitstop.measure.machine import loaded_by_average, shared_by_others
 from pitstop.report.runs import LoadedRun
 
@@ -115,15 +117,17 @@ def period(secs: list[float]) -> int:
     Nth step): the lag from 2 to n/4 with the highest autocorrelation, when that is at least
     PERIODIC_ACF; else 1 (no pattern)."""
     n = len(secs)
-    mean = statistics.fmean(secs) if secs else 0.0
-    dev = [x - mean for x in secs]
-    var = sum(d * d for d in dev)
-    best, lag = PERIODIC_ACF, 1
-    for k in range(2, n // 4 + 1):
-        acf = sum(dev[i] * dev[i + k] for i in range(n - k)) / var if var > 0 else 0.0
-        if acf > best:
-            best, lag = acf, k
-    return lag
+    if n < 8:
+        return 1
+    dev = np.asarray(secs, dtype=np.float64)
+    dev -= dev.mean()
+    var = float(dev @ dev)
+    if var <= 0:
+        return 1
+    # One dot product per lag (numpy): a run of 20,000 steps is read in milliseconds.
+    acf = np.array([dev[:-k] @ dev[k:] for k in range(2, n // 4 + 1)]) / var
+    k = int(np.argmax(acf))
+    return k + 2 if acf[k] > PERIODIC_ACF else 1
 
 
 def blocks(n: int, every: int = 1) -> list[tuple[int, int]]:
