@@ -14,6 +14,7 @@ from pitstop.report.estimate import (
     DEFAULT_MFU,
     STEP_FLOOR_SECONDS,
     DataTokens,
+    EstimateRequest,
     data_tokens,
     estimate,
     format_estimate,
@@ -41,12 +42,14 @@ def test_time_from_flops_and_a_gpu() -> None:
     # A micro-batch large enough that the per-step overhead floor stays below the FLOPs time.
     est = estimate(
         SHAPE,
-        tokens=TOKENS,
-        seq_len=128,
-        micro_batch_size=100_000,
-        gpu=get_gpu("H100"),
-        mfu=0.5,
-        price=2.0,
+        EstimateRequest(
+            tokens=TOKENS,
+            seq_len=128,
+            micro_batch_size=100_000,
+            gpu=get_gpu("H100"),
+            mfu=0.5,
+            price=2.0,
+        ),
     )
     fpt = 6 * 187_200 + 12 * 2 * 64 * 128
     assert est.flops_per_token == fpt
@@ -54,7 +57,7 @@ def test_time_from_flops_and_a_gpu() -> None:
     assert est.train_seconds == pytest.approx(1_000_000 / pps)
     assert est.to_dict()["cost"]["total"] == pytest.approx(est.train_seconds / 3600 * 2.0, abs=1e-4)
     assert "MFU 50% (--mfu)" in est.time_basis
-    default = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("H100"))
+    default = estimate(SHAPE, EstimateRequest(tokens=TOKENS, seq_len=128, gpu=get_gpu("H100")))
     assert default.throughput.mfu == DEFAULT_MFU and "ASSUMPTION" in default.time_basis
     # Micro-batches of one row: 7,813 micro-steps, bound by the stated per-step floor.
     assert default.train_seconds == pytest.approx(1_000_000 / 128 * STEP_FLOOR_SECONDS)
@@ -64,15 +67,15 @@ def test_time_from_flops_and_a_gpu() -> None:
 
 def test_packing_efficiency_and_epochs_scale_the_work() -> None:
     packed = DataTokens(1_000_000, 900_000, 0.8, 128, "test")
-    a = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("A10"), mfu=0.3)
-    b = estimate(SHAPE, tokens=packed, epochs=2, gpu=get_gpu("A10"), mfu=0.3)
+    a = estimate(SHAPE, EstimateRequest(tokens=TOKENS, seq_len=128, gpu=get_gpu("A10"), mfu=0.3))
+    b = estimate(SHAPE, EstimateRequest(tokens=packed, epochs=2, gpu=get_gpu("A10"), mfu=0.3))
     assert b.train_seconds == pytest.approx(a.train_seconds * 2 / 0.8)
 
 
 def test_time_from_a_measured_run(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", steps=40, tokens_per_step=4096, step_seconds=0.5)
     prof = load_measured(run)  # a run directory: its summary.json
-    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=prof)
+    est = estimate(SHAPE, EstimateRequest(tokens=TOKENS, precision="fp32", profile=prof))
     # trained tokens / measured tokens/s + start-up (wall - train = 10 s) once
     assert est.train_seconds == pytest.approx(1_000_000 / 8192 + 10)
     assert "measured" in est.time_basis and "start-up 10 s" in est.time_basis
@@ -83,10 +86,12 @@ def test_time_from_a_measured_run(tmp_path: Path) -> None:
         json.dumps({"tokens_per_second": 2000.0, "mfu": 0.4, "device": "NVIDIA A100-SXM4-80GB"})
     )
     gpu_prof = load_measured(p)
-    same = estimate(SHAPE, tokens=TOKENS, profile=gpu_prof)
+    same = estimate(SHAPE, EstimateRequest(tokens=TOKENS, profile=gpu_prof))
     assert same.train_seconds == pytest.approx(500.0) and same.gpu.name == "A100 80GB"
     # on another GPU, the profile's MFU (measured on a GPU) carries over to that GPU's peak
-    other = estimate(SHAPE, tokens=TOKENS, seq_len=128, profile=gpu_prof, gpu=get_gpu("H100"))
+    other = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, seq_len=128, profile=gpu_prof, gpu=get_gpu("H100"))
+    )
     assert other.throughput.mfu == 0.4 and "measured on NVIDIA A100" in other.time_basis
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DataError, match="no tokens_per_second"):
@@ -108,13 +113,16 @@ def test_options_table_verdicts() -> None:
 def test_options_switch_to_fsdp_when_one_gpu_is_not_enough() -> None:
     big = ModelShape(layers=32, hidden=4096, intermediate=11008, heads=32, kv_heads=32, vocab=32000)
     est = estimate(
-        big, tokens=TOKENS, seq_len=2048, gpu=get_gpu("H100"), gradient_checkpointing=True
+        big,
+        EstimateRequest(
+            tokens=TOKENS, seq_len=2048, gpu=get_gpu("H100"), gradient_checkpointing=True
+        ),
     )
     assert est.options[0]["fits"] is False and est.max_micro_batch == 0
     assert [o["strategy"] for o in est.options] == ["single", "FSDP", "FSDP", "FSDP"]
     assert est.options[-1]["fits"] is True  # 8-way sharded states fit
     assert "one H100 is not enough" in format_estimate(est)
-    small = estimate(SHAPE, tokens=TOKENS, seq_len=128, gpu=get_gpu("H100"))
+    small = estimate(SHAPE, EstimateRequest(tokens=TOKENS, seq_len=128, gpu=get_gpu("H100")))
     assert [o["strategy"] for o in small.options] == ["single", "DDP", "DDP", "DDP"]
     assert small.max_micro_batch > 100
 
@@ -194,7 +202,9 @@ def _real_run(dest: Path, step_seconds: list[float], checkpoint_s: dict[int, flo
 def test_a_short_run_predicts_from_its_steady_steps(tmp_path: Path) -> None:
     # two slow warm-up steps (a process's first steps), then 1 s steps with one 3x stall
     run = _real_run(tmp_path / "run", [6.0, 4.0] + [1.0] * 9 + [3.0])
-    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(run))
+    est = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, precision="fp32", profile=load_measured(run))
+    )
     # the steady steps' tokens over their seconds: the stall counts (a median dropped it)
     assert est.throughput.trained_tokens_per_second == pytest.approx(10_000 / 12.0)
     # start-up: wall - train (4 s) + the warm-up's time above two steady steps (10 - 2.4)
@@ -208,7 +218,9 @@ def test_checkpoint_pauses_stay_in_the_steady_rate(tmp_path: Path) -> None:
     # every 5th steady step also wrote a checkpoint for 2 s: the full run pays that too
     secs = [1.0, 1.0] + [1.0, 1.0, 1.0, 1.0, 3.0] * 2
     run = _real_run(tmp_path / "run", secs, checkpoint_s={7: 2.0, 12: 2.0})
-    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(run)).throughput
+    rate = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, precision="fp32", profile=load_measured(run))
+    ).throughput
     assert rate.trained_tokens_per_second == pytest.approx(1000 / 1.4)
     assert "pauses included" in rate.basis
 
@@ -218,6 +230,8 @@ def test_a_profile_json_uses_its_mean_step(tmp_path: Path) -> None:
     prof = {"tokens_per_second": 500.0, "step_seconds": [1.0, 1.0, 1.0, 5.0], "warmup": 2,
             "tokens_per_step": 1000, "phases": {"checkpoint": 0.0}, "device": "cpu"}  # fmt: skip
     p.write_text(json.dumps(prof))
-    rate = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(p)).throughput
+    rate = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, precision="fp32", profile=load_measured(p))
+    ).throughput
     assert rate.trained_tokens_per_second == pytest.approx(1000.0 / 2.0)  # the 5 s step counts
     assert rate.startup_seconds == 0.0

@@ -9,7 +9,13 @@ import pytest
 from test_report_compare import make_run
 
 from pitstop.measure.cost_model import ModelShape
-from pitstop.report.estimate import DataTokens, estimate, format_estimate, recompute_per_token
+from pitstop.report.estimate import (
+    DataTokens,
+    EstimateRequest,
+    estimate,
+    format_estimate,
+    recompute_per_token,
+)
 from pitstop.report.gpus import get_gpu
 from pitstop.report.measured import load_measured
 
@@ -24,8 +30,8 @@ def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
     big = ModelShape(layers=16, hidden=2048, intermediate=5504, heads=16, kv_heads=16, vocab=32000)
     kw = {"tokens": TOKENS, "seq_len": 2048, "micro_batch_size": 8, "gpu": get_gpu("H100"),
           "mfu": 0.5, "price": 2.0}  # fmt: skip
-    off = estimate(big, **kw)
-    on = estimate(big, gradient_checkpointing=True, **kw)
+    off = estimate(big, EstimateRequest(**kw))
+    on = estimate(big, EstimateRequest(gradient_checkpointing=True, **kw))
     n = big.params().non_embedding
     extra = 2 * n + 4 * 16 * 2048 * 2048  # the forward pass again: 2N + 4·L·d·T
     assert on.flops_per_token == pytest.approx(off.flops_per_token + extra)
@@ -38,9 +44,15 @@ def test_checkpointing_adds_the_recomputed_forward_to_time_and_cost() -> None:
 
 def test_a_profile_without_checkpointing_is_scaled_up(tmp_path: Path) -> None:
     prof = load_measured(make_run(tmp_path / "run", config={"gradient_checkpointing": False}))
-    off = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof)
-    on = estimate(SHAPE, tokens=TOKENS, seq_len=128, precision="fp32", profile=prof,
-                  gradient_checkpointing=True)  # fmt: skip
+    off = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, seq_len=128, precision="fp32", profile=prof)
+    )
+    on = estimate(
+        SHAPE,
+        EstimateRequest(
+            tokens=TOKENS, seq_len=128, precision="fp32", profile=prof, gradient_checkpointing=True
+        ),
+    )
     fpt = off.flops_per_token
     factor = (fpt + recompute_per_token(_fm(), 128)) / fpt
     start = off.throughput.startup_seconds
@@ -57,7 +69,9 @@ def _fm():
 def test_mfu_above_one_is_not_shown(tmp_path: Path) -> None:
     p = tmp_path / "profile.json"
     p.write_text(json.dumps({"tokens_per_second": 2000.0, "mfu": 2.11, "device": {"type": "cpu"}}))
-    est = estimate(SHAPE, tokens=TOKENS, precision="fp32", profile=load_measured(p))
+    est = estimate(
+        SHAPE, EstimateRequest(tokens=TOKENS, precision="fp32", profile=load_measured(p))
+    )
     assert est.throughput.mfu is None and est.to_dict()["time"]["mfu"] is None
     assert "measured low" in est.time_basis
 
@@ -67,7 +81,7 @@ def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
 
     shape = shape_from_params(8e9)
     kw = {"tokens": TOKENS, "seq_len": 2048, "gpu": get_gpu("H100"), "mfu": 0.4}
-    est = estimate(shape, **kw)
+    est = estimate(shape, EstimateRequest(**kw))
     assert est.memory is not None and est.usable_bytes is not None
     assert est.memory.peak > est.usable_bytes  # a full fine-tune of 8B: 16 B/param
     opts = {r["flags"]: r for r in est.memory_options}
@@ -84,5 +98,5 @@ def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
         and "--optimizer adamw_8bit" in text
     )
     assert est.to_dict()["memory_options"] == est.memory_options
-    small = estimate(SHAPE, **kw)  # fits: nothing to suggest
+    small = estimate(SHAPE, EstimateRequest(**kw))  # fits: nothing to suggest
     assert small.memory_options == [] and "memory options" not in format_estimate(small)

@@ -13,7 +13,7 @@ from test_report_compare import make_run
 
 from pitstop.commands.estimate import register
 from pitstop.measure import cost_model as C
-from pitstop.report.estimate import DataTokens, estimate, format_estimate
+from pitstop.report.estimate import DataTokens, EstimateRequest, estimate, format_estimate
 from pitstop.report.gpus import get_gpu
 from pitstop.report.measured import Measured, load_measured
 from pitstop.report.planned import estimate_planned_run, profile_settings
@@ -68,8 +68,8 @@ def test_profile_settings_of_hf_arguments() -> None:
 def test_checkpoint_overhead_and_step_count() -> None:
     shape = C.shape_from_config(LLAMA_1B)
     kw = {"tokens": TOKENS, "seq_len": 1024, "micro_batch_size": 8, "gpu": get_gpu("H100")}
-    plain = estimate(shape, **kw)
-    saved = estimate(shape, save_steps=500, **kw)
+    plain = estimate(shape, EstimateRequest(**kw))
+    saved = estimate(shape, EstimateRequest(save_steps=500, **kw))
     steps = 10**9 // (8 * 1024) + 1
     assert plain.optimizer_steps == saved.optimizer_steps == steps
     ck = saved.checkpoints
@@ -83,7 +83,7 @@ def test_checkpoint_overhead_and_step_count() -> None:
     assert saved.train_seconds == pytest.approx(plain.train_seconds + ck["added_seconds"])
     text = format_estimate(saved)
     assert f"{steps:,} optimizer steps" in text and "ASSUMED" in text and "--save-steps 500" in text
-    fast = estimate(shape, save_steps=500, disk_write_gbps=5.0, **kw)
+    fast = estimate(shape, EstimateRequest(save_steps=500, disk_write_gbps=5.0, **kw))
     assert fast.checkpoints["added_seconds"] == pytest.approx(ck["added_seconds"] / 10, rel=1e-3)
 
 
@@ -93,7 +93,10 @@ def test_measured_save_pauses_are_not_added_twice(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof), encoding="utf-8")
     shape = C.shape_from_config(LLAMA_1B)
-    est = estimate(shape, tokens=TOKENS, seq_len=1024, profile=load_measured(path), save_steps=100)
+    est = estimate(
+        shape,
+        EstimateRequest(tokens=TOKENS, seq_len=1024, profile=load_measured(path), save_steps=100),
+    )
     assert est.checkpoints is not None and est.checkpoints["added_seconds"] == 0
     assert "already holds" in est.checkpoints["basis"]
     assert est.optimizer_steps == -(-(10**9) // 8192)
@@ -102,14 +105,17 @@ def test_measured_save_pauses_are_not_added_twice(tmp_path: Path) -> None:
 def test_hints_match_the_options_table() -> None:
     """No "shard across GPUs (the options above)" when every option says it does not fit."""
     big = C.shape_from_params(70e9)
-    est = estimate(big, tokens=TOKENS, seq_len=4096, gpu=get_gpu("RTX 4090"), gpu_counts=[1, 2])
+    est = estimate(
+        big,
+        EstimateRequest(tokens=TOKENS, seq_len=4096, gpu=get_gpu("RTX 4090"), gpu_counts=[1, 2]),
+    )
     assert not any(r["fits"] for r in est.options)
     text = format_estimate(est)
     assert "shard across" not in text and "no GPU count above fits" in text
     h100 = estimate(
-        C.shape_from_params(8e9), tokens=TOKENS, seq_len=2048, gpu=get_gpu("H100"),
-        gpu_counts=[1, 2, 4, 8],
-    )  # fmt: skip
+        C.shape_from_params(8e9),
+        EstimateRequest(tokens=TOKENS, seq_len=2048, gpu=get_gpu("H100"), gpu_counts=[1, 2, 4, 8]),
+    )
     first = min(r["gpus"] for r in h100.options if r["gpus"] > 1 and r["fits"])
     assert f"shard across {first} or more GPUs" in format_estimate(h100)
     # Every row's fit is its per-GPU memory against the same usable figure, FSDP included.
@@ -120,8 +126,12 @@ def test_hints_match_the_options_table() -> None:
 def test_mfu_note_names_the_estimates_precision() -> None:
     shape = C.shape_from_config(LLAMA_1B)
     for precision in ("fp16", "bf16"):
-        est = estimate(shape, tokens=TOKENS, seq_len=1024, gpu=get_gpu("A100 80GB"),
-                       precision=precision)  # fmt: skip
+        est = estimate(
+            shape,
+            EstimateRequest(
+                tokens=TOKENS, seq_len=1024, gpu=get_gpu("A100 80GB"), precision=precision
+            ),
+        )
         other = "bf16" if precision == "fp16" else "fp16"
         basis = est.time_basis
         assert f"here {precision}" in basis and f"{precision} dense peak" in basis

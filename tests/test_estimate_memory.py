@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from pitstop.errors import DataError
 from pitstop.measure.cost_model import (
     ModelShape,
+    Plan,
     estimate_memory,
     lora_params,
     max_micro_batch,
@@ -66,7 +68,7 @@ def test_flops_per_token_by_hand() -> None:
 
 
 def test_bf16_full_finetune_parts_by_hand() -> None:
-    m = estimate_memory(SHAPE, micro_batch_size=2, seq_len=128, precision="bf16")
+    m = estimate_memory(SHAPE, Plan(micro_batch_size=2, seq_len=128, precision="bf16"))
     assert m.weights == 251_200 * 4  # fp32 weights, no extra master copy
     assert m.gradients == 251_200 * 4
     assert m.optimizer_states == 251_200 * 8
@@ -82,22 +84,22 @@ def test_bf16_full_finetune_parts_by_hand() -> None:
 
 
 def test_fp32_eager_and_checkpointing_by_hand() -> None:
-    sdpa = estimate_memory(SHAPE, micro_batch_size=1, seq_len=100, precision="fp32")
+    sdpa = estimate_memory(SHAPE, Plan(micro_batch_size=1, seq_len=100, precision="fp32"))
     per_layer = 4 * (6 * 64 + 2 * 64 + 2 * 32 + 4 * 256) + 16 + 8
     assert sdpa.activations == 100 * (2 * per_layer + 3 * 64 * 4)
     assert sdpa.autocast_weight_copies == 0
     assert sdpa.logits == 100 * 1000 * 16
     eager = estimate_memory(
-        SHAPE, micro_batch_size=1, seq_len=100, precision="fp32", attention="eager"
+        SHAPE, Plan(micro_batch_size=1, seq_len=100, precision="fp32", attention="eager")
     )
     # eager keeps the softmax probabilities: heads·T fp32 per token per layer
     assert eager.activations - sdpa.activations == 100 * 2 * 4 * 100 * 4
     gc = estimate_memory(
-        SHAPE, micro_batch_size=1, seq_len=100, precision="fp32", gradient_checkpointing=True
+        SHAPE, Plan(micro_batch_size=1, seq_len=100, precision="fp32", gradient_checkpointing=True)
     )
     # each layer's fp32 input + one layer rebuilt in backward + the final norm
     assert gc.activations == 100 * (2 * 64 * 4 + per_layer + 3 * 64 * 4)
-    cpu = estimate_memory(SHAPE, precision="fp32", fused_optimizer=False)
+    cpu = estimate_memory(SHAPE, Plan(precision="fp32", fused_optimizer=False))
     assert cpu.optimizer_temporary == 251_200 * 4
 
 
@@ -105,34 +107,34 @@ def test_lora_and_4bit_by_hand() -> None:
     r = 8
     n_lora = 2 * r * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 256))
     assert lora_params(SHAPE, r) == n_lora == 22_528
-    m = estimate_memory(SHAPE, seq_len=64, precision="bf16", lora_r=r)
+    m = estimate_memory(SHAPE, Plan(seq_len=64, precision="bf16", lora_r=r))
     assert m.trainable_params == n_lora
     assert m.weights == 251_200 * 2 + n_lora * 4  # frozen bf16 base + fp32 adapters
     assert m.gradients == n_lora * 4 and m.optimizer_states == n_lora * 8
     assert m.autocast_weight_copies == 0
-    q = estimate_memory(SHAPE, seq_len=64, precision="bf16", lora_r=r, load_in_4bit=True)
+    q = estimate_memory(SHAPE, Plan(seq_len=64, precision="bf16", lora_r=r, load_in_4bit=True))
     nf4 = 0.5 + 1 / 64 + 4 / (64 * 256)
     other = 251_200 - 2 * 61_440
     assert q.weights == int(2 * 61_440 * nf4 + other * 4) + n_lora * 4
     with pytest.raises(ValueError):
-        estimate_memory(SHAPE, load_in_4bit=True)
+        estimate_memory(SHAPE, Plan(load_in_4bit=True))
 
 
 def test_grad_accumulation_keeps_gradients_in_the_peak() -> None:
-    one = estimate_memory(SHAPE, seq_len=64, grad_accum=1)
-    many = estimate_memory(SHAPE, seq_len=64, grad_accum=4)
+    one = estimate_memory(SHAPE, Plan(seq_len=64, grad_accum=1))
+    many = estimate_memory(SHAPE, Plan(seq_len=64, grad_accum=4))
     assert many.peak - one.peak == one.gradients
 
 
 def test_max_micro_batch_is_the_largest_that_fits() -> None:
-    kw = {"seq_len": 128, "precision": "bf16"}
-    usable = estimate_memory(SHAPE, micro_batch_size=5, **kw).peak + 10
-    assert max_micro_batch(SHAPE, usable, **kw) == 5
-    assert max_micro_batch(SHAPE, 1000, **kw) == 0
+    plan = Plan(seq_len=128, precision="bf16")
+    usable = estimate_memory(SHAPE, replace(plan, micro_batch_size=5)).peak + 10
+    assert max_micro_batch(SHAPE, usable, plan) == 5
+    assert max_micro_batch(SHAPE, 1000, plan) == 0
 
 
 def test_fsdp_shards_states_not_activations() -> None:
-    m = estimate_memory(SHAPE, micro_batch_size=2, seq_len=128)
+    m = estimate_memory(SHAPE, Plan(micro_batch_size=2, seq_len=128))
     s = sharded(m, 4)
     assert s < m.peak
     assert s > m.activations + m.logits  # activations are not sharded

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.measure.cost_model import estimate_memory, shape_from_config
+from pitstop.measure.cost_model import Plan, estimate_memory, shape_from_config
 
 SCRIPT = textwrap.dedent(
     """
@@ -105,8 +105,7 @@ def measure(batch: int, seq: int, attention: str, checkpointing: bool) -> int:
 )
 def test_estimate_within_20_percent_of_measured_peak(attention: str, checkpointing: bool) -> None:
     measured = measure(8, 512, attention, checkpointing)
-    est = estimate_memory(
-        shape_from_config(CONFIG),
+    plan = Plan(
         micro_batch_size=8,
         seq_len=512,
         precision="fp32",
@@ -114,6 +113,7 @@ def test_estimate_within_20_percent_of_measured_peak(attention: str, checkpointi
         gradient_checkpointing=checkpointing,
         fused_optimizer=False,  # torch's CPU AdamW is the foreach one
     )
+    est = estimate_memory(shape_from_config(CONFIG), plan)
     ratio = est.peak / measured
     print(f"{attention} checkpointing={checkpointing}: estimate {est.peak / 1e6:.1f} MB, "
           f"measured {measured / 1e6:.1f} MB, ratio {ratio:.3f}")  # fmt: skip

@@ -80,12 +80,13 @@ Checked against measurement on CPU in tests/test_estimate_memory_measured.py
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pitstop.catalog.model_config import ModelConfig, ModelConfigMissing
 from pitstop.config_ranges import MAX_PARAMS
 from pitstop.errors import DataError
 
@@ -195,57 +196,51 @@ class ParamCounts:
         return self.block_linear + self.embedding  # lm_head is V·d, tied or not
 
 
-def shape_from_config(config: dict[str, Any], source: str = "config.json") -> ModelShape:
-    """A ModelShape from a Hugging Face config dict of a Llama-style model.
+def shape_from_config(
+    config: ModelConfig | Mapping[str, Any], source: str = "config.json"
+) -> ModelShape:
+    """A ModelShape from a model's config (`ModelConfig`, or the dict config.json holds) of
+    a Llama-style model.
 
     Reads the fields Llama, Mistral, Qwen2/3, Phi-3 and Gemma configs share; a
-    multimodal config's `text_config` is used when present.
+    multimodal config's `text_config` is used when present (`ModelConfig` resolves both).
     """
-    cfg = config.get("text_config") or config
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_mapping(config, source)
     need = {
-        "layers": ("num_hidden_layers", "n_layer"),
-        "hidden": ("hidden_size", "n_embd"),
-        "intermediate": ("intermediate_size", "n_inner"),
-        "heads": ("num_attention_heads", "n_head"),
-        "vocab": ("vocab_size",),
+        "layers": ("num_hidden_layers", cfg.num_hidden_layers),
+        "hidden": ("hidden_size", cfg.hidden_size),
+        "intermediate": ("intermediate_size", cfg.intermediate_size),
+        "heads": ("num_attention_heads", cfg.num_attention_heads),
+        "vocab": ("vocab_size", cfg.vocab_size),
     }
-    got: dict[str, int] = {}
-    missing = []
-    for key, names in need.items():
-        val = next((cfg[n] for n in names if cfg.get(n) is not None), None)
-        if val is None:
-            missing.append(f"{names[0]}")
-        else:
-            got[key] = int(val)
+    missing = [name for name, value in need.values() if value is None]
     if missing:
         raise DataError(
-            f"{source}: no {', '.join(missing)}; pitstop estimates Llama-style decoders "
+            f"{cfg.source}: no {', '.join(missing)}; pitstop estimates Llama-style decoders "
             "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
             "vocab_size). For another architecture give --params N for a rough estimate"
         )
+    got = {key: int(value or 0) for key, (_, value) in need.items()}
     return ModelShape(
         **got,
-        kv_heads=int(cfg.get("num_key_value_heads") or got["heads"]),
-        tied=bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
-        head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        source=source,
+        kv_heads=cfg.kv_heads or got["heads"],
+        tied=cfg.tie_word_embeddings,
+        head_dim=cfg.head_dim,
+        attention_bias=cfg.attention_bias,
+        mlp_bias=cfg.mlp_bias,
+        source=cfg.source,
     )
 
 
 def shape_from_model_dir(model_dir: str | Path) -> ModelShape:
     """Read MODEL_DIR/config.json (weights are not needed)."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
+    try:
+        config = ModelConfig.read(model_dir)
+    except ModelConfigMissing:
         raise DataError(
             f"{model_dir} has no config.json; give a Hugging Face model directory or --params N"
-        )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON ({e})") from None
-    return shape_from_config(config, source=str(path))
+        ) from None
+    return shape_from_config(config)
 
 
 def shape_from_params(n_params: float, vocab: int = 32000) -> ModelShape:
@@ -396,6 +391,22 @@ class MemoryEstimate:
         return d
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a training step's cost depends on (what estimate_memory reads, named once)."""
+
+    micro_batch_size: int = 1
+    seq_len: int = 1024
+    precision: str = "bf16"
+    attention: str = "sdpa"
+    gradient_checkpointing: bool = False
+    lora_r: int | None = None
+    load_in_4bit: bool = False
+    grad_accum: int = 1
+    fused_optimizer: bool = True
+    optimizer: str = "adamw"
+
+
 def activation_bytes_per_token_layer(
     shape: ModelShape, precision: str, attention: str, seq_len: int
 ) -> int:
@@ -412,21 +423,15 @@ def activation_bytes_per_token_layer(
     return residual + matmul_inputs + attn + mlp + 2 * FP32  # + two RMSNorm rsqrt values
 
 
-def estimate_memory(
-    shape: ModelShape,
-    *,
-    micro_batch_size: int = 1,
-    seq_len: int = 1024,
-    precision: str = "bf16",
-    attention: str = "sdpa",
-    gradient_checkpointing: bool = False,
-    lora_r: int | None = None,
-    load_in_4bit: bool = False,
-    grad_accum: int = 1,
-    fused_optimizer: bool = True,
-    optimizer: str = "adamw",
-) -> MemoryEstimate:
-    """Training memory per part for one data-parallel rank (formulas in the module docstring)."""
+def estimate_memory(shape: ModelShape, plan: Plan | None = None) -> MemoryEstimate:
+    """Training memory per part for one data-parallel rank (formulas in the module docstring).
+
+    `plan`: the settings the memory depends on; None is `Plan()`'s defaults."""
+    plan = plan or Plan()
+    micro_batch_size, seq_len, precision = plan.micro_batch_size, plan.seq_len, plan.precision
+    attention, gradient_checkpointing = plan.attention, plan.gradient_checkpointing
+    lora_r, load_in_4bit, grad_accum = plan.lora_r, plan.load_in_4bit, plan.grad_accum
+    fused_optimizer, optimizer = plan.fused_optimizer, plan.optimizer
     if precision not in COMPUTE_BYTES:
         raise ValueError(f"precision must be one of {sorted(COMPUTE_BYTES)}")
     pc = shape.params()
@@ -546,17 +551,25 @@ def sharded(est: MemoryEstimate, n: int) -> int:
     return int((est.weights + est.optimizer_states) / n + gathered + max(forward, step))
 
 
-def max_micro_batch(shape: ModelShape, usable_bytes: int, *, limit: int = 4096, **kw: Any) -> int:
-    """The largest micro-batch whose estimated peak fits in `usable_bytes` (0 if none)."""
-    if estimate_memory(shape, micro_batch_size=1, **kw).peak > usable_bytes:
+def max_micro_batch(
+    shape: ModelShape, usable_bytes: int, plan: Plan | None = None, *, limit: int = 4096
+) -> int:
+    """The largest micro-batch whose estimated peak fits in `usable_bytes` (0 if none);
+    `plan`'s own micro_batch_size is ignored, its other settings hold."""
+    base = plan or Plan()
+
+    def peak(rows: int) -> int:
+        return estimate_memory(shape, replace(base, micro_batch_size=rows)).peak
+
+    if peak(1) > usable_bytes:
         return 0
     lo, hi = 1, 2
-    while hi <= limit and estimate_memory(shape, micro_batch_size=hi, **kw).peak <= usable_bytes:
+    while hi <= limit and peak(hi) <= usable_bytes:
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
     while hi - lo > 1:  # peak is monotonic in the batch size
         mid = (lo + hi) // 2
-        if estimate_memory(shape, micro_batch_size=mid, **kw).peak <= usable_bytes:
+        if peak(mid) <= usable_bytes:
             lo = mid
         else:
             hi = mid
@@ -575,25 +588,6 @@ def usable_bytes(
     """The memory a plan may fill: a GPU's less the CUDA context, less the headroom."""
     context = CUDA_CONTEXT_BYTES if cuda else 0
     return int(max(device_bytes - context, 0) * (1 - headroom))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a training step's cost depends on (estimate_memory's arguments, named once)."""
-
-    micro_batch_size: int = 1
-    seq_len: int = 1024
-    precision: str = "bf16"
-    attention: str = "sdpa"
-    gradient_checkpointing: bool = False
-    lora_r: int | None = None
-    load_in_4bit: bool = False
-    grad_accum: int = 1
-    fused_optimizer: bool = True
-    optimizer: str = "adamw"
-
-    def memory_kwargs(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -623,7 +617,7 @@ def plan_cost(
     headroom: float = DEFAULT_HEADROOM,
 ) -> PlanCost:
     """Everything the doctor and the estimate say about a plan's cost, from one place."""
-    mem = estimate_memory(shape, **plan.memory_kwargs())
+    mem = estimate_memory(shape, plan)
     fm = flops_for_shape(shape, plan.lora_r)
     usable = usable_bytes(device_bytes, cuda=cuda, headroom=headroom) if device_bytes else None
     recompute = fm.recompute_per_token(plan.seq_len)

@@ -36,9 +36,10 @@ allocates), FSDP (full sharding) when it does not.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.config import build_config
 from pitstop.data.prepare import prepare_data
@@ -59,7 +60,7 @@ from pitstop.measure.cost_model import (
     sharded,
 )
 from pitstop.measure.machine import describe_load
-from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu, get_gpu
+from pitstop.report.gpus import PRICES_SOURCE, GiB, Gpu, find_gpu
 from pitstop.report.measured import Measured
 
 # Assumed MFU when nothing was measured. 0.35 is a typical well-tuned single-node
@@ -141,6 +142,85 @@ class Throughput:
     device: str | None = None
 
 
+class OptionRow(TypedDict):
+    """One row of the options table: a GPU count, its strategy, memory, time and cost."""
+
+    gpus: int
+    strategy: str
+    memory_per_gpu_bytes: int | None
+    fits: bool | None
+    speedup: float
+    train_seconds: float
+    hours: float
+    cost: float | None
+    verdict: str
+
+
+class MemoryOption(TypedDict):
+    """A change that lowers the peak memory, with its peak and whether it fits."""
+
+    flags: str
+    changes: str
+    peak_bytes: int
+    fits: bool
+
+
+class CheckpointOverhead(TypedDict):
+    """The modelled time the run's saves add (`checkpoint_overhead`)."""
+
+    saves: int
+    bytes_per_save: int
+    seconds_per_save: float
+    write_bytes_per_second: float
+    bandwidth_assumed: bool
+    added_seconds: float
+    basis: str
+
+
+class HostAndDevice(TypedDict):
+    """A measured run moved to another device: its host time kept, its device time scaled."""
+
+    host_seconds: float
+    device_seconds: float
+    host_seconds_per_step: float
+    device_seconds_per_step: float
+    host_share_measured: float
+    host_phases_seconds_per_step: dict[str, float]
+    basis: str
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """What `estimate` is asked about a model shape: the data, the plan, the device, the price.
+
+    None for seq_len, micro_batch_size and grad_accum: the measured step's own (`step`,
+    default `measured_step(profile)`), else the data's row length, 1 row, no accumulation."""
+
+    tokens: DataTokens
+    epochs: float = 1.0
+    seq_len: int | None = None
+    micro_batch_size: int | None = None
+    precision: str = "bf16"
+    attention: str = "sdpa"
+    gradient_checkpointing: bool = False
+    lora_r: int | None = None
+    load_in_4bit: bool = False
+    gpu: Gpu | None = None
+    mfu: float | None = None
+    profile: Measured | None = None
+    step: StepShape | None = None
+    grad_accum: int | None = None
+    gpu_counts: Sequence[int] | None = None
+    scaling: float = DEFAULT_SCALING
+    price: float | None = None
+    headroom: float = DEFAULT_HEADROOM
+    optimizer: str = "adamw"
+    save_steps: int | None = None
+    tokens_per_step: int | None = None
+    disk_write_gbps: float | None = None
+    kept_from_profile: str | None = None
+
+
 @dataclass
 class Estimate:
     memory: MemoryEstimate | None
@@ -153,20 +233,20 @@ class Estimate:
     epochs: float
     price: float | None
     price_basis: str
-    options: list[dict[str, Any]]
+    options: list[OptionRow]
     flops_per_token: float | None
     throughput: Throughput
     assumptions: list[str] = field(default_factory=list)
     lora: bool = False
     gradient_checkpointing: bool = False
     # When the plan does not fit one GPU: what would, cheapest first (`memory_options`).
-    memory_options: list[dict[str, Any]] = field(default_factory=list)
+    memory_options: list[MemoryOption] = field(default_factory=list)
     optimizer_steps: int | None = None
     steps_basis: str = ""
     # The modelled checkpoint overhead (save_steps × checkpoint bytes ÷ write bandwidth).
-    checkpoints: dict[str, Any] | None = None
+    checkpoints: CheckpointOverhead | None = None
     # A measured run on another device: its host time kept, its device time scaled.
-    split: dict[str, Any] | None = None
+    split: HostAndDevice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         mem = None
@@ -428,7 +508,7 @@ def options_table(
     price: float | None,
     memory: MemoryEstimate | None,
     usable: int | None,
-) -> list[dict[str, Any]]:
+) -> list[OptionRow]:
     """One row per GPU count: strategy, memory per GPU, time, cost, and the verdict vs 1 GPU."""
     rows = []
     work = seconds_1 - startup
@@ -447,16 +527,6 @@ def options_table(
         cost = secs / 3600 * n * price if price is not None else None
         if n == 1:
             base_cost, base_secs = cost, secs
-        row = {
-            "gpus": n,
-            "strategy": strategy,
-            "memory_per_gpu_bytes": per_gpu,
-            "fits": fits,
-            "speedup": round(speedup, 3),
-            "train_seconds": round(secs, 1),
-            "hours": round(secs / 3600, 3),
-            "cost": round(cost, 4) if cost is not None else None,
-        }
         if n > 1:
             faster = base_secs / secs
             if cost is not None and base_cost:
@@ -468,60 +538,51 @@ def options_table(
                 verdict = f"{faster:.2f}x sooner"
             if fits is False:
                 verdict = "does not fit: " + verdict
-            row["verdict"] = verdict
         else:
-            row["verdict"] = "does not fit" if fits is False else "baseline"
+            verdict = "does not fit" if fits is False else "baseline"
+        row = OptionRow(
+            gpus=n,
+            strategy=strategy,
+            memory_per_gpu_bytes=per_gpu,
+            fits=fits,
+            speedup=round(speedup, 3),
+            train_seconds=round(secs, 1),
+            hours=round(secs / 3600, 3),
+            cost=round(cost, 4) if cost is not None else None,
+            verdict=verdict,
+        )
         rows.append(row)
     return rows
 
 
-def estimate(
-    shape: ModelShape,
-    *,
-    tokens: DataTokens,
-    epochs: float = 1.0,
-    seq_len: int | None = None,
-    micro_batch_size: int | None = None,
-    precision: str = "bf16",
-    attention: str = "sdpa",
-    gradient_checkpointing: bool = False,
-    lora_r: int | None = None,
-    load_in_4bit: bool = False,
-    gpu: Gpu | None = None,
-    mfu: float | None = None,
-    profile: Measured | None = None,
-    step: StepShape | None = None,
-    grad_accum: int | None = None,
-    gpu_counts: list[int] | None = None,
-    scaling: float = DEFAULT_SCALING,
-    price: float | None = None,
-    headroom: float = DEFAULT_HEADROOM,
-    optimizer: str = "adamw",
-    save_steps: int | None = None,
-    tokens_per_step: int | None = None,
-    disk_write_gbps: float | None = None,
-    kept_from_profile: str | None = None,
-) -> Estimate:
+def estimate(shape: ModelShape, req: EstimateRequest) -> Estimate:
     """Memory, time, cost and the multi-GPU options table of a planned run.
 
-    `step`: the measured run's optimizer step (default: `measured_step(profile)`); the
-    micro-batch rows, row length and accumulation left None are its own, and its tokens
+    `req.step`: the measured run's optimizer step (default: `measured_step(req.profile)`);
+    the micro-batch rows, row length and accumulation left None are its own, and its tokens
     per step set the step count (scaled by what a flag changed)."""
-    if step is None:
-        step = measured_step(profile)
-    seq_len = seq_len or (step.seq_len if step else None) or tokens.max_seq_len or 1024
-    micro_batch_size = micro_batch_size or (step.rows if step else None) or 1
-    grad_accum = grad_accum or (step.accumulation if step else None) or 1
-    notes: list[str] = [kept_from_profile] if kept_from_profile else []
+    tokens, epochs, profile, gpu = req.tokens, req.epochs, req.profile, req.gpu
+    precision, headroom = req.precision, req.headroom
+    step = req.step if req.step is not None else measured_step(profile)
+    seq_len = req.seq_len or (step.seq_len if step else None) or tokens.max_seq_len or 1024
+    micro_batch_size = req.micro_batch_size or (step.rows if step else None) or 1
+    grad_accum = req.grad_accum or (step.accumulation if step else None) or 1
+    notes: list[str] = [req.kept_from_profile] if req.kept_from_profile else []
     if gpu is None and profile is not None:
         gpu = find_gpu(profile.device)
     fused = not (gpu is None and profile is not None and _is_cpu(profile.device))
     plan = Plan(
-        micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
-        attention=attention, gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
-        load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        attention=req.attention,
+        gradient_checkpointing=req.gradient_checkpointing,
+        lora_r=req.lora_r,
+        load_in_4bit=req.load_in_4bit,
+        fused_optimizer=fused,
+        optimizer=req.optimizer,
         grad_accum=grad_accum,
-    )  # fmt: skip
+    )
     cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
     mem, usable, mbs = cost.memory, cost.usable_bytes, None
     if gpu is not None and usable is not None:
@@ -530,16 +591,19 @@ def estimate(
             f"{CUDA_CONTEXT_BYTES / GiB:g} GiB CUDA context) × {1 - headroom:.0%} (headroom for "
             "allocator fragmentation)"
         )
-        kw = {k: v for k, v in plan.memory_kwargs().items() if k != "micro_batch_size"}
-        mbs = max_micro_batch(shape, usable, **kw)
+        mbs = max_micro_batch(shape, usable, plan)
     fm = cost.flops
     fpt = cost.flops_per_token
     recompute = cost.recompute_per_token
     host = host_time(profile) if profile is not None else None
     tp = throughput(
-        profile=profile, gpu=gpu, mfu=mfu, precision=precision, flops_per_token=fpt + recompute,
+        profile=profile,
+        gpu=gpu,
+        mfu=req.mfu,
+        precision=precision,
+        flops_per_token=fpt + recompute,
         device_share=host.device_share if host else None,
-    )  # fmt: skip
+    )
     if tp.trained_tokens_per_second:
         host = None  # the measured rate holds the host time already
     if recompute:
@@ -549,17 +613,20 @@ def estimate(
             "compute per step, included in the time (MFU counts model FLOPs only)"
         )
     steps, steps_basis = optimizer_steps(
-        tokens, epochs, step=step, tokens_per_step=tokens_per_step,
+        tokens,
+        epochs,
+        step=step,
+        tokens_per_step=req.tokens_per_step,
         micro_positions=micro_batch_size * seq_len,
         planned=(micro_batch_size, seq_len, grad_accum),
-    )  # fmt: skip
+    )
     if tp.trained_tokens_per_second:
         work = tokens.trained_tokens * epochs / tp.trained_tokens_per_second
         ran_ck = _profile_checkpointing(profile)
-        if ran_ck != gradient_checkpointing:
+        if ran_ck != plan.gradient_checkpointing:
             # The profile ran with the other setting: scale its time by the FLOPs ratio.
             rc = fm.recompute_per_token(seq_len)
-            factor = (fpt + rc) / fpt if gradient_checkpointing else fpt / (fpt + rc)
+            factor = (fpt + rc) / fpt if plan.gradient_checkpointing else fpt / (fpt + rc)
             work *= factor
             notes.append(
                 f"the profile ran {'with' if ran_ck else 'without'} gradient checkpointing: its "
@@ -571,7 +638,7 @@ def estimate(
         if tokens.packing_efficiency is None:
             notes.append("positions = tokens: assumes packed rows with no padding")
         micro_steps = positions * epochs / (micro_batch_size * seq_len)
-        if step is not None and not tokens_per_step:  # the measured step's own micro-batches
+        if step is not None and not req.tokens_per_step:  # the measured step's own micro-batches
             micro_steps = steps * grad_accum
         floor = micro_steps * STEP_FLOOR_SECONDS
         if floor > work:
@@ -588,7 +655,7 @@ def estimate(
                 "apart from the rest): its host time (data loading, logging, ...) is not "
                 "known, so none is added; the time is the device work alone, a lower bound"
             )
-    split: dict[str, Any] | None = None
+    split: HostAndDevice | None = None
     if host is not None and profile is not None:
         device_s = work
         split = _host_and_device(host, tokens.trained_tokens * epochs, device_s, steps, gpu)
@@ -599,15 +666,21 @@ def estimate(
             tp.startup_seconds = max(0.0, float(wall) - float(train))
         if tp.startup_seconds:
             tp.basis += f"; start-up {tp.startup_seconds:.0f} s (as measured) added once"
+    # The run's own save pauses are inside a measured rate or a kept host time.
+    kept_pauses = tp.trained_tokens_per_second or split is not None
     ckpt = checkpoint_overhead(
-        shape, plan, steps=steps, save_steps=save_steps, disk_write_gbps=disk_write_gbps,
-        measured=_measured_checkpoint_seconds(profile)
-        if tp.trained_tokens_per_second or split else 0.0,
-    )  # fmt: skip
+        shape,
+        plan,
+        steps=steps,
+        save_steps=req.save_steps,
+        disk_write_gbps=req.disk_write_gbps,
+        measured=_measured_checkpoint_seconds(profile) if kept_pauses else 0.0,
+    )
     if ckpt is not None:
         work += ckpt["added_seconds"]
         notes.append(ckpt["basis"])
     seconds = tp.startup_seconds + work
+    price = req.price
     if price is not None:
         price_basis = f"{price} per GPU-hour (yours)"
     elif gpu is not None and gpu.example_price_per_hour is not None:
@@ -615,29 +688,25 @@ def estimate(
         price_basis = f"EXAMPLE price {price} USD per {gpu.name}-hour: {PRICES_SOURCE}"
     else:
         price_basis = "no price: give --price-per-gpu-hour"
-    counts = gpu_counts or [1, 2, 4, 8]
+    counts = list(req.gpu_counts or [1, 2, 4, 8])
     if gpu is None:
         counts = [1]  # a CPU profile: no multi-GPU scaling to speak of
     notes.append(
-        f"multi-GPU: each doubling keeps {scaling:.0%} of linear speed-up (assumed; "
+        f"multi-GPU: each doubling keeps {req.scaling:.0%} of linear speed-up (assumed; "
         "--scaling-efficiency); DDP adds a gradient-sized bucket buffer per GPU"
     )
     opts = options_table(
         seconds_1=seconds,
         startup=tp.startup_seconds,
         gpu_counts=counts,
-        scaling=scaling,
+        scaling=req.scaling,
         price=price,
         memory=mem,
         usable=usable,
     )
-    alternatives: list[dict[str, Any]] = []
+    alternatives: list[MemoryOption] = []
     if usable is not None and mem.peak > usable:
-        alternatives = memory_options(
-            shape, usable=usable, micro_batch_size=micro_batch_size, seq_len=seq_len,
-            precision=precision, attention=attention, gradient_checkpointing=gradient_checkpointing,
-            lora_r=lora_r, load_in_4bit=load_in_4bit, fused_optimizer=fused, optimizer=optimizer,
-        )  # fmt: skip
+        alternatives = memory_options(shape, plan, usable=usable)
     return Estimate(
         memory_options=alternatives,
         memory=mem,
@@ -654,8 +723,8 @@ def estimate(
         flops_per_token=fpt + recompute,
         throughput=tp,
         assumptions=notes,
-        lora=lora_r is not None,
-        gradient_checkpointing=gradient_checkpointing,
+        lora=plan.lora_r is not None,
+        gradient_checkpointing=plan.gradient_checkpointing,
         optimizer_steps=steps,
         steps_basis=steps_basis,
         checkpoints=ckpt,
@@ -708,7 +777,7 @@ def optimizer_steps(
 
 def _host_and_device(
     host: HostTime, trained_tokens: float, device_seconds: float, steps: int, gpu: Gpu | None
-) -> dict[str, Any]:
+) -> HostAndDevice:
     """The measured host time carried over, beside the device time scaled to `gpu`."""
     host_s = host.seconds_per_token * trained_tokens
     per_step = {k: v * trained_tokens / steps for k, v in host.per_token.items()}
@@ -723,15 +792,15 @@ def _host_and_device(
     )
     if total > 0:
         basis += f"; host {host_s / total:.0%} of the estimated time"
-    return {
-        "host_seconds": round(host_s, 3),
-        "device_seconds": round(device_seconds, 3),
-        "host_seconds_per_step": host_s / steps,
-        "device_seconds_per_step": device_seconds / steps,
-        "host_share_measured": round(host.share, 4),
-        "host_phases_seconds_per_step": {k: round(v, 6) for k, v in per_step.items()},
-        "basis": basis,
-    }
+    return HostAndDevice(
+        host_seconds=round(host_s, 3),
+        device_seconds=round(device_seconds, 3),
+        host_seconds_per_step=host_s / steps,
+        device_seconds_per_step=device_seconds / steps,
+        host_share_measured=round(host.share, 4),
+        host_phases_seconds_per_step={k: round(v, 6) for k, v in per_step.items()},
+        basis=basis,
+    )
 
 
 def _measured_tokens_per_step(profile: Measured | None) -> float | None:
@@ -754,7 +823,7 @@ def checkpoint_overhead(
     save_steps: int | None,
     disk_write_gbps: float | None,
     measured: float = 0.0,
-) -> dict[str, Any] | None:
+) -> CheckpointOverhead | None:
     """save_steps × checkpoint bytes ÷ write bandwidth: the time the run's saves add.
 
     A checkpoint holds the trained weights and the optimizer state (so `--resume` is
@@ -784,41 +853,76 @@ def checkpoint_overhead(
     if measured > 0:
         basis += "; not added: the measured rate already holds the run's own save pauses"
         added = 0.0
-    return {"saves": n, "bytes_per_save": size, "seconds_per_save": round(each, 3),
-            "write_bytes_per_second": bw, "bandwidth_assumed": not disk_write_gbps,
-            "added_seconds": round(added, 3), "basis": basis}  # fmt: skip
+    return CheckpointOverhead(
+        saves=n,
+        bytes_per_save=size,
+        seconds_per_save=round(each, 3),
+        write_bytes_per_second=bw,
+        bandwidth_assumed=not disk_write_gbps,
+        added_seconds=round(added, 3),
+        basis=basis,
+    )
 
 
-# The memory options of a plan that does not fit, cheapest first: what each changes.
-# (flags, settings changed, what it costs). The order is the cost to the run: the same
-# math first, then more compute, then a different method (an adapter instead of the model).
-_MEMORY_OPTIONS: tuple[tuple[str, dict[str, Any], str], ...] = (
-    ("--optimizer adamw_8bit", {"optimizer": "adamw_8bit"},
-     "the same AdamW update with 8-bit moments (block-wise quantised)"),
-    ("--gradient-checkpointing", {"gradient_checkpointing": True},
-     "the same math; the forward pass is computed again in backward"),
-    ("--gradient-checkpointing --optimizer adamw_8bit",
-     {"gradient_checkpointing": True, "optimizer": "adamw_8bit"}, "both of the above"),
-    ("--lora-r 16", {"lora_r": 16}, "a LoRA adapter instead of the full model"),
-    ("--lora-r 16 --gradient-checkpointing", {"lora_r": 16, "gradient_checkpointing": True},
-     "a LoRA adapter, activations recomputed"),
-    ("--lora-r 16 --load-in-4bit --gradient-checkpointing",
-     {"lora_r": 16, "load_in_4bit": True, "gradient_checkpointing": True},
-     "QLoRA: a LoRA adapter on frozen 4-bit weights, activations recomputed"),
-)  # fmt: skip
+@dataclass(frozen=True)
+class _MemoryChange:
+    """One memory option: its flags, the plan settings it changes, and what it costs."""
+
+    flags: str
+    change: dict[str, object]
+    what: str
 
 
-def memory_options(shape: ModelShape, *, usable: int, **plan: Any) -> list[dict[str, Any]]:
-    """Each memory option not already in `plan` (estimate_memory's arguments): its peak and
-    whether it fits `usable` bytes, the ones that fit first, cheapest first."""
+# The memory options of a plan that does not fit, cheapest first. The order is the cost to
+# the run: the same math first, then more compute, then a different method (an adapter
+# instead of the model).
+_CK: dict[str, object] = {"gradient_checkpointing": True}
+_MEMORY_OPTIONS: tuple[_MemoryChange, ...] = (
+    _MemoryChange(
+        "--optimizer adamw_8bit",
+        {"optimizer": "adamw_8bit"},
+        "the same AdamW update with 8-bit moments (block-wise quantised)",
+    ),
+    _MemoryChange(
+        "--gradient-checkpointing",
+        _CK,
+        "the same math; the forward pass is computed again in backward",
+    ),
+    _MemoryChange(
+        "--gradient-checkpointing --optimizer adamw_8bit",
+        {**_CK, "optimizer": "adamw_8bit"},
+        "both of the above",
+    ),
+    _MemoryChange("--lora-r 16", {"lora_r": 16}, "a LoRA adapter instead of the full model"),
+    _MemoryChange(
+        "--lora-r 16 --gradient-checkpointing",
+        {"lora_r": 16, **_CK},
+        "a LoRA adapter, activations recomputed",
+    ),
+    _MemoryChange(
+        "--lora-r 16 --load-in-4bit --gradient-checkpointing",
+        {"lora_r": 16, "load_in_4bit": True, **_CK},
+        "QLoRA: a LoRA adapter on frozen 4-bit weights, activations recomputed",
+    ),
+)
+
+
+def memory_options(shape: ModelShape, plan: Plan, *, usable: int) -> list[MemoryOption]:
+    """Each memory option not already in `plan`: its peak and whether it fits `usable`
+    bytes, the ones that fit first, cheapest first."""
     rows = []
-    for flags, change, what in _MEMORY_OPTIONS:
-        if all(plan.get(k) == v for k, v in change.items()):
+    for opt in _MEMORY_OPTIONS:
+        if all(getattr(plan, k) == v for k, v in opt.change.items()):
             continue  # already the plan
-        if plan.get("lora_r") is not None and "lora_r" in change:
+        if plan.lora_r is not None and "lora_r" in opt.change:
             continue  # the plan's own rank stands
-        peak = estimate_memory(shape, **{**plan, **change}).peak
-        rows.append({"flags": flags, "changes": what, "peak_bytes": peak, "fits": peak <= usable})
+        # Without accumulation, as the options have always been priced: the gradients kept
+        # across micro-batches are left out of each option's peak.
+        option = replace(plan, grad_accum=1, **opt.change)  # type: ignore[arg-type]
+        peak = estimate_memory(shape, option).peak
+        rows.append(
+            MemoryOption(flags=opt.flags, changes=opt.what, peak_bytes=peak, fits=peak <= usable)
+        )
     return sorted(rows, key=lambda r: not r["fits"])  # stable: cheapest first within each
 
 
@@ -932,7 +1036,3 @@ def format_estimate(est: Estimate) -> str:
                 f"  {r['flags']:<52} peak {_gib(r['peak_bytes']):>11}  {fits:<12} {r['changes']}"
             )
     return "\n".join(lines)
-
-
-def resolve_gpu(name: str | None) -> Gpu | None:
-    return get_gpu(name) if name else None

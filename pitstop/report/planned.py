@@ -24,6 +24,7 @@ from pitstop.report.estimate import (
     DEFAULT_SCALING,
     DataTokens,
     Estimate,
+    EstimateRequest,
     StepShape,
     data_tokens,
     estimate,
@@ -202,9 +203,9 @@ def run_defaults(
         (str(cfg[k]) for k in ("model", "model_name_or_path", "_name_or_path") if cfg.get(k)),
         None,
     )
-    if model is None and isinstance(summary.extra.get("command"), list):
-        cwd = Path(str(summary.extra.get("command_cwd") or "."))
-        for arg in summary.extra["command"][1:]:
+    if model is None and summary.command:
+        cwd = Path(summary.command_cwd or ".")
+        for arg in summary.command[1:]:
             d = cwd / str(arg)
             if not str(arg).startswith("-") and (d / "config.json").is_file():
                 model = str(d)
@@ -346,8 +347,7 @@ def estimate_planned_run(
     toks = run_tokens or data_tokens(
         data, tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=cache_dir
     )
-    return estimate(
-        shape,
+    request = EstimateRequest(
         tokens=toks,
         epochs=epochs,
         seq_len=max_seq_len,
@@ -372,3 +372,4 @@ def estimate_planned_run(
         disk_write_gbps=disk_write_gbps,
         kept_from_profile=_describe_kept(kept) if kept else None,
     )
+    return estimate(shape, request)
