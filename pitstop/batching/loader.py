@@ -39,6 +39,7 @@ from pitstop.batching.plan import (
 )
 from pitstop.batching.records import MicroBatchMeta
 from pitstop.batching.settings import BatchSettings
+from pitstop.data.facts import sequence_facts
 from pitstop.data.store import TokenStore
 from pitstop.errors import PitstopError
 
@@ -68,12 +69,9 @@ def default_loader_workers(n_tokens: int, cpu_count: int | None = None) -> tuple
 
 
 def sequence_targets(store: TokenStore) -> np.ndarray:
-    """Loss targets per sequence, int64 [n_sequences], never counting a sequence's first token."""
-    offsets = np.asarray(store.offsets)
-    if len(offsets) <= 1:
-        return np.zeros(0, np.int64)
-    first = np.asarray(store.mask[offsets[:-1]], dtype=np.int64)
-    return store.target_counts() - first
+    """Loss targets per sequence, int64 [n_sequences], never counting a sequence's first
+    token: the store's stored facts (pitstop.data.facts), not a pass over its mask."""
+    return np.asarray(sequence_facts(store).trained, dtype=np.int64)
 
 
 class _Key(NamedTuple):
@@ -215,8 +213,9 @@ class MicroBatchLoader:
             raise ValueError(f"rank {rank} outside world size {self.settings.world_size}")
         self.rank = rank
         self.seed = opts.seed
-        self.lengths = np.asarray(self.store.lengths, dtype=np.int64)
-        self.targets = sequence_targets(self.store)
+        facts = sequence_facts(self.store)
+        self.lengths = np.asarray(facts.lengths, dtype=np.int64)
+        self.targets = np.asarray(facts.trained, dtype=np.int64)
         used = self.lengths if self.indices is None else self.lengths[self.indices]
         problems = []
         if len(used) == 0:

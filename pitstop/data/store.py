@@ -8,6 +8,10 @@ Layout of a store directory (all little-endian, no pickles)::
     mask.bin        uint8 per token: 1 where the token is a loss target, 0 where it is context only
     offsets.bin     int64 [n_sequences + 1]: sequence i is tokens[offsets[i]:offsets[i+1]]
     doc_ids.bin     int64 [n_sequences]: the source document of each sequence (split chunks share it)
+    seq_lengths.bin, seq_trained.bin
+                    uint32 [n_sequences]: each sequence's tokens and trained targets, counted
+                    while writing (pitstop.data.facts; a store written before them gets
+                    them counted once and cached beside it)
 
 A *sequence* is at most `max_seq_len` tokens: documents longer than that were split
 into consecutive chunks (or truncated or dropped) at prepare time, so batching only
@@ -46,11 +50,14 @@ from typing import Any
 import numpy as np
 
 from pitstop.atomic import fsync_dir
+from pitstop.data.facts import FACT_DTYPE, FACT_FILES, LENGTHS_FILE, TRAINED_FILE, chunk_trained
 from pitstop.errors import DataError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 FILES = ("tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin")
+# What a writer writes: the arrays, then the per-sequence facts (optional when reading).
+WRITTEN = FILES + FACT_FILES
 # Tokens summed per pass when counting targets per sequence: 8 MiB of mask, a 64 MiB sum.
 TARGET_SPAN = 1 << 23
 
@@ -88,8 +95,8 @@ class StoreWriter:
         self.tmp = self.dest.parent / f"{self.dest.name}.partial-{secrets.token_hex(4)}"
         self.tmp.mkdir()
         self.dtype = token_dtype(vocab_size)
-        self._files = {name: open(self.tmp / name, "wb") for name in FILES}  # noqa: SIM115
-        self._crc = dict.fromkeys(FILES, 0)
+        self._files = {name: open(self.tmp / name, "wb") for name in WRITTEN}  # noqa: SIM115
+        self._crc = dict.fromkeys(WRITTEN, 0)
         self.n_tokens = 0
         self.n_sequences = 0
         self.max_token_id = -1
@@ -118,6 +125,8 @@ class StoreWriter:
         ends = self.n_tokens + np.cumsum(lengths)
         self._write("offsets.bin", ends.astype(np.int64).tobytes())
         self._write("doc_ids.bin", np.asarray(doc_ids, dtype=np.int64).tobytes())
+        self._write(LENGTHS_FILE, lengths.astype(FACT_DTYPE).tobytes())
+        self._write(TRAINED_FILE, chunk_trained(mask, lengths).tobytes())
         self.n_tokens += int(lengths.sum())
         self.n_sequences += len(lengths)
 
@@ -193,6 +202,12 @@ class TokenStore:
             "offsets.bin": (n_seq + 1) * 8,
             "doc_ids.bin": n_seq * 8,
         }
+        checksums = self.manifest.get("checksums")
+        # Fact files the manifest names must be whole; a store without them gets them
+        # counted (pitstop.data.facts.sequence_facts).
+        for name in FACT_FILES:
+            if isinstance(checksums, dict) and name in checksums:
+                expected[name] = n_seq * FACT_DTYPE.itemsize
         for name, size in expected.items():
             p = self.path / name
             actual = p.stat().st_size if p.is_file() else None
@@ -202,7 +217,7 @@ class TokenStore:
                     f"or damaged; delete {self.path} and prepare again"
                 )
         if verify:
-            _verify_checksums(self.path, self.manifest.get("checksums"))
+            _verify_checksums(self.path, checksums)
         self.tokens = _memmap(self.path / "tokens.bin", self.dtype, n_tok)
         self.mask = _memmap(self.path / "mask.bin", np.uint8, n_tok)
         self.offsets = _memmap(self.path / "offsets.bin", np.int64, n_seq + 1)
@@ -388,7 +403,7 @@ def _verify_checksums(path: Path, checksums: Any) -> None:
     """Read each array file once per process and compare its checksum with the manifest."""
     if not isinstance(checksums, dict):
         return  # written before checksums existed: opened unchecked (see the module doc)
-    for name in FILES:
+    for name in FILES + tuple(n for n in FACT_FILES if n in checksums):
         p = path / name
         ident = _file_id(p)
         if ident in _VERIFIED:

@@ -30,7 +30,8 @@ def test_manifest_records_largest_id_and_checksums(store):
     m = json.loads((store / "manifest.json").read_text())
     tokens = np.fromfile(store / "tokens.bin", dtype=m["dtype"])
     assert m["max_token_id"] == int(tokens.max())
-    assert set(m["checksums"]) == {"tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin"}
+    arrays = {"tokens.bin", "mask.bin", "offsets.bin", "doc_ids.bin"}
+    assert set(m["checksums"]) == arrays | {"seq_lengths.bin", "seq_trained.bin"}
     assert TokenStore(store).max_token_id == int(tokens.max())
 
 
