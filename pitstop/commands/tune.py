@@ -5,6 +5,11 @@ tuner's own. `--output` is the tuned YAML path (trials run in temporary director
 and keep nothing), so the parser uses `conflict_handler="resolve"` to let it replace
 the config's `--output`; the run directory written into the YAML comes from
 `--run-output`, else the config's `output`, else `<yaml stem>-run` next to the YAML.
+
+`pitstop tune [--budget-seconds S] [--steps K] [--output DIR] [--dry-run]
+[--allow-batch-changes] -- CMD ...` instead measures the doctor's fixes on any training
+command (`pitstop.tune.script.tune_script`); `--output` is then the directory of the trial
+runs (default runs/tune-<script>-<UTC time>) and no training flag applies.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pitstop.commands.flags import (
 from pitstop.commands.paths import check_outputs
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.stopping import on_stop_signals
+from pitstop.tune.script import DEFAULT_BUDGET_SECONDS as SCRIPT_BUDGET_SECONDS
 from pitstop.tune.search import StopRequest, TuneInterrupted
 from pitstop.tune.space import KNOBS
 from pitstop.tune.trial import remove_trial_dirs
@@ -98,8 +104,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--budget-seconds",
-        default=DEFAULT_BUDGET_SECONDS,
-        help=f"time for the whole search (default: {DEFAULT_BUDGET_SECONDS:.0f})",
+        default=None,
+        help=f"time for the whole search (default: {DEFAULT_BUDGET_SECONDS:.0f}; with "
+        f"-- COMMAND {SCRIPT_BUDGET_SECONDS:.0f})",
     )
     p.add_argument(
         "--memory-cap-gb",
@@ -124,11 +131,47 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="measure every trial again instead of reusing an earlier tune's",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--steps",
+        default=None,
+        help="with -- COMMAND: measured optimizer steps per trial (default: 12)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with -- COMMAND: print the plan (trials, safety, budget) and run nothing",
+    )
+    p.add_argument(
+        "--allow-batch-changes",
+        action="store_true",
+        help="with -- COMMAND: include fixes that change which tokens form a step "
+        "(group_by_length) in the recommendation",
+    )
+    p.add_argument(
+        "script_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="measure the doctor's fixes on this training command, unchanged (e.g. "
+        "`-- python train.py`): --output is then the trials' directory; see docs/tune.md",
+    )
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    rest = list(getattr(args, "script_command", None) or [])
+    if rest and rest[0] == "--":
+        return run_script(args, rest[1:])
+    args.unknown = list(getattr(args, "unknown", None) or []) + rest
+    problems = []
+    if args.steps is not None:
+        problems.append("--steps: only with -- COMMAND (use --trial-steps)")
+    if args.dry_run or args.allow_batch_changes:
+        problems.append("--dry-run / --allow-batch-changes: only with -- COMMAND")
+    if problems:
+        raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
+    if args.budget_seconds is None:
+        args.budget_seconds = DEFAULT_BUDGET_SECONDS
     check_number_flags(args, "tune")
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
     problems = [
@@ -180,3 +223,92 @@ def run(args: argparse.Namespace) -> int:
             print(f"\ntuned config written to {report.tuned_path}; train with:")
             print(f"  pitstop train --config {report.tuned_path}")
     return 0 if report.result.best is not None else 1
+
+
+def run_script(args: argparse.Namespace, command: list[str]) -> int:
+    """`pitstop tune -- COMMAND`: measure the doctor's fixes on the command (tune/script.py)."""
+    import time
+    from pathlib import Path
+
+    from pitstop.commands.flags import FIELDS
+    from pitstop.tune import script
+
+    problems = []
+    given = sorted(k for k in vars(args) if k in FIELDS) + (["config"] if args.config else [])
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        problems.append(
+            f"{flags}: training flags configure a pitstop run; a tuned command brings its own "
+            "settings (give them to the command after --)"
+        )
+    if args.unknown:
+        problems.append(f"unrecognized arguments before --: {' '.join(args.unknown)}")
+    if not command:
+        problems.append(
+            "give the training command after --, e.g. `pitstop tune -- python train.py`"
+        )
+    budget = _positive(args.budget_seconds or SCRIPT_BUDGET_SECONDS, "--budget-seconds", problems)
+    steps = int(_positive(args.steps or script.DEFAULT_STEPS, "--steps", problems) or 0)
+    if steps and steps < 4:
+        problems.append("--steps: at least 4 (the noise band needs steady steps)")
+    out_given = args.tuned_output if args.tuned_output != "tuned.yaml" else None
+    if out_given is None and command:
+        name = next((Path(a).stem for a in command[1:] if a.endswith(".py")), Path(command[0]).name)
+        out_given = f"runs/tune-{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    if out_given and Path(out_given).exists() and any(Path(out_given).iterdir()):
+        problems.append(f"--output: {out_given} is not empty (trials never overwrite runs)")
+    if problems:
+        raise ConfigError(problems, header=f"invalid options ({len(problems)} problem(s)):")
+    out = Path(out_given or "runs/tune")
+    if args.dry_run:
+        print(
+            script.format_dry_run(
+                command, out, steps=steps, warmup=script.DEFAULT_WARMUP, budget_seconds=budget
+            )
+        )
+        return 0
+    # Deferred: the launcher loads torch and transformers.
+    from pitstop.anyloop.launch import check_command
+
+    check_command(command, out)
+    report = script.tune_script(
+        command,
+        out,
+        _runner,
+        budget_seconds=budget,
+        steps=steps,
+        allow_batch_changes=args.allow_batch_changes,
+        log=lambda msg: log.info(f"pitstop tune: {msg}"),
+    )
+    if args.json:
+        print(json.dumps(script.report_json(report), indent=1, default=str))
+    else:
+        print(script.format_script_report(report))
+    return 0
+
+
+def _positive(value: Any, flag: str, problems: list[str]) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        problems.append(f"{flag}: a number, got {value!r}")
+        return 0.0
+    if v <= 0:
+        problems.append(f"{flag}: more than 0, got {value}")
+    return v
+
+
+def _runner(command: list[str], run_dir: Any, settings: Any, warmup: int) -> int:
+    """Run one trial: the launcher with the trial's settings in the boot hook's environment."""
+    from pitstop.anyloop.launch import run_command
+    from pitstop.tune.script_settings import ENV_SETTINGS
+
+    before = os.environ.get(ENV_SETTINGS)
+    os.environ[ENV_SETTINGS] = settings.to_json()
+    try:
+        return run_command(command, run_dir, warmup_steps=warmup)
+    finally:
+        if before is None:
+            os.environ.pop(ENV_SETTINGS, None)
+        else:
+            os.environ[ENV_SETTINGS] = before

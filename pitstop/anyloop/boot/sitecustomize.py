@@ -4,7 +4,10 @@
 command starts (the script, a torchrun launcher and its workers) imports this file at
 start-up. It attaches only when PITSTOP_WATCH_OUTPUT is set, never in multiprocessing's
 helper processes (DataLoader workers, the resource tracker), and then runs the
-sitecustomize it shadows, if the environment has one.
+sitecustomize it shadows, if the environment has one. Under `pitstop tune -- CMD`
+(PITSTOP_TRIAL_SETTINGS set) it also applies the trial's settings after the timer is
+attached, so the trial's step limit runs after the timer has closed the step
+(`pitstop.tune.script_settings`).
 """
 
 import os
@@ -22,6 +25,12 @@ def _attach() -> None:
         attach_from_env()
     except Exception as e:  # never break the user's script: it runs untimed, and says so
         print(f"pitstop profile: could not attach the step timer: {e}", file=sys.stderr)
+        return
+    if os.environ.get("PITSTOP_TRIAL_SETTINGS"):
+        # No try: a trial whose settings cannot be applied must fail, not measure the baseline.
+        from pitstop.tune.script_settings import apply_from_env
+
+        apply_from_env()
 
 
 def _chain() -> None:

@@ -1,0 +1,715 @@
+"""`pitstop tune -- CMD`: what each of the doctor's fixes is worth, measured on the user's script.
+
+The flow (docs/tune.md, "Tuning any script"):
+
+1. the command runs unchanged as the baseline, under the step timer, for warm-up + K optimizer
+   steps (a clean stop from the optimizer hook; `max_steps` for a Trainer script), and the
+   doctor reads it;
+2. `make_plan` turns the doctor's findings and the observed settings into candidates, each a
+   setting pitstop applies from outside (`script_settings`), labelled by what it does to the
+   training math; fixes that cannot be applied from outside are listed with the reason;
+3. each candidate and the baseline alternate (baseline, candidate, baseline, candidate, ...)
+   until `judge` separates them from the noise or the budget ends;
+4. the winners are combined and the combination measured the same way;
+5. one table, the winning settings as code to paste, and tuned_settings.json.
+
+This module runs no process itself: the caller passes a `Runner` (the command layer passes
+`pitstop.anyloop.launch.run_command` with the settings in the environment), which keeps
+`tune` below `anyloop` in the layer order and lets tests pass a fake runner.
+
+The ratio of a candidate to the baseline is the ratio of their steady throughputs
+(`report/steady.py`: trained tokens over seconds of the steps after warm-up, else steps per
+second), and its band the block-rate band `compare` uses. Rounds are pooled in log space;
+a verdict is "faster" or "slower" only when the pooled band excludes 1 and no round points
+the other way, so a round slowed by a busy machine can blur a verdict, never flip it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pitstop.atomic import write_json_atomic
+from pitstop.probe import DeviceInfo
+from pitstop.tune.script_settings import APPLIED, TrialSettings, Value
+
+DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose step is <= 1 s
+DEFAULT_STEPS = 12  # measured optimizer steps per trial (after warm-up)
+DEFAULT_WARMUP = 2  # steps left out of each trial (worker start-up, allocator, first kernels)
+MAX_ROUNDS = 3  # baseline/candidate pairs per candidate at most
+TUNED = "tuned_settings.json"
+
+SAME = "same math"
+PRECISION = "same math up to precision"
+BATCH = "changes which tokens form a step"
+FASTER, SLOWER, SAME_SPEED = "faster", "slower", "no measurable difference"
+FAILED, NOT_MEASURED = "failed", "not measured (budget)"
+
+# Runner(command, run_dir, settings, warmup_steps) -> exit status; writes a run to run_dir.
+Runner = Callable[[list[str], Path, TrialSettings, int], int]
+
+
+@dataclass
+class Candidate:
+    """One setting to try: what it sets, what it does to the math, what the doctor predicted."""
+
+    name: str  # e.g. "num_workers=1"
+    group: str  # candidates of one group exclude each other in the combination
+    math: str  # SAME, PRECISION or BATCH
+    loader: dict[str, Value] = field(default_factory=dict)
+    training_args: dict[str, Value] = field(default_factory=dict)
+    finding: str | None = None  # the doctor's finding id it answers
+    predicted: str = "-"  # the doctor's predicted effect, short
+
+
+@dataclass
+class NotTried:
+    """A fix the plan does not measure, and why."""
+
+    fix: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    kind: str  # "loop" (DataLoader arguments) or "trainer" (TrainingArguments fields)
+    candidates: list[Candidate]
+    not_tried: list[NotTried]
+
+
+@dataclass
+class Round:
+    """One baseline/candidate pair: throughputs (tokens/s, else steps/s), their band's half
+    width in log space, and whether either run was flagged noisy."""
+
+    base_rate: float
+    cand_rate: float
+    half: float  # log of the pair's band upper bound (report/steady.band)
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.cand_rate / self.base_rate)
+
+
+@dataclass
+class Judgement:
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+
+
+@dataclass
+class Result:
+    """A candidate (or the combination) as measured."""
+
+    candidate: Candidate
+    runs: list[str] = field(default_factory=list)  # its run directories, in order
+    rounds: list[Round] = field(default_factory=list)
+    judgement: Judgement | None = None
+    error: str | None = None  # why the trial failed
+    applied: dict[str, Value] = field(default_factory=dict)  # what the trial set, as applied
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        if self.error:
+            return FAILED
+        return self.judgement.verdict if self.judgement else NOT_MEASURED
+
+
+@dataclass
+class ScriptTuneReport:
+    command: list[str]
+    output: Path
+    baseline: str
+    plan: Plan
+    results: list[Result]
+    combined: Result | None
+    winners: list[Result]
+    held_back: list[Result]  # faster, but change the batch (without --allow-batch-changes)
+    seconds: float
+
+    def recommended(self) -> dict[str, Value]:
+        """The winning settings, as the user writes them (loader or TrainingArguments)."""
+        out: dict[str, Value] = {}
+        for r in self.winners:
+            out.update(r.applied or {**r.candidate.loader, **r.candidate.training_args})
+        return out
+
+
+# --- judging ------------------------------------------------------------------------------
+
+
+def judge(rounds: list[Round], floor: float) -> Judgement:
+    """Pool the rounds (log space): ratio, band and verdict.
+
+    The band's half-width is the largest of: the pairs' own bands pooled (each pair's band
+    already holds its block spread and the noise floor), the spread between rounds (with two
+    or more), and `floor`. "faster" / "slower" need the band to exclude 1 and every round to
+    point the same way: one round slowed by a busy machine makes the verdict "no measurable
+    difference", never the opposite one.
+    """
+    logs = [r.log_ratio for r in rounds]
+    n = len(logs)
+    mean = statistics.fmean(logs)
+    half = math.sqrt(sum(r.half**2 for r in rounds)) / n
+    if n >= 2:
+        from pitstop.report.steady import Z
+
+        half = max(half, Z * statistics.stdev(logs) / math.sqrt(n))
+    half = max(half, math.log1p(floor))
+    verdict = SAME_SPEED
+    if mean - half > 0 and all(x > 0 for x in logs):
+        verdict = FASTER
+    elif mean + half < 0 and all(x < 0 for x in logs):
+        verdict = SLOWER
+    return Judgement(math.exp(mean), math.exp(mean - half), math.exp(mean + half), verdict)
+
+
+def pair(base_dir: Path, cand_dir: Path) -> Round:
+    """The round of two run directories (steady throughput and `compare`'s band)."""
+    from pitstop.errors import DataError
+    from pitstop.report.runs import load_run
+    from pitstop.report.steady import band, steady
+
+    a, b = steady(load_run(base_dir)), steady(load_run(cand_dir))
+    if a is None or b is None:
+        raise DataError("fewer than 3 steady steps: give more --steps")
+
+    def rate(s: Any) -> float:
+        tokens = a.tokens_per_second is not None and b.tokens_per_second is not None
+        return s.tokens_per_second if tokens else 1.0 / s.step_seconds
+
+    lo_hi = band(a, b)
+    assert lo_hi is not None  # both steady: band is defined
+    return Round(rate(a), rate(b), math.log(lo_hi[1]))
+
+
+# --- the plan -----------------------------------------------------------------------------
+
+
+def _short(effect: str, gain: float) -> str:
+    """The doctor's predicted effect as a ratio where it is a share of step time."""
+    if gain and 0 < gain < 1:
+        return f"up to {1 / (1 - gain):.2f}x"
+    m = re.match(r"[^:;(]{0,60}", effect or "")
+    return (m.group(0).strip() if m else "") or "-"
+
+
+def make_plan(
+    findings: list[dict[str, Any]],
+    observed: dict[str, Any],
+    script_args: dict[str, Any] | None,
+    device: DeviceInfo,
+    *,
+    allow_batch_changes: bool = False,
+) -> Plan:
+    """Candidates for the baseline's findings and observed settings.
+
+    `observed`: the profile's config (the loop's settings as TrainingArguments fields);
+    `script_args`: the script's own TrainingArguments values (None for a plain loop);
+    `device`: the device as the doctor saw it (tests pass a pretend one, e.g. a CPU whose
+    flags lack avx512_bf16).
+    """
+    trainer = script_args is not None
+    cur = dict(observed) | dict(script_args or {})
+    by_id = {f.get("id"): f for f in findings}
+    cands: list[Candidate] = []
+    skip: list[NotTried] = []
+    cuda = device.type == "cuda"
+    cores = device.cpu_count or 1
+
+    def predicted(fid: str) -> tuple[str | None, str]:
+        f = by_id.get(fid)
+        if f is None:
+            return None, "-"
+        return fid, _short(str(f.get("effect") or ""), float(f.get("gain") or 0.0))
+
+    # Loader workers: the doctor's count, and the count that would hide the load when the
+    # doctor held back for want of cores (a loader that waits, not computes, still gains).
+    loader_f = by_id.get("input-bound") or by_id.get("loader-main-process")
+    workers = int(cur.get("dataloader_num_workers") or 0)
+    if loader_f is not None:
+        fid, pred = predicted(str(loader_f["id"]))
+        counts = [int(k) for k in re.findall(r"num_workers[= ](\d+)", str(loader_f.get("fix")))]
+        need = (loader_f.get("evidence") or {}).get("workers_needed")
+        if isinstance(need, int):
+            counts.append(need)
+        counts = sorted({k for k in counts if k > workers} or {max(1, workers + 1)})
+        for k in counts[:2]:
+            if trainer:
+                args: dict[str, Value] = {
+                    "dataloader_num_workers": k,
+                    "dataloader_persistent_workers": True,
+                }
+                if cuda:
+                    args["dataloader_pin_memory"] = True
+                cands.append(
+                    Candidate(
+                        f"dataloader_num_workers={k}",
+                        "workers",
+                        SAME,
+                        training_args=args,
+                        finding=fid,
+                        predicted=pred,
+                    )
+                )
+            else:
+                kw: dict[str, Value] = {"num_workers": k, "persistent_workers": True}
+                if cuda:
+                    kw["pin_memory"] = True  # page-locked host memory: a CUDA copy's gain only
+                cands.append(
+                    Candidate(
+                        f"num_workers={k}", "workers", SAME, loader=kw, finding=fid, predicted=pred
+                    )
+                )
+            if k >= cores:
+                cands[-1].predicted += f" ({k} workers on {cores} cores)"
+        if "tokeniz" in str(loader_f.get("fix")):
+            skip.append(
+                NotTried(
+                    "tokenize / pre-process before training",
+                    "changes the script's data pipeline: only its author can",
+                )
+            )
+    precision = "bf16" if cur.get("bf16") else "fp16" if cur.get("fp16") else "fp32"
+    if precision != "bf16":
+        if not device.bf16:
+            skip.append(
+                NotTried(
+                    "bf16",
+                    f"{device.name} has no native bf16 (no avx512_bf16 / "
+                    "amx_bf16 on a CPU, compute capability < 8.0 on a GPU): it "
+                    "would be emulated, slower",
+                )
+            )
+        elif not trainer:
+            skip.append(
+                NotTried(
+                    "bf16",
+                    "a plain loop's precision is in its code "
+                    "(torch.autocast(dtype=torch.bfloat16) around the forward)",
+                )
+            )
+        else:
+            fid, pred = predicted("fp32-on-gpu" if precision == "fp32" else "fp16-on-bf16-gpu")
+            cands.append(
+                Candidate(
+                    "bf16=True",
+                    "precision",
+                    PRECISION,
+                    training_args={"bf16": True},
+                    finding=fid,
+                    predicted=pred,
+                )
+            )
+    if cuda and precision == "fp32" and not cur.get("tf32"):
+        if trainer:
+            cands.append(Candidate("tf32=True", "tf32", PRECISION, training_args={"tf32": True}))
+        else:
+            skip.append(
+                NotTried(
+                    "tf32",
+                    "set torch.backends.cuda.matmul.allow_tf32 = True in "
+                    "the script (a plain loop has no field to set from outside)",
+                )
+            )
+    if cur.get("gradient_checkpointing"):
+        fid, pred = predicted("gradient-checkpointing-unneeded")
+        if trainer:
+            cands.append(
+                Candidate(
+                    "gradient_checkpointing=False",
+                    "checkpointing",
+                    SAME,
+                    training_args={"gradient_checkpointing": False},
+                    finding=fid,
+                    predicted=pred,
+                )
+            )
+        else:
+            skip.append(
+                NotTried(
+                    "gradient checkpointing off",
+                    "the script turns it on in its "
+                    "code (gradient_checkpointing_enable / torch.utils.checkpoint)",
+                )
+            )
+    if trainer and "optimizer-not-fused" in by_id:
+        fid, pred = predicted("optimizer-not-fused")
+        cands.append(
+            Candidate(
+                "optim=adamw_torch_fused",
+                "optim",
+                SAME,
+                training_args={"optim": "adamw_torch_fused"},
+                finding=fid,
+                predicted=pred,
+            )
+        )
+    if trainer and "compile-off" in by_id:
+        fid, pred = predicted("compile-off")
+        cands.append(
+            Candidate(
+                "torch_compile=True",
+                "compile",
+                SAME,
+                training_args={"torch_compile": True},
+                finding=fid,
+                predicted=pred,
+            )
+        )
+    micro = int(cur.get("per_device_train_batch_size") or 1)
+    accum = int(cur.get("gradient_accumulation_steps") or 1)
+    if trainer and accum > 1 and accum % 2 == 0:
+        cands.append(
+            Candidate(
+                f"per_device_train_batch_size={micro * 2}",
+                "split",
+                SAME,
+                training_args={"per_device_train_batch_size": micro * 2},
+                predicted="fewer, larger micro-batches",
+            )
+        )
+    padding = [f for f in findings if str(f.get("id", "")).startswith("padding")]
+    if trainer and padding and not cur.get("group_by_length"):
+        fid, pred = predicted(str(padding[0]["id"]))
+        if allow_batch_changes:
+            cands.append(
+                Candidate(
+                    "group_by_length=True",
+                    "length",
+                    BATCH,
+                    training_args={"group_by_length": True},
+                    finding=fid,
+                    predicted=pred,
+                )
+            )
+        else:
+            skip.append(
+                NotTried("group_by_length=True", f"{BATCH}: tried only with --allow-batch-changes")
+            )
+    if not trainer and cands == [] and not findings:
+        skip.append(NotTried("anything", "the doctor found nothing to change"))
+    return Plan("trainer" if trainer else "loop", cands, skip)
+
+
+# --- the search ---------------------------------------------------------------------------
+
+
+class _Search:
+    def __init__(
+        self,
+        command: list[str],
+        output: Path,
+        runner: Runner,
+        *,
+        steps: int,
+        warmup: int,
+        budget_seconds: float,
+        bf16_native: bool,
+        log: Callable[[str], None],
+    ) -> None:
+        self.command, self.output, self.runner = command, output, runner
+        self.steps, self.warmup = steps, warmup
+        self.deadline = time.monotonic() + budget_seconds
+        self.bf16_native = bf16_native
+        self.log = log
+        self.n = 0
+        self.trial_seconds: list[float] = []
+
+    def run(self, name: str, cand: Candidate | None) -> tuple[Path, int, dict[str, Any]]:
+        """One trial: its run directory, exit status and applied.json."""
+        self.n += 1
+        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)[:60]
+        run_dir = self.output / f"{self.n:02d}-{slug}"
+        settings = TrialSettings(
+            trial_dir=str(run_dir.resolve()),
+            stop_after_steps=self.steps + self.warmup,
+            loader=dict(cand.loader) if cand else {},
+            training_args=dict(cand.training_args) if cand else {},
+            bf16_native=self.bf16_native,
+        )
+        self.log(f"trial {self.n}: {name} -> {run_dir}")
+        t = time.monotonic()
+        rc = self.runner(self.command, run_dir, settings, self.warmup)
+        self.trial_seconds.append(time.monotonic() - t)
+        applied: dict[str, Any] = {}
+        if (run_dir / APPLIED).is_file():
+            applied = json.loads((run_dir / APPLIED).read_text(encoding="utf-8"))
+        return run_dir, rc, applied
+
+    def fits(self, trials: int) -> bool:
+        per = max(self.trial_seconds) if self.trial_seconds else 0.0
+        return time.monotonic() + trials * per <= self.deadline
+
+    def measure(self, cand: Candidate, base_dir: Path | None, floor: float) -> Result:
+        """Alternate baseline and candidate until judged apart, MAX_ROUNDS, or the budget."""
+        res = Result(cand)
+        while len(res.rounds) < MAX_ROUNDS:
+            if base_dir is None:
+                if not self.fits(2):
+                    break
+                base_dir, rc, _ = self.run("baseline", None)
+                if rc != 0:
+                    res.error = f"the baseline rerun exited with status {rc}"
+                    return res
+            elif not self.fits(1):
+                break
+            cand_dir, rc, applied = self.run(cand.name, cand)
+            res.runs += [str(base_dir), str(cand_dir)]
+            res.refused = dict(applied.get("refused") or {})
+            res.applied = _user_fields(applied, cand)
+            if rc != 0 or not (cand_dir / "summary.json").is_file():
+                res.error = f"the trial exited with status {rc} (see {cand_dir})"
+                return res
+            if res.refused and not res.applied:
+                res.error = "not applied: " + "; ".join(f"{k}: {v}" for k, v in res.refused.items())
+                return res
+            try:
+                res.rounds.append(pair(base_dir, cand_dir))
+            except Exception as e:  # a run too short or damaged: reported, the search goes on
+                res.error = str(e)
+                return res
+            base_dir = None
+            res.judgement = judge(res.rounds, floor)
+            if res.judgement.verdict != SAME_SPEED:
+                break
+        return res
+
+
+def _user_fields(applied: dict[str, Any], cand: Candidate) -> dict[str, Value]:
+    """What the trial set that the user would write (the safety fields left out)."""
+    if cand.loader:
+        return {k: v for k, v in cand.loader.items()}
+    args = applied.get("training_args") or {}
+    keys = set(cand.training_args)
+    if "per_device_train_batch_size" in keys:
+        keys.add("gradient_accumulation_steps")
+    if "bf16" in keys:
+        keys.add("fp16")
+    return {k: args[k] for k in sorted(keys) if k in args}
+
+
+def tune_script(
+    command: list[str],
+    output: str | Path,
+    runner: Runner,
+    *,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
+    allow_batch_changes: bool = False,
+    device: DeviceInfo | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ScriptTuneReport:
+    """Baseline, plan, candidates measured against the baseline, winners combined."""
+    from pitstop.advise.doctor import device_from_dict
+    from pitstop.errors import DataError
+    from pitstop.report.steady import NOISE_FLOOR
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    search = _Search(
+        command,
+        out,
+        runner,
+        steps=steps,
+        warmup=warmup,
+        budget_seconds=budget_seconds,
+        bf16_native=False,
+        log=log,
+    )
+    base_dir, rc, applied = search.run("baseline", None)
+    if rc != 0 or not (base_dir / "summary.json").is_file():
+        raise DataError(
+            f"the baseline run failed (exit status {rc}); nothing to compare against: run "
+            f"`pitstop profile -- {' '.join(command)}` to see why"
+        )
+    profile = json.loads((base_dir / "pitstop_profile.json").read_text(encoding="utf-8"))
+    findings_path = base_dir / "findings.json"
+    report = (
+        json.loads(findings_path.read_text(encoding="utf-8")) if findings_path.is_file() else {}
+    )
+    dev = device or device_from_dict(profile.get("device")) or DeviceInfo(type="cpu", name="cpu")
+    search.bf16_native = bool(dev.bf16)
+    plan = make_plan(
+        list(report.get("findings") or []),
+        dict(profile.get("config") or {}),
+        applied.get("script_args") if applied.get("trainer") else None,
+        dev,
+        allow_batch_changes=allow_batch_changes,
+    )
+    results: list[Result] = []
+    first: Path | None = base_dir  # the first candidate's first round reuses the baseline
+    for cand in plan.candidates:
+        results.append(search.measure(cand, first, NOISE_FLOOR))
+        first = None
+        log(f"{cand.name}: {_measured(results[-1])} -> {results[-1].verdict}")
+    best: dict[str, Result] = {}
+    held: list[Result] = []
+    for r in results:
+        if r.verdict != FASTER:
+            continue
+        if r.candidate.math == BATCH and not allow_batch_changes:
+            held.append(r)
+            continue
+        g = r.candidate.group
+        if g not in best or r.judgement.ratio > best[g].judgement.ratio:  # type: ignore[union-attr]
+            best[g] = r
+    winners = list(best.values())
+    combined = None
+    if len(winners) > 1:
+        both = Candidate(
+            " + ".join(w.candidate.name for w in winners),
+            "combined",
+            max((w.candidate.math for w in winners), key=[SAME, PRECISION, BATCH].index),
+            loader={k: v for w in winners for k, v in w.candidate.loader.items()},
+            training_args={k: v for w in winners for k, v in w.candidate.training_args.items()},
+        )
+        combined = search.measure(both, None, NOISE_FLOOR)
+    elif winners:
+        combined = winners[0]  # the combination of one fix is that fix, measured above
+    rep = ScriptTuneReport(
+        command, out, str(base_dir), plan, results, combined, winners, held, time.monotonic() - t0
+    )
+    write_json_atomic(out / TUNED, report_json(rep))
+    return rep
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _measured(r: Result) -> str:
+    j = r.judgement
+    if r.error or j is None:
+        return "-"
+    return f"{j.ratio:.2f}x [{j.low:.2f}-{j.high:.2f}]"
+
+
+def settings_code(rep: ScriptTuneReport) -> str:
+    """The winning settings as code to paste: DataLoader or TrainingArguments arguments."""
+    rec = rep.recommended()
+    if not rec:
+        return ""
+    args = ", ".join(f"{k}={v!r}" for k, v in rec.items())
+    what = "DataLoader" if rep.plan.kind == "loop" else "TrainingArguments"
+    return f"{what}(..., {args})"
+
+
+def report_json(rep: ScriptTuneReport) -> dict[str, Any]:
+    """tuned_settings.json: the recommendation and every result."""
+
+    def res(r: Result) -> dict[str, Any]:
+        return {
+            "fix": r.candidate.name,
+            "math": r.candidate.math,
+            "finding": r.candidate.finding,
+            "predicted": r.candidate.predicted,
+            "verdict": r.verdict,
+            "judgement": asdict(r.judgement) if r.judgement else None,
+            "rounds": len(r.rounds),
+            "runs": r.runs,
+            "error": r.error,
+            "refused": r.refused,
+        }
+
+    key = "dataloader_kwargs" if rep.plan.kind == "loop" else "training_args"
+    return {
+        "schema": "pitstop.tune-script/1",
+        "command": rep.command,
+        "kind": rep.plan.kind,
+        "baseline": rep.baseline,
+        key: rep.recommended(),
+        "code": settings_code(rep),
+        "results": [res(r) for r in rep.results],
+        "combined": res(rep.combined) if rep.combined else None,
+        "held_back": [r.candidate.name for r in rep.held_back],
+        "not_tried": [asdict(n) for n in rep.plan.not_tried],
+        "seconds": round(rep.seconds, 1),
+    }
+
+
+def format_script_report(rep: ScriptTuneReport) -> str:
+    """The table, the fixes not tried, and the winning settings as code."""
+    head = ["fix", "predicted", "measured (band)", "verdict", "math"]
+    rows = [
+        [
+            r.candidate.name,
+            r.candidate.predicted,
+            _measured(r),
+            r.verdict + (f": {r.error}" if r.error else ""),
+            r.candidate.math,
+        ]
+        for r in rep.results
+    ]
+    if rep.combined is not None and rep.combined.candidate.group == "combined":
+        c = rep.combined
+        rows.append([c.candidate.name, "-", _measured(c), c.verdict, c.candidate.math])
+    widths = [
+        max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)
+    ]
+    lines = [f"pitstop tune: {' '.join(rep.command)}", f"baseline: {rep.baseline}", ""]
+    if rows:
+        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    else:
+        lines.append("no fix the doctor proposed can be applied from outside the script")
+    lines.append("(measured: steady throughput of the trial / the baseline's, band as compare's)")
+    for n in rep.plan.not_tried:
+        lines.append(f"not tried: {n.fix}: {n.reason}")
+    for r in rep.held_back:
+        lines.append(
+            f"held back: {r.candidate.name} is faster but {r.candidate.math} "
+            "(add --allow-batch-changes to include it)"
+        )
+    lines.append("")
+    code = settings_code(rep)
+    if not code:
+        lines.append("no change beats the noise: keep the script's settings")
+    else:
+        if rep.combined is not None:
+            lines.append(f"combined: {_measured(rep.combined)} ({rep.combined.verdict})")
+        lines.append("winning settings (paste into the script):")
+        lines.append(f"  {code}")
+    lines.append(
+        f"\nevery trial is a run directory under {rep.output} (pitstop compare / "
+        f"report); settings as JSON: {rep.output / TUNED}"
+    )
+    return "\n".join(lines)
+
+
+def format_dry_run(
+    command: list[str], output: Path, *, steps: int, warmup: int, budget_seconds: float
+) -> str:
+    """What `pitstop tune -- CMD` would do, without running anything."""
+    return "\n".join(
+        [
+            f"pitstop tune (dry run): {' '.join(command)}",
+            f"1. baseline: the command unchanged, {warmup} warm-up + {steps} measured optimizer "
+            f"steps, then a clean stop; run directory {output}/01-baseline",
+            "2. the doctor reads it; each fix pitstop can apply from outside becomes a candidate:",
+            "   plain loop: DataLoader(num_workers, pin_memory on CUDA, persistent_workers)",
+            "   Trainer / TRL: dataloader_* fields, bf16 (native bf16 only), tf32 (CUDA only), "
+            "gradient_checkpointing=False, optim='adamw_torch_fused', torch_compile, micro-batch "
+            "x accumulation split (same product), group_by_length (--allow-batch-changes)",
+            f"3. baseline and candidate alternate (at most {MAX_ROUNDS} pairs) until the noise "
+            f"band separates them or {budget_seconds:.0f} s are spent; the winners are combined "
+            "and measured",
+            "trial safety: each trial writes under its own directory; a Trainer script gets "
+            "save_strategy='no', report_to='none', push_to_hub=False, output_dir and logging_dir "
+            f"inside the trial, max_steps={steps + warmup}; a plain loop stops after "
+            f"{steps + warmup} optimizer steps, but files it writes itself (its own torch.save, "
+            "logs, outputs) are written as the script says: guard them",
+        ]
+    )
