@@ -24,12 +24,9 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from pitstop.data.store import TokenStore
 
 __all__ = [
     "FACT_FILES",
@@ -48,6 +45,16 @@ FACT_FILES = (LENGTHS_FILE, TRAINED_FILE)
 FACT_DTYPE = np.dtype("<u4")  # a sequence is at most max_seq_len tokens: far below 2^32
 # Tokens of mask summed per pass when an older store is counted: 8 MiB of mask, a 64 MiB sum.
 TARGET_SPAN = 1 << 23
+
+
+class _Store(Protocol):
+    """What the facts need of a pitstop.data.store.TokenStore (which imports this module)."""
+
+    path: Path
+    offsets: np.ndarray
+    mask: np.ndarray
+
+    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ def _write_atomic(path: Path, values: np.ndarray) -> None:
             tmp.unlink()
 
 
-def sequence_facts(store: TokenStore) -> SequenceFacts:
+def sequence_facts(store: _Store) -> SequenceFacts:
     """The store's per-sequence facts: memory-mapped from its fact files, else counted once
     from its offsets and mask and cached beside it (see the module docstring)."""
     n = len(store)
