@@ -1,4 +1,5 @@
-"""How many positions a model was built for, read from its config.json.
+"""How many positions a model was built for, read from its config.json
+(`pitstop.catalog.model_config.ModelConfig`, the one reader of it).
 
 Used twice: `pitstop train` refuses rows longer than a learned position table (and
 warns past a rotary model's trained length), and `pitstop prepare` never recommends a
@@ -7,14 +8,10 @@ max length the model cannot take.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from pitstop.catalog.model_config import ModelConfig
 from pitstop.errors import ConfigError
-
-# Architectures whose positions are a learned table: a row longer than the table
-# indexes past it (an IndexError on CPU, a device-side assert on CUDA).
-LEARNED_POSITIONS = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt", "biogpt", "xglm"})
 
 
 def position_limit(model_dir: str | Path) -> tuple[int | None, bool]:
@@ -22,17 +19,10 @@ def position_limit(model_dir: str | Path) -> tuple[int | None, bool]:
 
     (None, False) when config.json is absent or names no limit (a tokenizer-only directory).
     """
-    try:
-        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    config = ModelConfig.read_optional(model_dir)
+    if config is None or config.max_position_embeddings is None:
         return None, False
-    if not isinstance(raw, dict):
-        return None, False
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        v = raw.get(key)
-        if isinstance(v, int) and v > 0:
-            return v, raw.get("model_type") in LEARNED_POSITIONS
-    return None, False
+    return config.max_position_embeddings, config.learned_positions
 
 
 def check_positions(model_dir: str | Path, max_seq_len: int) -> str | None:

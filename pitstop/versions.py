@@ -20,11 +20,11 @@ The floor is the oldest pair under which none applies:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pitstop.catalog.model_config import ModelConfig
 from pitstop.errors import ConfigError
 
 __all__ = [
@@ -52,56 +52,68 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Trap:
-    """transformers in [lo, hi) (and torch below `torch_below`, when set) with `attention`
-    (None: every kernel) and `model_type` (None: every model) is known to train wrong or crash."""
+    """transformers in `versions` (and torch below `torch_below`, when set) with `attention`
+    (None: every kernel) and `model_type` (None: every model) is known to train wrong or crash.
 
-    lo: tuple[int, ...]
-    hi: tuple[int, ...]
+    `versions` is "LO-HI": from LO up to, not including, HI ("0-4.56": every release before
+    4.56), written as one string so each trap is one line of data."""
+
+    versions: str
     what: str
     attention: frozenset[str] | None = None
     model_type: str | None = None
-    torch_below: tuple[int, ...] | None = None
+    torch_below: str | None = None
+
+    @property
+    def lo(self) -> tuple[int, ...]:
+        return parse_version(self.versions.split("-")[0])
+
+    @property
+    def hi(self) -> tuple[int, ...]:
+        return parse_version(self.versions.split("-")[1])
 
 
 _NO_FLASH = frozenset({"sdpa", "eager", "flex_attention"})
 
 TRAPS: tuple[Trap, ...] = (
     Trap(
-        (0,), (4, 56),
+        "0-4.56",
         "pitstop loads models with from_pretrained(dtype=...), which transformers accepts "
         "only from 4.56 (before, the model's constructor raises TypeError)",
     ),
     Trap(
-        (0,), (4, 53),
+        "0-4.53",
         "transformers before 4.53 does not detect packed rows from position_ids "
         "(no masking_utils.find_packed_sequence_indices): packed documents attend to each other",
         attention=_NO_FLASH,
     ),
     Trap(
-        (4, 53), (4, 58),
+        "4.53-4.58",
         "transformers 4.53-4.57 apply the packed-row document mask only with torch >= 2.6: "
         "with this torch, packed documents attend to each other (silently; the loss still falls)",
-        attention=_NO_FLASH, torch_below=(2, 6),
+        attention=_NO_FLASH,
+        torch_below="2.6",
     ),
     Trap(
-        (4, 53, 0), (4, 53, 1),
+        "4.53.0-4.53.1",
         "flash_attention_2 on transformers 4.53.0 ignores cu_seq_lens when a micro-batch "
         "has more than one row: packed documents attend to each other",
         attention=frozenset({"flash_attention_2"}),
     ),
     Trap(
-        (4, 48), (4, 53),
+        "4.48-4.53",
         "flex_attention on transformers 4.48-4.52 gets no block mask and no causal score_mod: "
         "attention is bidirectional (the model sees future tokens)",
         attention=frozenset({"flex_attention"}),
     ),
     Trap(
-        (4, 46), (4, 48),
+        "4.46-4.48",
         "Mistral's forward on transformers 4.46-4.47 takes no **kwargs: the flash-attention "
         "document boundaries pitstop passes raise TypeError",
-        attention=frozenset({"flash_attention_2"}), model_type="mistral",
+        attention=frozenset({"flash_attention_2"}),
+        model_type="mistral",
     ),
-)  # fmt: skip
+)
 
 
 def version_problems(
@@ -122,7 +134,7 @@ def version_problems(
     for trap in TRAPS:
         if not trap.lo <= hv < trap.hi:
             continue
-        if trap.torch_below is not None and not tv < trap.torch_below:
+        if trap.torch_below is not None and not tv < parse_version(trap.torch_below):
             continue
         if attention is not None and trap.attention is not None and attention not in trap.attention:
             continue
@@ -150,12 +162,8 @@ def installed_versions() -> tuple[str, str]:
 
 def model_type_of(model_dir: str | Path) -> str | None:
     """config.json's model_type (None when absent or unreadable: every model's traps apply)."""
-    try:
-        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = raw.get("model_type") if isinstance(raw, dict) else None
-    return value if isinstance(value, str) else None
+    config = ModelConfig.read_optional(model_dir)
+    return config.model_type if config is not None else None
 
 
 def check_versions(*, attention: str | None = None, model_type: str | None = None) -> None:

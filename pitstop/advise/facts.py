@@ -1,9 +1,9 @@
 """Facts the rules need about the model and the data, read cheaply and defensively.
 
-Model: `config.json` for the shape (read by the cost model,
-`pitstop.measure.cost_model.shape_from_config`, the same reader `pitstop estimate`
-uses), and the safetensors headers for the exact parameter count (a header is a few
-KB of JSON at the start of each file; no weights are read). Data: a token store's manifest "stats" (written by
+Model: `config.json` for the shape (read by `pitstop.catalog.model_config.ModelConfig`
+and priced by the cost model's `shape_from_config`, as `pitstop estimate` does), and
+the safetensors headers for the exact parameter count (a header is a few KB of JSON at
+the start of each file; no weights are read). Data: a token store's manifest "stats" (written by
 `pitstop prepare`, see pitstop/data/stats.py) and its per-sequence lengths.
 Anything missing or malformed yields None, and the rules that need it stay quiet.
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.catalog.model_config import ModelConfig
 from pitstop.data.stats import padding_waste
 from pitstop.data.store import TokenStore
 from pitstop.errors import DataError
@@ -82,15 +83,13 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
     if not model_dir:
         return None
     d = Path(model_dir)
-    try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    cfg = ModelConfig.read_optional(d)
+    if cfg is None:
         return None
-    text = cfg.get("text_config") or cfg
-    layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0)
-    width = int(text.get("hidden_size") or text.get("n_embd") or 0)
-    vocab = int(text.get("vocab_size") or 0)
-    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    layers = cfg.num_hidden_layers or 0
+    width = cfg.hidden_size or 0
+    vocab = cfg.vocab_size or 0
+    tied = cfg.tie_word_embeddings
     shapes: dict[str, list[int]] = {}
     try:
         for f in sorted(d.glob("*.safetensors")):
@@ -98,8 +97,8 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
     except (OSError, ValueError, KeyError, struct.error):
         shapes = {}
     try:
-        shape: ModelShape | None = shape_from_config(cfg, source=str(d / "config.json"))
-    except (DataError, ValueError, TypeError):
+        shape: ModelShape | None = shape_from_config(cfg)
+    except DataError:
         shape = None  # not a Llama-style config: the memory rules use the parameter count
     if shapes:
         n = sum(int(np.prod(s)) for s in shapes.values())
@@ -112,7 +111,7 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         pc = shape.params()
         n, emb = pc.total, pc.embedding
     else:
-        inter = int(text.get("intermediate_size") or 4 * width)
+        inter = cfg.intermediate_size or 4 * width
         per_layer = 4 * width * width + 3 * width * inter
         emb = vocab * width
         n = layers * per_layer + emb * (1 if tied else 2)
@@ -120,7 +119,6 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         emb = 0  # the table is also the output projection, a matmul
     if not (layers and width):
         return None
-    pos = text.get("max_position_embeddings") or text.get("n_positions")
     return ModelFacts(
         shape=shape,
         n_params=n,
@@ -128,7 +126,7 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
         n_layers=layers,
         d_model=width,
         vocab_size=vocab,
-        max_positions=int(pos) if isinstance(pos, (int, float)) and pos > 0 else None,
+        max_positions=cfg.max_position_embeddings,
     )
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from pitstop.atomic import fsync_dir
+from pitstop.catalog.model_config import ModelConfig
 from pitstop.data.facts import FACT_DTYPE, FACT_FILES, LENGTHS_FILE, TRAINED_FILE, chunk_trained
 from pitstop.errors import DataError
 
@@ -373,16 +374,8 @@ def check_vocab(store: TokenStore, model_dir: str | Path | None) -> None:
 
 
 def _embedding_rows(model_dir: str | Path | None) -> int | None:
-    if not model_dir:
-        return None
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
-        if isinstance(c, dict) and isinstance(c.get("vocab_size"), int):
-            return int(c["vocab_size"])
-    return None
+    config = ModelConfig.read_optional(model_dir)
+    return config.vocab_size if config is not None else None
 
 
 def _crc_text(crc: int) -> str:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_cache_entry
 from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
 from pitstop.catalog.gpus import find_spec
+from pitstop.catalog.model_config import ModelConfig
 from pitstop.probe import PrecisionSpeed, cpu_name
 
 
@@ -93,15 +95,18 @@ _PRECISION_SAMPLE_S = 0.01  # each timed sample lasts at least this long
 
 
 def model_matmul_shapes(
-    model_config: dict[str, Any], tokens: int
+    model_config: ModelConfig | Mapping[str, Any] | None, tokens: int
 ) -> tuple[tuple[int, int, int], ...]:
     """(tokens, in, out) of a decoder's main matmuls, from its config.json: the MLP's
     up projection and the LM head. Each dimension is capped at 2048 (the BLAS's speed ratio
     between precisions has settled by then) and `tokens` is scaled down, so one
     forward+backward of all of them stays within _PRECISION_FLOPS_BUDGET."""
-    d = int(model_config.get("hidden_size") or model_config.get("n_embd") or 256)
-    ffn = int(model_config.get("intermediate_size") or model_config.get("n_inner") or 4 * d)
-    vocab = int(model_config.get("vocab_size") or 32000)
+    if not isinstance(model_config, ModelConfig):
+        model_config = ModelConfig.from_mapping(model_config or {})
+    # Defaults for a config without the sizes: a small decoder's, measured all the same.
+    d = model_config.hidden_size or 256
+    ffn = model_config.intermediate_size or 4 * d
+    vocab = model_config.vocab_size or 32000
     dims = [(min(d, 2048), min(ffn, 2048)), (min(d, 2048), min(vocab, 2048))]
     per_token = sum(6 * k * n for k, n in dims)
     m = max(64, min(int(tokens), int(_PRECISION_FLOPS_BUDGET // per_token)))
@@ -168,12 +173,7 @@ def model_precision_speed(
     config.json) for rows of `max_seq_len`: what `pitstop train` decides `--precision auto`
     with on a CPU, and what the doctor reads (the same cache entry, so neither measures twice).
     An unreadable config.json measures default shapes: the model's own loading reports it."""
-    try:
-        model_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        model_config = {}
-    if not isinstance(model_config, dict):
-        model_config = {}
+    model_config = ModelConfig.read_optional(model_dir)
     return cpu_precision_speed(cache_dir, model_matmul_shapes(model_config, max_seq_len))
 
 

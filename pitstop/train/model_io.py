@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pitstop.catalog.model_config import ModelConfig, ModelConfigError
 from pitstop.data import tokenize
 from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, four_bit_problem
@@ -112,15 +113,15 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
     if trust_remote_code:
         return model_dir
     try:
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--model {model_dir}: config.json cannot be read ({e})") from None
-    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        config = ModelConfig.read(model_dir)
+    except ModelConfigError as e:
+        raise ConfigError(f"--model {model_dir}: {e}") from None
+    model_type = config.model_type
     from transformers import CONFIG_MAPPING
 
     if model_type in CONFIG_MAPPING:
         return model_dir
-    if isinstance(raw, dict) and raw.get("auto_map"):
+    if config.has_auto_map:
         raise ConfigError(_remote_code_problem(model_dir, model_type))
     import transformers
 
@@ -258,12 +259,9 @@ def base_model_name(model_dir: Path) -> str:
 
 def base_dtype(model_dir: Path) -> torch.dtype:
     """The dtype the base model's config.json declares (float32 when it declares none)."""
-    try:
-        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return torch.float32
-    name = (raw.get("dtype") or raw.get("torch_dtype")) if isinstance(raw, dict) else None
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    config = ModelConfig.read_optional(model_dir)
+    name = config.dtype if config is not None else None
+    dtype = getattr(torch, name, None) if name is not None else None
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
@@ -293,13 +291,14 @@ def save_final(
 def set_config_dtype(model_dir: Path, dtype: torch.dtype) -> None:
     """Make config.json declare the dtype the weights were written in (save_pretrained
     writes the in-memory parameters' dtype, fp32 for master weights)."""
-    path = model_dir / "config.json"
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw = dict(ModelConfig.read(model_dir).raw)  # save_pretrained just wrote it
     name = str(dtype).removeprefix("torch.")
     raw["dtype"] = name
     if "torch_dtype" in raw:
         raw["torch_dtype"] = name
-    path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    ModelConfig.path_in(model_dir).write_text(
+        json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 def save_model_dir(
