@@ -105,36 +105,61 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     data = shares.get("data_wait", 0.0)
     lvl = _level(data, INPUT_MODERATE, INPUT_SEVERE)
     if lvl:
-        found.append(Verdict(
-            "input-bound", lvl, data,
-            f"the step waits for the data loader {_pct(data)} of the time "
-            f"({data * step_s:.4f} s of a {step_s:.4f} s step); the device idles meanwhile",
-            {**base, "data_wait_share": round(data, 4), "data_wait_seconds": round(data * total, 6),
-             "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE}},
-        ))  # fmt: skip
+        found.append(
+            Verdict(
+                kind="input-bound",
+                severity=lvl,
+                share=data,
+                summary=f"the step waits for the data loader {_pct(data)} of the time "
+                f"({data * step_s:.4f} s of a {step_s:.4f} s step); the device idles meanwhile",
+                evidence={
+                    **base,
+                    "data_wait_share": round(data, 4),
+                    "data_wait_seconds": round(data * total, 6),
+                    "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE},
+                },
+            )
+        )
 
     ckpt = shares.get("checkpoint", 0.0)
     lvl = _level(ckpt, CHECKPOINT_MODERATE, CHECKPOINT_SEVERE)
     if lvl:
         n = (profile.get("events") or {}).get("checkpoints")
-        found.append(Verdict(
-            "checkpoint-bound", lvl, ckpt,
-            f"saving checkpoints takes {_pct(ckpt)} of step time"
-            + (f" ({n} save(s) in {steps} steps)" if n else ""),
-            {**base, "checkpoint_share": round(ckpt, 4), "checkpoint_seconds": round(ckpt * total, 6),
-             "checkpoints": n, "thresholds": {"moderate": CHECKPOINT_MODERATE, "severe": CHECKPOINT_SEVERE}},
-        ))  # fmt: skip
+        found.append(
+            Verdict(
+                kind="checkpoint-bound",
+                severity=lvl,
+                share=ckpt,
+                summary=f"saving checkpoints takes {_pct(ckpt)} of step time"
+                + (f" ({n} save(s) in {steps} steps)" if n else ""),
+                evidence={
+                    **base,
+                    "checkpoint_share": round(ckpt, 4),
+                    "checkpoint_seconds": round(ckpt * total, 6),
+                    "checkpoints": n,
+                    "thresholds": {"moderate": CHECKPOINT_MODERATE, "severe": CHECKPOINT_SEVERE},
+                },
+            )
+        )
 
     opt = shares.get("optimizer", 0.0)
     lvl = _level(opt, OPTIMIZER_MODERATE, OPTIMIZER_SEVERE)
     if lvl:
-        found.append(Verdict(
-            "optimizer-bound", lvl, opt,
-            f"the optimizer step takes {_pct(opt)} of step time: few tokens per optimizer step "
-            "for the parameter count, or an unfused optimizer",
-            {**base, "optimizer_share": round(opt, 4), "tokens_per_step": profile.get("tokens_per_step"),
-             "thresholds": {"moderate": OPTIMIZER_MODERATE, "severe": OPTIMIZER_SEVERE}},
-        ))  # fmt: skip
+        found.append(
+            Verdict(
+                kind="optimizer-bound",
+                severity=lvl,
+                share=opt,
+                summary=f"the optimizer step takes {_pct(opt)} of step time: few tokens per optimizer step "
+                "for the parameter count, or an unfused optimizer",
+                evidence={
+                    **base,
+                    "optimizer_share": round(opt, 4),
+                    "tokens_per_step": profile.get("tokens_per_step"),
+                    "thresholds": {"moderate": OPTIMIZER_MODERATE, "severe": OPTIMIZER_SEVERE},
+                },
+            )
+        )
 
     host = shares.get("other", 0.0) + shares.get("logging", 0.0)
     lvl = _level(host, SYNC_MODERATE, SYNC_SEVERE)
@@ -162,13 +187,23 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     shared_v = None
     if shared is not None and not noisy:  # steady steps, but each one shared the machine
         shared_v = Verdict(
-            "noisy-machine", "moderate", 0.0,
-            f"{shared} while this profile was measured (their CPU time, not a guess from the "
+            kind="noisy-machine",
+            severity="moderate",
+            share=0.0,
+            summary=f"{shared} while this profile was measured (their CPU time, not a guess from the "
             "step times, which stayed steady): every figure here is slower than this machine "
             "gives a run alone, and no configuration change follows from it",
-            {**base, "step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
-             "cpu_cores": cores, "busy": True, "shared": shared, "erratic": False},
-        )  # fmt: skip
+            evidence={
+                **base,
+                "step_spread": spread,
+                "host_share": round(host, 4),
+                "load_average_1m": load,
+                "cpu_cores": cores,
+                "busy": True,
+                "shared": shared,
+                "erratic": False,
+            },
+        )
     if noisy and spread is not None:
         why = shared or (
             f"load average {load:.1f} on {cores} cores"
@@ -176,16 +211,27 @@ def verdict(profile: dict[str, Any]) -> Verdict:
             else f"host-side time (other + logging) is only {_pct(host)} of the step (this "
             "profile recorded no machine load, so that other process is inferred)"
         )
-        found.append(Verdict(
-            "noisy-machine", "moderate", spread["excess_share"],
-            f"step times are erratic (coefficient of variation {spread['cv']:.2f}, slowest step "
-            f"{spread['max_over_median']:.1f}x the median) while {why}: another process competes "
-            "for the machine; the steady (median) step is the better figure and no configuration "
-            "change follows from this profile",
-            {**base, "step_spread": spread, "host_share": round(host, 4), "load_average_1m": load,
-             "cpu_cores": cores, "busy": busy or shared is not None, "shared": shared,
-             "erratic": True},
-        ))  # fmt: skip
+        found.append(
+            Verdict(
+                kind="noisy-machine",
+                severity="moderate",
+                share=spread["excess_share"],
+                summary=f"step times are erratic (coefficient of variation {spread['cv']:.2f}, slowest step "
+                f"{spread['max_over_median']:.1f}x the median) while {why}: another process competes "
+                "for the machine; the steady (median) step is the better figure and no configuration "
+                "change follows from this profile",
+                evidence={
+                    **base,
+                    "step_spread": spread,
+                    "host_share": round(host, 4),
+                    "load_average_1m": load,
+                    "cpu_cores": cores,
+                    "busy": busy or shared is not None,
+                    "shared": shared,
+                    "erratic": True,
+                },
+            )
+        )
     elif lvl or (erratic and not own_bursts):
         why = []
         if lvl:
@@ -208,14 +254,26 @@ def verdict(profile: dict[str, Any]) -> Verdict:
             if on_cpu
             else "host-device syncs, Python overhead or allocator stalls"
         )
-        found.append(Verdict(
-            "sync-bound", lvl or "moderate", max(host, excess),
-            "; ".join(why) + ": " + causes,
-            {**base, "other_share": round(shares.get("other", 0.0), 4),
-             "logging_share": round(shares.get("logging", 0.0), 4), "step_spread": spread,
-             "thresholds": {"moderate": SYNC_MODERATE, "severe": SYNC_SEVERE, "spread_cv": SPREAD_CV,
-                            "spread_max_over_median": SPREAD_MAX_OVER_MEDIAN}},
-        ))  # fmt: skip
+        found.append(
+            Verdict(
+                kind="sync-bound",
+                severity=lvl or "moderate",
+                share=max(host, excess),
+                summary="; ".join(why) + ": " + causes,
+                evidence={
+                    **base,
+                    "other_share": round(shares.get("other", 0.0), 4),
+                    "logging_share": round(shares.get("logging", 0.0), 4),
+                    "step_spread": spread,
+                    "thresholds": {
+                        "moderate": SYNC_MODERATE,
+                        "severe": SYNC_SEVERE,
+                        "spread_cv": SPREAD_CV,
+                        "spread_max_over_median": SPREAD_MAX_OVER_MEDIAN,
+                    },
+                },
+            )
+        )
 
     rank = {"severe": 0, "moderate": 1}
     # A noisy machine comes first: every other share was measured through that noise. A
@@ -228,12 +286,19 @@ def verdict(profile: dict[str, Any]) -> Verdict:
     if not found:
         mfu_txt = f" at {_pct(mfu)} MFU" if isinstance(mfu, (int, float)) else ""
         return Verdict(
-            "compute-bound", "ok", compute,
-            f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
+            kind="compute-bound",
+            severity="ok",
+            share=compute,
+            summary=f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
             "fewer FLOPs (less padding, no recomputation) or faster kernels",
-            {**base, "compute_share": round(compute, 4), "mfu": mfu,
-             "shares": {k: round(v, 4) for k, v in shares.items()}}, last,
-        )  # fmt: skip
+            evidence={
+                **base,
+                "compute_share": round(compute, 4),
+                "mfu": mfu,
+                "shares": {k: round(v, 4) for k, v in shares.items()},
+            },
+            also=last,
+        )
     first, rest = found[0], found[1:]
     first.evidence["compute_share"] = round(compute, 4)
     first.evidence["shares"] = {k: round(v, 4) for k, v in shares.items()}

@@ -34,10 +34,16 @@ class SteadyRate:
 # The fields of a profile.json the estimate reads, and their kinds (a summary.json is read
 # as a RunSummary, whose fields are all checked).
 _PROFILE_FIELDS = {
-    "tokens_per_second": "num", "tokens_per_step": "num", "step_seconds": "num_list",
-    "phases": "num_map", "warmup": "int", "mfu": "num", "device": "dict_or_str",
-    "machine": "dict", "config": "dict",
-}  # fmt: skip
+    "tokens_per_second": "num",
+    "tokens_per_step": "num",
+    "step_seconds": "num_list",
+    "phases": "num_map",
+    "warmup": "int",
+    "mfu": "num",
+    "device": "dict_or_str",
+    "machine": "dict",
+    "config": "dict",
+}
 
 
 @dataclass
@@ -100,11 +106,16 @@ def load_measured(path: str | Path) -> Measured:
     if not tps:
         raise DataError(_NO_RATE.format(p=p))
     return Measured(
-        str(p), float(tps), device_label(prof.get("device")), mfu=prof.get("mfu"),
-        machine=prof.get("machine"), config=prof.get("config") or {},
-        steady=_profile_steady(prof), tokens_per_step=prof.get("tokens_per_step"),
+        str(p),
+        float(tps),
+        device_label(prof.get("device")),
+        mfu=prof.get("mfu"),
+        machine=prof.get("machine"),
+        config=prof.get("config") or {},
+        steady=_profile_steady(prof),
+        tokens_per_step=prof.get("tokens_per_step"),
         time_breakdown=prof.get("phases") or {},
-    )  # fmt: skip
+    )
 
 
 _NO_RATE = (
@@ -122,17 +133,28 @@ def _from_summary(s: RunSummary, path: Path) -> Measured:
     steady = steps_steady(read_steps(path.with_name(run_record.METRICS)))
     if steady is not None and n > 1:
         steady = SteadyRate(
-            steady.tokens_per_second / n, steady.extra_startup_seconds,
+            steady.tokens_per_second / n,
+            steady.extra_startup_seconds,
             f"{steady.detail}, / {n} ranks (the run's counts sum them)",
-        )  # fmt: skip
+        )
+    per_step = None
+    if s.trained_tokens and s.optimizer_steps:
+        per_step = s.trained_tokens / s.optimizer_steps / n
     return Measured(
-        str(path), float(s.tokens_per_second) / n, device_label(s.device),
-        wall_seconds=s.wall_seconds, train_seconds=s.train_seconds, mfu=s.mfu,
-        time_breakdown=s.time_breakdown, machine=s.machine, config=s.config, steady=steady,
-        tokens_per_step=(s.trained_tokens / s.optimizer_steps / n)
-        if s.trained_tokens and s.optimizer_steps else None,
-        choices=s.choices or {}, summed_ranks=n,
-    )  # fmt: skip
+        str(path),
+        float(s.tokens_per_second) / n,
+        device_label(s.device),
+        wall_seconds=s.wall_seconds,
+        train_seconds=s.train_seconds,
+        mfu=s.mfu,
+        time_breakdown=s.time_breakdown,
+        machine=s.machine,
+        config=s.config,
+        steady=steady,
+        tokens_per_step=per_step,
+        choices=s.choices or {},
+        summed_ranks=n,
+    )
 
 
 def _profile_steady(prof: dict[str, Any]) -> SteadyRate | None:

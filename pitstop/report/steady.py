@@ -174,9 +174,15 @@ def steady(run: LoadedRun) -> Steady | None:
     tps = sum(toks) / total if toks is not None else None
     spread, rel_se, k = rate_error(secs, toks)
     return Steady(
-        len(rest), len(warm_rows), total / len(rest), tps, spread, rel_se, k,
+        len(rest),
+        len(warm_rows),
+        total / len(rest),
+        tps,
+        spread,
+        rel_se,
+        k,
         noise_reasons(run, spread),
-    )  # fmt: skip
+    )
 
 
 def noise_reasons(run: LoadedRun, spread: float) -> list[str]:

@@ -11,6 +11,7 @@ from pitstop.advise.rules.context import Context, pct, rule
 from pitstop.measure.verdict import INPUT_MODERATE, INPUT_SEVERE
 
 # What a custom loop changes to load in worker processes (DataLoader's own arguments).
+LOADING_DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
 LOOP_WORKERS = "DataLoader(..., num_workers={k}, pin_memory=True, persistent_workers=True)"
 LOOP_TOKENIZE = (
     "tokenize/pre-process before training (run the tokenizer over the dataset once and keep "
@@ -109,21 +110,25 @@ def _load_evidence(a: LoadArithmetic | None) -> dict[str, Any]:
     if a is None:
         return {}
     lb = a.load_s_per_batch
-    return {"load_seconds_per_batch": None if lb is None else round(lb, 4),
-            "batches_per_step": a.batches_per_step,
-            "load_seconds_per_step": round(a.load_s_per_step, 4),
-            "compute_seconds_per_step": round(a.compute_s_per_step, 4),
-            "workers_needed": a.workers_needed}  # fmt: skip
+    return {
+        "load_seconds_per_batch": None if lb is None else round(lb, 4),
+        "batches_per_step": a.batches_per_step,
+        "load_seconds_per_step": round(a.load_s_per_step, 4),
+        "compute_seconds_per_step": round(a.compute_s_per_step, 4),
+        "workers_needed": a.workers_needed,
+    }
 
 
 def _effect(share: float, a: LoadArithmetic, k: int) -> str:
     """What k workers and pre-processing each make of the step, by the same arithmetic."""
     now = a.step_s
     with_k = max(a.compute_s_per_step, a.load_s_per_step / k)
-    return (f"up to {pct(share)} shorter steps: the step ({now:.3g} s) would take "
-            f"max(compute, load / workers) = {with_k:.3g} s with {k} worker{'s' if k > 1 else ''} "
-            f"({now / with_k:.2f}x), and its {a.compute_s_per_step:.3g} s of compute once "
-            f"batches cost nothing to load ({now / a.compute_s_per_step:.2f}x)")  # fmt: skip
+    return (
+        f"up to {pct(share)} shorter steps: the step ({now:.3g} s) would take "
+        f"max(compute, load / workers) = {with_k:.3g} s with {k} worker{'s' if k > 1 else ''} "
+        f"({now / with_k:.2f}x), and its {a.compute_s_per_step:.3g} s of compute once "
+        f"batches cost nothing to load ({now / a.compute_s_per_step:.2f}x)"
+    )
 
 
 @rule("input-bound")
@@ -142,8 +147,10 @@ def input_bound(ctx: Context) -> Finding | None:
         effect = _effect(
             share, a, need if usable is None or need <= usable else max(usable, workers or 0)
         )
-        why = (f"loading takes {a.load_s_per_step:.3g} s per step against {a.compute_s_per_step:.3g} s "
-               f"of compute, so {need} loader worker{'s' if need > 1 else ''} would hide it")  # fmt: skip
+        why = (
+            f"loading takes {a.load_s_per_step:.3g} s per step against {a.compute_s_per_step:.3g} s "
+            f"of compute, so {need} loader worker{'s' if need > 1 else ''} would hide it"
+        )
         if usable is not None and need > usable:
             # More workers than cores cannot hide the load: only cheaper batches can.
             k = max(usable, workers or 0)  # never fewer workers than the run has
@@ -161,7 +168,7 @@ def input_bound(ctx: Context) -> Finding | None:
                 f"dataloader_num_workers={need}, dataloader_pin_memory=True, "
                 f"dataloader_persistent_workers=True ({why}); cheaper batches still: {HF_TOKENIZE}",
                 f"{LOOP_WORKERS.format(k=need)} ({why}); cheaper batches still: {LOOP_TOKENIZE}",
-            )  # fmt: skip
+            )
     else:
         k = _input_bound_workers(ctx)
         # None: the loader already has every core it can use; the per-batch work is the cost
@@ -179,20 +186,24 @@ def input_bound(ctx: Context) -> Finding | None:
                 f"dataloader_num_workers={k}, dataloader_pin_memory=True, "
                 f"dataloader_persistent_workers=True; {HF_TOKENIZE}",
                 f"{LOOP_WORKERS.format(k=k)}; {LOOP_TOKENIZE}",
-            )  # fmt: skip
+            )
     return Finding(
         id="input-bound",
         severity="high" if share >= INPUT_SEVERE else "medium",
         title=f"steps wait for data {pct(share)} of the time ({'severe' if share >= INPUT_SEVERE else 'moderate'} input-bound)",
-        evidence={"data_wait_share": round(share, 4), "loader_workers": workers,
-                  "cpu_cores": ctx.device.cpu_count or None, **_load_evidence(a),
-                  "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE}},
+        evidence={
+            "data_wait_share": round(share, 4),
+            "loader_workers": workers,
+            "cpu_cores": ctx.device.cpu_count or None,
+            **_load_evidence(a),
+            "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE},
+        },
         effect=effect,
         basis="measured in this profile",
         fix=fix,
         gain=share,
         gain_measured=True,
-    )  # fmt: skip
+    )
 
 
 @rule("loader-main-process")
@@ -208,22 +219,37 @@ def loader_main_process(ctx: Context) -> Finding | None:
     usable = _usable_cores(ctx)
     # Measured: the workers that hide the measured load (within the cores); else the default.
     k = _suggest_workers(ctx) if a is None else min(a.workers_needed, usable or a.workers_needed)
+    # Unmeasured on a GPU: the device waits for every batch, which matters more than on a CPU.
+    if (share or 0) >= INPUT_SEVERE:
+        severity = "high"
+    elif (measured and share >= INPUT_MODERATE) or (not measured and ctx.cuda):
+        severity = "medium"
+    else:
+        severity = "low"
     return Finding(
         id="loader-main-process",
-        severity="high" if (share or 0) >= INPUT_SEVERE else "medium" if (measured and share >= INPUT_MODERATE) or (not measured and ctx.cuda) else "low",
+        severity=severity,
         title="batches are loaded on the training process (0 loader workers)",
-        evidence={"loader_workers": 0, "cpu_cores": ctx.device.cpu_count or None,
-                  "data_wait_share": None if share is None else round(share, 4), **_load_evidence(a)},
-        effect=(f"the {pct(share)} of step time spent loading would overlap compute"
-                if measured else
-                "every batch is read and collated between steps while the device waits; "
-                "with workers it overlaps the previous step"),
+        evidence={
+            "loader_workers": 0,
+            "cpu_cores": ctx.device.cpu_count or None,
+            "data_wait_share": None if share is None else round(share, 4),
+            **_load_evidence(a),
+        },
+        effect=(
+            f"the {pct(share)} of step time spent loading would overlap compute"
+            if measured
+            else "every batch is read and collated between steps while the device waits; "
+            "with workers it overlaps the previous step"
+        ),
         basis="measured in this profile" if measured else "documented",
-        reference=None if measured else "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
-        fix=ctx.setup.fix(f"--loader-workers {k}", f"dataloader_num_workers={k}", LOOP_WORKERS.format(k=k)),
+        reference=None if measured else LOADING_DOCS,
+        fix=ctx.setup.fix(
+            f"--loader-workers {k}", f"dataloader_num_workers={k}", LOOP_WORKERS.format(k=k)
+        ),
         gain=share or 0.0,
         gain_measured=measured,
-    )  # fmt: skip
+    )
 
 
 @rule("loader-workers-exceed-cores")
@@ -244,5 +270,9 @@ def workers_exceed_cores(ctx: Context) -> Finding | None:
         "cores; more workers than cores adds context switches, not throughput",
         basis="documented",
         reference="https://pytorch.org/docs/stable/data.html (DataLoader warns when num_workers exceeds the CPUs)",
-        fix=ctx.setup.fix(f"--loader-workers {k}", f"dataloader_num_workers={k}", f"DataLoader(..., num_workers={k})"),
-    )  # fmt: skip
+        fix=ctx.setup.fix(
+            f"--loader-workers {k}",
+            f"dataloader_num_workers={k}",
+            f"DataLoader(..., num_workers={k})",
+        ),
+    )

@@ -39,12 +39,17 @@ def cost_plan(
     else:
         fused = is_eight_bit(s.optimizer)
     return Plan(
-        micro_batch_size=rows, seq_len=min(length, tokens), precision=ctx.precision,
+        micro_batch_size=rows,
+        seq_len=min(length, tokens),
+        precision=ctx.precision,
         attention="eager" if s.attention == "eager" else "sdpa",
-        gradient_checkpointing=gradient_checkpointing, lora_r=lora_r,
-        load_in_4bit=bool(s.load_in_4bit and lora_r is not None), grad_accum=s.grad_accum or 1,
-        fused_optimizer=fused, optimizer="adamw_8bit" if is_eight_bit(s.optimizer) else "adamw",
-    )  # fmt: skip
+        gradient_checkpointing=gradient_checkpointing,
+        lora_r=lora_r,
+        load_in_4bit=bool(s.load_in_4bit and lora_r is not None),
+        grad_accum=s.grad_accum or 1,
+        fused_optimizer=fused,
+        optimizer="adamw_8bit" if is_eight_bit(s.optimizer) else "adamw",
+    )
 
 
 def optimizer_known(ctx: Context) -> bool:
@@ -86,7 +91,12 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
     with_ck = plan_cost(
         shape, cost_plan(ctx, tokens, gradient_checkpointing=True, length=length), memory, cuda=cuda
     )
-    without = plan_cost(shape, cost_plan(ctx, tokens, gradient_checkpointing=False, length=length), memory, cuda=cuda)  # fmt: skip
+    without = plan_cost(
+        shape,
+        cost_plan(ctx, tokens, gradient_checkpointing=False, length=length),
+        memory,
+        cuda=cuda,
+    )
     # The doctor sets aside a profile of another device or model (profile-other-target).
     peak = (ctx.profile or {}).get("peak_memory_bytes")
     plan = without.plan
@@ -100,8 +110,10 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         estimate = float(without.memory.peak)
         how = f"estimated by the cost model for {what}, as `pitstop estimate` prices it"
     if length is not None:
-        how += (f"; the row length was not recorded: rows of the model's {length} positions, "
-                "the longest, bound it")  # fmt: skip
+        how += (
+            f"; the row length was not recorded: rows of the model's {length} positions, "
+            "the longest, bound it"
+        )
     if not optimizer_known(ctx):
         how += "; the optimizer was not recorded: priced unfused (the larger memory)"
     budget = without.usable_bytes
@@ -110,35 +122,48 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
     compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
     share = without.recompute_share
     saved = share / (1 + share)
+    # transformers 5 renamed the argument; a file that already uses the old name keeps it.
+    if s.transformers_major < 5 or "gradient_checkpointing" in s.raw:
+        hf_off = "gradient_checkpointing=False"
+    else:
+        hf_off = "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"
     return Finding(
         id="gradient-checkpointing-unneeded",
         severity="high",
         title="gradient checkpointing is on, but the run fits in memory without it",
-        evidence={"estimated_peak_without_bytes": int(estimate), "usable_bytes": budget,
-                  "device_memory_bytes": memory, "how": how,
-                  # an upper bound where the row length is unknown: labelled as one
-                  "micro_batch_tokens": tokens if length is None else UNKNOWN,
-                  "micro_batch_tokens_at_most": None if length is None else tokens,
-                  "plan": {"micro_batch_size": plan.micro_batch_size,
-                           "seq_len": plan.seq_len if length is None else UNKNOWN,
-                           "seq_len_at_most": None if length is None else plan.seq_len,
-                           "precision": plan.precision, "lora_r": plan.lora_r,
-                           "load_in_4bit": plan.load_in_4bit,
-                           "optimizer": plan.optimizer if optimizer_known(ctx) else UNKNOWN,
-                           "fused_optimizer": plan.fused_optimizer if optimizer_known(ctx) else UNKNOWN},
-                  "flops_per_token": without.flops_per_token,
-                  "recompute_flops_per_token": with_ck.recompute_per_token,
-                  "recompute_share": round(share, 4),
-                  "memory_basis": "pitstop.measure.cost_model (docs/cost-model.md)"},
+        evidence={
+            "estimated_peak_without_bytes": int(estimate),
+            "usable_bytes": budget,
+            "device_memory_bytes": memory,
+            "how": how,
+            # an upper bound where the row length is unknown: labelled as one
+            "micro_batch_tokens": tokens if length is None else UNKNOWN,
+            "micro_batch_tokens_at_most": None if length is None else tokens,
+            "plan": {
+                "micro_batch_size": plan.micro_batch_size,
+                "seq_len": plan.seq_len if length is None else UNKNOWN,
+                "seq_len_at_most": None if length is None else plan.seq_len,
+                "precision": plan.precision,
+                "lora_r": plan.lora_r,
+                "load_in_4bit": plan.load_in_4bit,
+                "optimizer": plan.optimizer if optimizer_known(ctx) else UNKNOWN,
+                "fused_optimizer": plan.fused_optimizer if optimizer_known(ctx) else UNKNOWN,
+            },
+            "flops_per_token": without.flops_per_token,
+            "recompute_flops_per_token": with_ck.recompute_per_token,
+            "recompute_share": round(share, 4),
+            "memory_basis": "pitstop.measure.cost_model (docs/cost-model.md)",
+        },
         effect=f"recomputation runs the forward pass again during backward ({what}: "
         f"+{with_ck.recompute_per_token:.3g} FLOPs per token = 2·N + 4·L·d·T on top of "
         f"{without.flops_per_token:.3g}), i.e. ≈{share:.0%} more compute per step; turning it "
         f"off saves ≈{saved:.0%} of forward+backward time",
         basis="FLOPs arithmetic",
-        fix=s.fix("--no-gradient-checkpointing",
-                  "gradient_checkpointing=False" if s.transformers_major < 5 or "gradient_checkpointing" in s.raw
-                  else "activation_checkpointing=False (gradient_checkpointing in transformers < 5)",
-                  "drop the model.gradient_checkpointing_enable() call (or the "
-                  "torch.utils.checkpoint wrappers) from the training script"),
+        fix=s.fix(
+            "--no-gradient-checkpointing",
+            hf_off,
+            "drop the model.gradient_checkpointing_enable() call (or the "
+            "torch.utils.checkpoint wrappers) from the training script",
+        ),
         gain=saved * compute,
-    )  # fmt: skip
+    )

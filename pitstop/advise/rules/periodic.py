@@ -54,20 +54,28 @@ def checkpoint_overhead(ctx: Context) -> Finding | None:
         return None
     share, per, every, base = got
     n = _every_for(per, base, PERIODIC_TARGET) if base else None
+    effect = "fewer saves cost proportionally less"
+    if n:
+        effect = f"saving every {n} steps would cost about {pct(PERIODIC_TARGET)}"
     return Finding(
         id="checkpoint-overhead",
         severity="high" if share >= CHECKPOINT_SEVERE else "medium",
         title=f"checkpointing costs {pct(share)} of the run",
-        evidence={"seconds_per_checkpoint": round(per, 4), "save_steps": every,
-                  "step_seconds_without_periodic": round(base, 6), "share": round(share, 4)},
-        effect=f"saving every {n} steps would cost about {pct(PERIODIC_TARGET)}" if n else
-        "fewer saves cost proportionally less",
+        evidence={
+            "seconds_per_checkpoint": round(per, 4),
+            "save_steps": every,
+            "step_seconds_without_periodic": round(base, 6),
+            "share": round(share, 4),
+        },
+        effect=effect,
         basis="measured in this profile",
-        fix=ctx.setup.fix(f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
-                          f"save_steps={n}" if n else 'save_strategy="epoch"',
-                          f"call torch.save every {n} steps" if n else "save less often (once an epoch)"),
+        fix=ctx.setup.fix(
+            f"--save-steps {n} (or --save-minutes M)" if n else "--save-minutes 30",
+            f"save_steps={n}" if n else 'save_strategy="epoch"',
+            f"call torch.save every {n} steps" if n else "save less often (once an epoch)",
+        ),
         gain=share - PERIODIC_TARGET,
-    )  # fmt: skip
+    )
 
 
 @rule("logging-overhead")
@@ -92,16 +100,19 @@ def logging_overhead(ctx: Context) -> Finding | None:
     if share <= LOGGING_LIMIT:
         return None
     n = _every_for(per, base, PERIODIC_TARGET / 2) if base else None
+    effect = "log less often"
+    if n:
+        effect = f"logging every {n} steps would cost under {pct(PERIODIC_TARGET / 2)}"
     return Finding(
         id="logging-overhead",
         severity="medium" if share >= 0.05 else "low",
         title=f"logging costs {pct(share)} of the run",
         evidence={"seconds_per_log": round(per, 6), "log_steps": every, "share": round(share, 4)},
-        effect=f"logging every {n} steps would cost under {pct(PERIODIC_TARGET / 2)}" if n else "log less often",
+        effect=effect,
         basis="measured in this profile",
         fix=s.fix(f"--log-steps {n or 50}", f"logging_steps={n or 50}"),
         gain=share,
-    )  # fmt: skip
+    )
 
 
 @rule("eval-overhead")
@@ -111,17 +122,22 @@ def eval_overhead(ctx: Context) -> Finding | None:
         return None
     share, per, every, base = got
     n = _every_for(per, base, PERIODIC_TARGET) if base else None
+    effect = "evaluate less often or on less data"
+    if n:
+        effect = (
+            f"evaluating every {n} steps would cost about {pct(PERIODIC_TARGET)}; "
+            "or evaluate on a smaller held-out set"
+        )
     return Finding(
         id="eval-overhead",
         severity="medium" if share >= 0.05 else "low",
         title=f"evaluation costs {pct(share)} of the run",
         evidence={"seconds_per_eval": round(per, 4), "eval_steps": every, "share": round(share, 4)},
-        effect=(f"evaluating every {n} steps would cost about {pct(PERIODIC_TARGET)}; "
-                "or evaluate on a smaller held-out set") if n else "evaluate less often or on less data",
+        effect=effect,
         basis="measured in this profile",
         fix=ctx.setup.fix(f"--eval-steps {n or 500}", f"eval_steps={n or 500}"),
         gain=share - PERIODIC_TARGET,
-    )  # fmt: skip
+    )
 
 
 @rule("gc-empty-cache-pauses", sources=("hf",))
@@ -132,8 +148,10 @@ def gc_empty_cache_pauses(ctx: Context) -> Finding | None:
     if not ctx.profile:
         return None
     phases, events = ctx.profile.get("phases") or {}, ctx.profile.get("events") or {}
-    seen = {name: (float(phases.get(ph, 0.0)), int(events.get(ev) or 0))
-            for name, (ph, ev) in MEMORY_CALLS.items()}  # fmt: skip
+    seen = {
+        name: (float(phases.get(ph, 0.0)), int(events.get(ev) or 0))
+        for name, (ph, ev) in MEMORY_CALLS.items()
+    }
     calls = sum(n for _, n in seen.values())
     if not calls:
         return None
@@ -175,4 +193,4 @@ def gc_empty_cache_pauses(ctx: Context) -> Finding | None:
         reference="https://docs.python.org/3/library/gc.html; https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
         fix=fix,
         gain=share,
-    )  # fmt: skip
+    )

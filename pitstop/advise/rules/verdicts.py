@@ -15,23 +15,30 @@ def optimizer_bound(ctx: Context) -> Finding | None:
     if not ctx.profile or share < OPTIMIZER_MODERATE:
         return None
     s = ctx.setup
-    caveat = ("more tokens per optimizer step amortise the update, but that changes the effective "
-              "batch (rows per device x accumulation x processes) and with it the training math: "
-              "retune the learning rate; it is not a free speed-up")  # fmt: skip
+    caveat = (
+        "more tokens per optimizer step amortise the update, but that changes the effective "
+        "batch (rows per device x accumulation x processes) and with it the training math: "
+        "retune the learning rate; it is not a free speed-up"
+    )
     return Finding(
         id="optimizer-bound",
         severity="high" if share >= OPTIMIZER_SEVERE else "medium",
         title=f"the optimizer step takes {pct(share)} of step time",
-        evidence={"optimizer_share": round(share, 4), "tokens_per_step": ctx.profile.get("tokens_per_step"),
-                  "optim": s.optimizer},
-        effect="AdamW reads and writes ~16 bytes per parameter per step whatever the batch; " + caveat,
+        evidence={
+            "optimizer_share": round(share, 4),
+            "tokens_per_step": ctx.profile.get("tokens_per_step"),
+            "optim": s.optimizer,
+        },
+        effect=f"AdamW reads and writes ~16 bytes per parameter per step whatever the batch; {caveat}",
         basis="measured in this profile",
-        fix=s.fix("--tokens-per-step T (larger T: changes the training math, see effect)",
-                  'optim="adamw_torch_fused"; or a larger gradient_accumulation_steps (changes the effective batch, see effect)',
-                  "torch.optim.AdamW(params, lr=..., fused=True) on a GPU; or accumulate more "
-                  "micro-batches per optimizer.step() (changes the effective batch, see effect)"),
+        fix=s.fix(
+            "--tokens-per-step T (larger T: changes the training math, see effect)",
+            'optim="adamw_torch_fused"; or a larger gradient_accumulation_steps (changes the effective batch, see effect)',
+            "torch.optim.AdamW(params, lr=..., fused=True) on a GPU; or accumulate more "
+            "micro-batches per optimizer.step() (changes the effective batch, see effect)",
+        ),
         gain=share / 2,
-    )  # fmt: skip
+    )
 
 
 BUSY_LOAD_PER_CORE = BUSY_LOAD_PER_CORE
@@ -45,10 +52,16 @@ def _noisy(ctx: Context) -> dict[str, Any] | None:
     if not found:
         return None
     ev = found[0].evidence
-    return {"step_spread": ev["step_spread"], "host_share": ev["host_share"],
-            "load_average_1m": ev.get("load_average_1m"), "cpu_cores": ev.get("cpu_cores"),
-            "busy": ev["busy"], "shared": ev.get("shared"), "erratic": ev.get("erratic", True),
-            "share": found[0].share}  # fmt: skip
+    return {
+        "step_spread": ev["step_spread"],
+        "host_share": ev["host_share"],
+        "load_average_1m": ev.get("load_average_1m"),
+        "cpu_cores": ev.get("cpu_cores"),
+        "busy": ev["busy"],
+        "shared": ev.get("shared"),
+        "erratic": ev.get("erratic", True),
+        "share": found[0].share,
+    }
 
 
 @rule("noisy-machine")
@@ -101,19 +114,27 @@ def sync_bound(ctx: Context) -> Finding | None:
     hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
     if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
         title = "host-side time between steps: Python overhead, logging or allocator stalls"
-        fix = s.fix("--log-steps 50; look for per-step Python work (printing, .item(), "
-                    "tokenizing) in custom code", hf_fix,
-                    "log every 50 steps, not every step; move per-step Python work (printing, "
-                    ".item(), tokenizing) out of the loop")  # fmt: skip
+        fix = s.fix(
+            "--log-steps 50; look for per-step Python work (printing, .item(), "
+            "tokenizing) in custom code",
+            hf_fix,
+            "log every 50 steps, not every step; move per-step Python work (printing, "
+            ".item(), tokenizing) out of the loop",
+        )
     else:
         if s.nan_inf_filter:
-            hf_fix = ("logging_nan_inf_filter=False (the default True tests every micro-batch's "
-                      "loss for NaN on the host, a device sync per micro-batch); " + hf_fix)  # fmt: skip
+            hf_fix = (
+                "logging_nan_inf_filter=False (the default True tests every micro-batch's "
+                "loss for NaN on the host, a device sync per micro-batch); " + hf_fix
+            )
         title = "host-side time or erratic steps: the device waits on the host"
-        fix = s.fix("--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
-                    "torch.cuda.empty_cache() calls in custom code", hf_fix,
-                    "read loss.item() only every 50 steps (each .item() waits for the GPU); "
-                    "remove torch.cuda.empty_cache() and per-step prints from the loop")  # fmt: skip
+        fix = s.fix(
+            "--log-steps 50 (pitstop syncs only at logging steps); look for .item() or "
+            "torch.cuda.empty_cache() calls in custom code",
+            hf_fix,
+            "read loss.item() only every 50 steps (each .item() waits for the GPU); "
+            "remove torch.cuda.empty_cache() and per-step prints from the loop",
+        )
     return Finding(
         id="sync-bound",
         severity="high" if x.severity == "severe" else "medium",
