@@ -322,7 +322,7 @@ def make_plan(
                     "the script (a plain loop has no field to set from outside)",
                 )
             )
-    if cur.get("gradient_checkpointing"):
+    if cur.get("gradient_checkpointing") or cur.get("activation_checkpointing"):
         fid, pred = predicted("gradient-checkpointing-unneeded")
         if trainer:
             cands.append(

@@ -155,6 +155,8 @@ def training_args_overrides(
                 out["per_device_train_batch_size"], out["gradient_accumulation_steps"] = split
         else:
             out[key] = value
+            if key == "gradient_checkpointing" and "activation_checkpointing" in current:
+                out["activation_checkpointing"] = value  # its name from transformers 5 on
         if key == "bf16" and key in out:
             out["fp16"] = False  # bf16 replaces fp16; both on is a TrainingArguments error
     if int(out.get("dataloader_num_workers", current.get("dataloader_num_workers")) or 0) == 0:
@@ -230,7 +232,13 @@ def _patch_training_args(settings: TrialSettings, applied: Applied) -> None:
         applied.trainer = True
         applied.script_args = {
             k: _plain(current.get(k))
-            for k in (*ARGS_FIELDS, "gradient_accumulation_steps", "fp16", "output_dir")
+            for k in (
+                *ARGS_FIELDS,
+                "activation_checkpointing",
+                "gradient_accumulation_steps",
+                "fp16",
+                "output_dir",
+            )
             if k in current
         }
         applied.training_args = {k: _plain(v) for k, v in fields.items()}
