@@ -49,6 +49,12 @@ RUN_DIRS = (CHECKPOINTS, FINAL, MERGED, TENSORBOARD)
 # Any of these present means the directory already holds a run.
 RUN_MARKERS = (SUMMARY, CHECKPOINTS, FINAL)
 
+# What `RunSummary.source` (and a profile's "source") names: `pitstop train`, the Hugging
+# Face PitstopCallback, and a plain PyTorch loop timed by pitstop.watch /
+# `pitstop profile -- COMMAND` (pitstop.anyloop.recorder; its settings were observed).
+SOURCE_PITSTOP, SOURCE_HF, SOURCE_SCRIPT = "pitstop", "hf", "script"
+SOURCES = (SOURCE_PITSTOP, SOURCE_HF, SOURCE_SCRIPT)
+
 # Bump when a field changes meaning. Files without the key are version 0 (before it existed).
 SCHEMA_VERSION = 1
 
@@ -65,6 +71,10 @@ _KINDS: dict[str, tuple[str, Any]] = {
     "num_list": (
         "a list of numbers",
         lambda v: isinstance(v, list) and all(_KINDS["num"][1](x) for x in v),
+    ),
+    "str_list": (
+        "a list of strings",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     ),
     "num_map": (
         "an object of numbers",
@@ -192,7 +202,7 @@ class RunSummary:
     """
 
     status: str | None = _kind("str")  # completed | interrupted | failed | incomplete: ...
-    source: str | None = _kind("str")  # "pitstop" (pitstop train) | "hf" (PitstopCallback)
+    source: str | None = _kind("str")  # one of SOURCES (what produced the run)
     optimizer_steps: int | None = _kind("int")
     total_steps: int | None = _kind("int")
     epochs: float | None = _kind("num")
@@ -234,6 +244,10 @@ class RunSummary:
     config: dict[str, Any] = _kind("dict", {})
     requested: dict[str, Any] | None = _kind("dict")
     profile: dict[str, Any] | None = _kind("dict")
+    # A plain loop's command line (`pitstop profile -- COMMAND`) and the directory it ran in:
+    # what `compare --rerun` reruns. Version-1 files kept the same keys, so they read alike.
+    command: list[str] | None = _kind("str_list")
+    command_cwd: str | None = _kind("str")
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
 
@@ -262,7 +276,7 @@ class RunSummary:
         (its counts are all-reduced); the HF callback and the any-loop timer count what rank
         0 trained (each rank trains its own shard). Per-rank figures × world size / this =
         the run's total (docs/run-directory.md)."""
-        return (self.world_size or 1) if self.source == "pitstop" else 1
+        return (self.world_size or 1) if self.source == SOURCE_PITSTOP else 1
 
     @property
     def whole_run_factor(self) -> float:

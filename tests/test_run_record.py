@@ -70,6 +70,21 @@ def test_summary_round_trip_keeps_unknown_keys(tmp_path: Path) -> None:
     assert again.trained_tokens == s.trained_tokens and again.choices == s.choices
 
 
+def test_a_plain_loops_command_is_a_typed_field_and_version_1_files_read_it(
+    tmp_path: Path,
+) -> None:
+    # A version-1 summary.json of `pitstop profile -- COMMAND` (the keys were extra then).
+    old = {"schema_version": 1, "source": "script", "command": ["python", "loop.py", "m"]}
+    s = RunSummary.from_json({**old, "command_cwd": "/work"})
+    assert s.source == run_record.SOURCE_SCRIPT in run_record.SOURCES
+    assert s.command == ["python", "loop.py", "m"] and s.command_cwd == "/work"
+    assert s.extra == {}  # no longer unknown keys
+    again = read_summary(write_summary(tmp_path, s))
+    assert again.command == s.command and again.command_cwd == "/work"
+    with pytest.raises(DataError, match="field 'command' must be a list of strings"):
+        RunSummary.from_json({"command": "python loop.py"})
+
+
 def test_write_summary_writes_no_nan(tmp_path: Path) -> None:
     path = write_summary(tmp_path, RunSummary(status="failed", final_loss=float("nan")))
     assert json.loads(path.read_text())["final_loss"] is None

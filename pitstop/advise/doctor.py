@@ -141,7 +141,8 @@ def make_setup(
     recorded = profile.get("config") if isinstance(profile.get("config"), dict) else None
     if hf_args is not None and (not recorded or hf_args != recorded):
         return from_hf_args(hf_args, hf_class)  # a declared file: its omitted fields default
-    if recorded and (hf_args is not None or profile.get("source") in ("hf", "script")):
+    observed = profile.get("source") in (run_record.SOURCE_HF, run_record.SOURCE_SCRIPT)
+    if recorded and (hf_args is not None or observed):
         # The profile's own record (PitstopCallback passes it back as hf_args): what the run
         # did not record stays unknown; a TrainingArguments default would describe another run.
         setup = from_hf_args(recorded, hf_class, recorded=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.config import RunConfig
+from pitstop.run_record import SOURCE_SCRIPT
 
 # What a field the run did not record reads as, in a Setup and in a finding's evidence: a
 # default of TrainingArguments is a guess about a custom loop, never a fact about it.
@@ -25,7 +26,7 @@ def is_custom_loop(profile: dict[str, Any] | None) -> bool:
     its source is "script" (pitstop.anyloop.recorder); a profile written before that field
     said so carries the recorder's note instead."""
     p = profile or {}
-    if p.get("source") == "script":
+    if p.get("source") == SOURCE_SCRIPT:
         return True
     return any(CUSTOM_LOOP_NOTE in str(n) for n in p.get("notes") or [])
 

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -132,8 +131,3 @@ def format_results(profile: dict, report: dict | None) -> str:
     view = PitstopCallback(doctor=False, print_report=False)
     view.profile, view.report = profile, report
     return view.format()
-
-
-def python_command(script: str, *args: str) -> list[str]:
-    """`[sys.executable, script, *args]`: this interpreter running a script (tests, docs)."""
-    return [sys.executable, script, *args]

@@ -11,10 +11,10 @@ import os
 from typing import Any
 
 from pitstop.hf import PitstopCallback
-from pitstop.run_record import RunSummary
+from pitstop.run_record import SOURCE_SCRIPT, RunSummary
 
 # What the run's summary says produced it (`pitstop compare` lists it with the settings).
-SOURCE = "script"
+SOURCE = SOURCE_SCRIPT
 
 
 class LoopRecorder(PitstopCallback):
@@ -31,9 +31,8 @@ class LoopRecorder(PitstopCallback):
         summary = super()._build_summary()
         summary.source = SOURCE
         if self._owner.command:
-            # Not RunSummary fields (only this writer has them): kept in `extra` on disk.
-            summary.extra["command"] = list(self._owner.command)  # `compare --rerun` reruns it
-            summary.extra["command_cwd"] = os.getcwd()
+            summary.command = [str(a) for a in self._owner.command]  # `compare --rerun` reruns it
+            summary.command_cwd = os.getcwd()
         if self._owner.failed:
             summary.status = "incomplete: the training script exited with an error"
         return summary

@@ -26,14 +26,13 @@ MAX_RERUNS = 20
 
 def recorded_command(run: LoadedRun) -> tuple[list[str], str | None]:
     """(command, working directory) a run was made with; ConfigError when it has none."""
-    cmd = run.summary.extra.get("command")
-    if not isinstance(cmd, list) or not cmd or not all(isinstance(x, str) for x in cmd):
+    cmd = run.summary.command  # a list of strings when present (RunSummary checks it)
+    if not cmd:
         raise ConfigError(
             f"{run.path} records no command to rerun (only `pitstop profile -- COMMAND` runs "
             "do); make both runs that way, or follow the alternating recipe in docs/compare.md"
         )
-    cwd = run.summary.extra.get("command_cwd")
-    return cmd, cwd if isinstance(cwd, str) else None
+    return cmd, run.summary.command_cwd
 
 
 def rerun_pairs(

@@ -182,14 +182,14 @@ def setting_differences(a: LoadedRun, b: LoadedRun) -> list[tuple[str, Any, Any]
         if sa.get(k) != sb.get(k):
             out.append((k, sa.get(k, "-"), sb.get(k, "-")))
     # A run of `pitstop profile -- COMMAND` is set up by its command line.
-    ca, cb = a.summary.extra.get("command"), b.summary.extra.get("command")
+    ca, cb = a.summary.command, b.summary.command
     if (ca or cb) and ca != cb:
         out.append(("command", _command_text(ca), _command_text(cb)))
     return out
 
 
-def _command_text(cmd: Any) -> str:
-    return " ".join(str(x) for x in cmd) if isinstance(cmd, list) else "-"
+def _command_text(cmd: list[str] | None) -> str:
+    return " ".join(cmd) if cmd else "-"
 
 
 def compare(
