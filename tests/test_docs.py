@@ -8,7 +8,10 @@
   docs/style.md);
 - the keys docs/configuration.md lists are RunConfig's, and the layers of
   tests/test_import_graph.py are all named in docs/architecture.md;
-- the README stays a front door (under 300 lines).
+- the README stays a front door (under 300 lines);
+- every repository path the pages cite exists, docs/run-directory.md lists every field of
+  the run records, and the count of deferred torch-free imports docs/architecture.md
+  states is not exceeded (`deferred_light_imports` computes it).
 
 Each extractor is also run on a planted example, so a check that could never fail fails.
 """
@@ -202,7 +205,143 @@ def test_run_directory_page_lists_every_record_field() -> None:
     assert unlisted == [], f"fields docs/run-directory.md does not describe: {unlisted}"
 
 
+# Packages an import inside a function may defer (docs/architecture.md): slow to load
+# (torch and what loads it) or optional.
+DEFERRABLE = frozenset(
+    [
+        "torch",
+        "transformers",
+        "safetensors",
+        "tokenizers",
+        "pyarrow",
+        "huggingface_hub",
+        "peft",
+        "tensorboard",
+        "wandb",
+        "bitsandbytes",
+        "pynvml",
+        "datasets",
+        "trl",
+        "accelerate",
+        "flash_attn",
+    ]
+)
+DEFERRED_COUNT = re.compile(r"at most (\d+) of them,\s+a count `tests/test_docs.py` computes")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _from_targets(node: ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """What `from X import a, b` may load: X, and X.a, X.b where those are modules."""
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return [mod] + [f"{mod}.{a.name}" for a in node.names]
+
+
+def _import_time_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
+    """What importing a module imports: its statements outside functions and
+    `if TYPE_CHECKING:` blocks (class bodies, if/try/with blocks included)."""
+    out: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+                visit(n.orelse)
+            elif isinstance(n, ast.Import):
+                out.extend(a.name for a in n.names)
+            elif isinstance(n, ast.ImportFrom):
+                out.extend(_from_targets(n, module, is_package))
+            elif isinstance(n, ast.Try):
+                visit([*n.body, *n.orelse, *n.finalbody, *(s for h in n.handlers for s in h.body)])
+            elif isinstance(n, (ast.If, ast.With, ast.ClassDef)):
+                visit([*n.body, *getattr(n, "orelse", [])])
+
+    visit(tree.body)
+    return out
+
+
+def deferred_light_imports(root: Path) -> list[str]:
+    """Imports inside functions of modules that load none of DEFERRABLE when imported
+    (their import-time imports followed through `root`'s modules and parent packages):
+    "path:line statement" each."""
+    modules = {}
+    for p in sorted(root.rglob("*.py")):
+        modules[_module_name(p, root)] = (ast.parse(p.read_text(encoding="utf-8")), p)
+    edges = {
+        m: _import_time_imports(t, m, p.name == "__init__.py") for m, (t, p) in modules.items()
+    }
+    heavy: dict[str, bool] = {}
+
+    def loads_heavy(mod: str, seen: frozenset[str] = frozenset()) -> bool:
+        if mod.split(".")[0] in DEFERRABLE:
+            return True
+        if mod not in modules or mod in seen:
+            return False
+        if mod not in heavy:
+            parents = [".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)]
+            heavy[mod] = any(loads_heavy(d, seen | {mod}) for d in [*edges[mod], *parents])
+        return heavy[mod]
+
+    found = set()
+    for m, (tree, p) in modules.items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Import):
+                    targets = [a.name for a in n.names]
+                elif isinstance(n, ast.ImportFrom):
+                    targets = _from_targets(n, m, p.name == "__init__.py")
+                else:
+                    continue
+                if not any(loads_heavy(t) for t in targets):
+                    found.add(f"{p.relative_to(root.parent)}:{n.lineno} {ast.unparse(n)}")
+    return sorted(found)
+
+
+def test_deferred_torch_free_imports_stay_within_the_architecture_pages_count() -> None:
+    """docs/architecture.md: imports at module level, except slow or optional packages; the
+    older torch-free exceptions are counted there, and this count may fall, never rise."""
+    m = DEFERRED_COUNT.search((DOCS / "architecture.md").read_text(encoding="utf-8"))
+    assert m, "docs/architecture.md no longer states how many torch-free imports are deferred"
+    found = deferred_light_imports(ROOT / "pitstop")
+    assert len(found) <= int(m.group(1)), (
+        f"{len(found)} imports inside functions load no slow or optional package (the page "
+        f"says at most {m.group(1)}); move them to the top of their module:\n" + "\n".join(found)
+    )
+
+
 # --- the checks themselves can fail -----------------------------------------------------
+
+
+def test_deferred_import_scan_tells_light_from_heavy(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "light.py").write_text("import json\n", encoding="utf-8")
+    (pkg / "heavy.py").write_text("from pkg import light\nimport torch\n", encoding="utf-8")
+    (pkg / "guarded.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n", encoding="utf-8"
+    )
+    (pkg / "user.py").write_text(
+        "def f():\n    from pkg import heavy\n    import transformers\n\n"
+        "def g():\n    from pkg.light import x\n    import gc\n    from . import guarded\n",
+        encoding="utf-8",
+    )
+    assert deferred_light_imports(pkg) == [
+        "pkg/user.py:6 from pkg.light import x",
+        "pkg/user.py:7 import gc",
+        "pkg/user.py:8 from . import guarded",
+    ]
 
 
 def test_path_check_finds_a_planted_stale_path(tmp_path: Path) -> None:
