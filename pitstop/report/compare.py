@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
 from pitstop.report.steady import Steady, band, steady, steady_lines
@@ -192,9 +192,54 @@ def _command_text(cmd: list[str] | None) -> str:
     return " ".join(cmd) if cmd else "-"
 
 
+class MetricRow(TypedDict):
+    """One metric of the comparison: A, B, B/A, its noise band (timing rows) and verdict."""
+
+    metric: str
+    label: str
+    unit: str
+    a: float | None
+    b: float | None
+    ratio: float | None
+    band: list[float] | None
+    verdict: str | None
+    b_better: bool | None
+
+
+class SteadyBasis(TypedDict):
+    """One run's steady-state basis as the comparison reports it."""
+
+    steps: int
+    warmup_steps: int
+    mean_step_seconds: float
+    tokens_per_second: float | None
+    blocks: int
+    block_spread: float
+    noisy: list[str]
+
+
+class SettingDiff(TypedDict):
+    setting: str
+    a: Any  # a recorded setting's value, as the run's config holds it
+    b: Any
+
+
+class Comparison(TypedDict):
+    """`compare`'s result: what `pitstop compare --json` prints and the tables are made of."""
+
+    a: str
+    b: str
+    price_per_gpu_hour: float | None
+    steady: dict[str, SteadyBasis | None]  # "a", "b"
+    noise_band: list[float] | None
+    metrics: list[MetricRow]
+    notes: list[str]
+    settings_differ: list[SettingDiff]
+
+
 def compare(
     a: str | Path | LoadedRun, b: str | Path | LoadedRun, price: float | None = None
-) -> dict[str, Any]:
+) -> Comparison:
     """The comparison as data: per metric A, B, B/A, its noise band and verdict; each run's
     steady-state basis and noise; the settings that differ."""
     ra = a if isinstance(a, LoadedRun) else load_run(a)
@@ -204,40 +249,51 @@ def compare(
     bounds = band(sa, sb)
     same_work = _same(ma["trained_tokens"], mb["trained_tokens"])
     same_step = _same(ma["trained_tokens_per_step"], mb["trained_tokens_per_step"])
-    rows = []
+    rows: list[MetricRow] = []
     for m in METRICS:
         va, vb = ma[m.key], mb[m.key]
         ratio, verdict, better = judge(m, va, vb, bounds, same_work, same_step)
         banded = m.kind in ("timing", "total", "per_step") and bounds is not None
-        rows.append({
-            "metric": m.key, "label": m.label, "unit": m.unit, "a": va, "b": vb,
-            "ratio": ratio, "band": list(bounds) if banded else None,  # type: ignore[arg-type]
-            "verdict": verdict, "b_better": better,
-        })  # fmt: skip
+        row = MetricRow(
+            metric=m.key,
+            label=m.label,
+            unit=m.unit,
+            a=va,
+            b=vb,
+            ratio=ratio,
+            band=list(bounds) if banded and bounds is not None else None,
+            verdict=verdict,
+            b_better=better,
+        )
+        rows.append(row)
     diffs = setting_differences(ra, rb)
-    return {
-        "a": str(ra.path),
-        "b": str(rb.path),
-        "price_per_gpu_hour": price,
-        "steady": {"a": _steady_dict(sa), "b": _steady_dict(sb)},
-        "noise_band": list(bounds) if bounds is not None else None,
-        "metrics": rows,
-        "notes": _notes(ma, mb, ra, rb, sa, sb, same_work, bool(diffs)),
-        "settings_differ": [{"setting": k, "a": x, "b": y} for k, x, y in diffs],
-    }
+    return Comparison(
+        a=str(ra.path),
+        b=str(rb.path),
+        price_per_gpu_hour=price,
+        steady={"a": _steady_basis(sa), "b": _steady_basis(sb)},
+        noise_band=list(bounds) if bounds is not None else None,
+        metrics=rows,
+        notes=_notes(ma, mb, ra, rb, sa, sb, same_work, bool(diffs)),
+        settings_differ=[SettingDiff(setting=k, a=x, b=y) for k, x, y in diffs],
+    )
 
 
-def _steady_dict(st: Steady | None) -> dict[str, Any] | None:
+def _steady_basis(st: Steady | None) -> SteadyBasis | None:
     if st is None:
         return None
-    return {
-        "steps": st.steps, "warmup_steps": st.warmup, "mean_step_seconds": st.step_seconds,
-        "tokens_per_second": st.tokens_per_second, "blocks": st.blocks,
-        "block_spread": st.spread, "noisy": st.noisy,
-    }  # fmt: skip
+    return SteadyBasis(
+        steps=st.steps,
+        warmup_steps=st.warmup,
+        mean_step_seconds=st.step_seconds,
+        tokens_per_second=st.tokens_per_second,
+        blocks=st.blocks,
+        block_spread=st.spread,
+        noisy=st.noisy,
+    )
 
 
-def basis_line(result: dict[str, Any]) -> str:
+def basis_line(result: Comparison) -> str:
     """Where the speed figures come from, and how wide the noise band is."""
     parts = []
     for side in ("a", "b"):
@@ -259,7 +315,7 @@ def basis_line(result: dict[str, Any]) -> str:
     return "\n".join(["speed: " + "; ".join(parts), band_txt])
 
 
-def noise_cells(result: dict[str, Any]) -> tuple[str, str]:
+def noise_cells(result: Comparison) -> tuple[str, str]:
     """The table's noise row: each run's block spread and what flags it noisy."""
     out = []
     for side in ("a", "b"):
@@ -349,13 +405,13 @@ def fmt_value(key: str, v: float | None) -> str:
     return f"{v:,.0f}"
 
 
-def _ratio(r: dict[str, Any]) -> str:
+def _ratio(r: MetricRow) -> str:
     if r["ratio"] is None:
         return "-"
     return f"{r['ratio']:.2f}x"
 
 
-def verdict_text(r: dict[str, Any]) -> str:
+def verdict_text(r: MetricRow) -> str:
     """A row's verdict, with its noise band where it has one."""
     v = r.get("verdict") or ""
     if r.get("band") and v in ("better", "worse", NO_DIFFERENCE):
@@ -363,7 +419,7 @@ def verdict_text(r: dict[str, Any]) -> str:
     return v or "-"
 
 
-def format_compare(result: dict[str, Any], markdown: bool = False) -> str:
+def format_compare(result: Comparison, markdown: bool = False) -> str:
     """A plain-text (or Markdown) table of `compare`'s result."""
     head = ["metric", "A", "B", "B/A", "verdict"]
     body = [
