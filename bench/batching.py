@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from bench.common import describe_machine, machine, markdown_table, median, write_result
 from pitstop.batching.auto import choose_batching
 from pitstop.batching.resolve import loader_for
-from pitstop.batching.settings import STRATEGIES
+from pitstop.catalog.layouts import LAYOUT_NAMES
 from pitstop.config import RunConfig
 from pitstop.corpus import instruction_records
 from pitstop.data.store import StoreWriter, TokenStore
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         store = make_store(Path(tmp) / "store", tokenizer, msl)
         print(f"store: {len(store):,} sequences, {store.n_tokens:,} tokens, max length {msl}")
         runs = [
-            StrategyRun(s, store, model_dir, base, args.warmup + args.steps) for s in STRATEGIES
+            StrategyRun(s, store, model_dir, base, args.warmup + args.steps) for s in LAYOUT_NAMES
         ]
         for i in range(args.warmup + args.steps):
             for run in runs:

@@ -21,13 +21,16 @@ from typing import Any, Literal
 
 import yaml
 
+from pitstop.catalog.layouts import LAYOUT_NAMES, Layout
 from pitstop.config_ranges import range_problems
 from pitstop.errors import ConfigError, short_repr
 from pitstop.hub import resolve_model
 from pitstop.yaml_load import read_yaml
 
 Format = Literal["auto", "jsonl", "json", "parquet", "arrow", "csv", "text"]
-Batching = Literal["auto", "pack", "bucket", "pad"]
+# `auto`, then every layout of the catalogue (pitstop.catalog.layouts): a new layout is a
+# valid --batching value, in help and errors, without an edit here.
+Batching = Literal[("auto", *LAYOUT_NAMES)]  # type: ignore[valid-type]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 OnOffAuto = Literal["auto", "on", "off"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -197,7 +200,10 @@ class RunConfig:
     )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # A layout set as its member (Layout.PACK) is written as its name: YAML's safe
+        # dumper refuses enum members, and configs on disk hold plain strings.
+        values = dataclasses.asdict(self)
+        return {k: v.value if isinstance(v, Layout) else v for k, v in values.items()}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -450,11 +456,9 @@ def validate(cfg: RunConfig) -> list[str]:
             f"--tokens-per-step {cfg.tokens_per_step} is below --max-seq-len {cfg.max_seq_len}: "
             "one full row must fit in an optimizer step"
         )
-    if (
-        cfg.batching == "pack"
-        and cfg.tokens_per_step is not None
-        and cfg.tokens_per_step % cfg.max_seq_len
-    ):
+    layout = Layout.lookup(cfg.batching)  # None for auto
+    whole_rows = layout is not None and layout.step_in_whole_rows
+    if whole_rows and cfg.tokens_per_step is not None and cfg.tokens_per_step % cfg.max_seq_len:
         p.append(
             f"--tokens-per-step {cfg.tokens_per_step} is not a whole number of packed rows of "
             f"{cfg.max_seq_len} tokens; use a multiple of --max-seq-len"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_json_atomic, write_text_atomic
+from pitstop.catalog.layouts import LAYOUT_NAMES, choices_text
 from pitstop.errors import DataError, short_repr
 
 # --- file names (a rename is one edit; --overwrite knows exactly what a run wrote) ---------
@@ -469,7 +470,7 @@ def write_steps(out_dir: str | Path, steps: list[StepLine]) -> Path:
 
 # The measured values a run trains with, and what each must be (the trainer uses them as is).
 _CHOICE_VALUES: dict[str, tuple[str, Any]] = {
-    "batching": ("one of 'pack', 'bucket', 'pad'", lambda v: v in ("pack", "bucket", "pad")),
+    "batching": (f"one of {choices_text()}", lambda v: v in LAYOUT_NAMES),
     "precision": ("one of 'fp32', 'bf16', 'fp16'", lambda v: v in ("fp32", "bf16", "fp16")),
     "micro_batch_rows": (
         "a positive integer",

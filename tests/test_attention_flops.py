@@ -63,14 +63,14 @@ def store(tmp_path_factory, tiny_tokenizer):
 def _loader(tiny_model_dir, store, out, **over):
     from _train_util import train_config
 
+    from pitstop.batching.resolve import BatchRequest
     from pitstop.data.store import TokenStore
     from pitstop.train import data as data_mod
 
     cfg = train_config(tiny_model_dir, store, out, **over)
     return data_mod.build_loader(
-        cfg, store=TokenStore(cfg.data[0]), rank=0, world_size=1, run_micro_batch=None,
-        out=out, cache_dir=cfg.cache_dir,
-    )  # fmt: skip
+        BatchRequest(cfg, TokenStore(cfg.data[0]), out=out, cache_dir=cfg.cache_dir)
+    )
 
 
 @pytest.mark.parametrize("strategy", ["pack", "bucket", "pad"])

@@ -129,17 +129,20 @@ def _cfg(model: Path, store: Path, out: Path, **over):
 
 
 def _build(cfg, sizer):
+    from pitstop.batching.resolve import BatchRequest
     from pitstop.data.store import TokenStore
     from pitstop.train import data as data_mod
 
     return data_mod.build_loader(
-        cfg, store=TokenStore(cfg.data[0]), rank=0, world_size=1, run_micro_batch=None,
-        device_name="FakeGpu 80GB", out=Path(cfg.output), cache_dir=cfg.cache_dir, sizer=sizer,
+        BatchRequest(
+            cfg, TokenStore(cfg.data[0]), device_name="FakeGpu 80GB", out=Path(cfg.output),
+            cache_dir=cfg.cache_dir, sizer=sizer,
+        )
     )  # fmt: skip
 
 
 def _sizer(calls: list[int], capacity: float = 23 * GB):
-    from pitstop.train.data import MicroSizer
+    from pitstop.batching.resolve import MicroSizer
 
     gpu = FakeGpu()
 

@@ -89,7 +89,7 @@ def test_the_shape_comes_back_and_the_config_is_not_rewritten(
 ):
     from _train_util import make_store, train_config
 
-    from pitstop.batching.resolve import MicroSizer, resolve_batch_shape
+    from pitstop.batching.resolve import BatchRequest, MicroSizer, resolve_batch_shape
 
     store_dir = make_store(tmp_path / "s", tiny_tokenizer)
     from pitstop.data.store import TokenStore
@@ -107,9 +107,11 @@ def test_the_shape_comes_back_and_the_config_is_not_rewritten(
         return (float(rows), 0.01 * rows) if rows <= 2 else (float("inf"), float("inf"))
 
     shape = resolve_batch_shape(
-        cfg, store=store, rank=0, world_size=1, run_micro_batch=None,
-        device_name="test-gpu", out=tmp_path / "out", cache_dir=str(tmp_path / "cache"),
-        sizer=MicroSizer(measure, capacity_bytes=1e12, reserved_bytes=0.0),
+        BatchRequest(
+            cfg, store, device_name="test-gpu", out=tmp_path / "out",
+            cache_dir=str(tmp_path / "cache"),
+            sizer=MicroSizer(measure, capacity_bytes=1e12, reserved_bytes=0.0),
+        )
     )  # fmt: skip
     assert cfg.to_dict() == before  # the run's config is what the user gave
     assert shape.settings.strategy == "pack" and shape.settings.tokens_per_step == 8 * 64

@@ -4,6 +4,7 @@ pinned staging: test_checkpoint_host_memory.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def store(tmp_path_factory, tiny_tokenizer):
 def test_a_failing_sizer_leaves_the_default_split(tiny_model_dir, store, tmp_path, caplog) -> None:
     from _train_util import train_config
 
+    from pitstop.batching.resolve import BatchRequest, MicroSizer
     from pitstop.data.store import TokenStore
     from pitstop.train import data as data_mod
 
@@ -30,12 +32,13 @@ def test_a_failing_sizer_leaves_the_default_split(tiny_model_dir, store, tmp_pat
 
     cfg = train_config(tiny_model_dir, store, tmp_path / "out", micro_batch_size=None,
                        tokens_per_step=16 * 64)  # fmt: skip
-    kw = {"store": TokenStore(cfg.data[0]), "rank": 0, "world_size": 1, "run_micro_batch": None,
-          "device_name": "FakeGpu 80GB", "out": Path(cfg.output), "cache_dir": cfg.cache_dir}  # fmt: skip
-    default, _ = data_mod.build_loader(cfg, sizer=None, **kw)
-    loader, geo = data_mod.build_loader(
-        cfg, sizer=data_mod.MicroSizer(measure, 80e9, 0.0), **kw
+    req = BatchRequest(
+        cfg, TokenStore(cfg.data[0]), device_name="FakeGpu 80GB", out=Path(cfg.output),
+        cache_dir=cfg.cache_dir,
     )  # fmt: skip
+    default, _ = data_mod.build_loader(req)
+    sizer = MicroSizer(measure, 80e9, 0.0)
+    loader, geo = data_mod.build_loader(dataclasses.replace(req, sizer=sizer))
     micro = geo.choices["micro_batch"]
     assert micro.value == "default" and "illegal memory access" in micro.reason
     assert "sizing to the device failed" in caplog.text

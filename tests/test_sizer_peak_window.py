@@ -23,13 +23,16 @@ def store(tmp_path_factory, tiny_tokenizer):
 
 
 def _build(cfg, sizer, run_micro_batch=None):
+    from pitstop.batching.resolve import BatchRequest
     from pitstop.data.store import TokenStore
     from pitstop.train import data as data_mod
 
     return data_mod.build_loader(
-        cfg, store=TokenStore(cfg.data[0]), rank=0, world_size=1,
-        run_micro_batch=run_micro_batch, device_name="FakeGpu 80GB", out=Path(cfg.output),
-        cache_dir=cfg.cache_dir, sizer=sizer,
+        BatchRequest(
+            cfg, TokenStore(cfg.data[0]), run_micro_batch=run_micro_batch,
+            device_name="FakeGpu 80GB", out=Path(cfg.output), cache_dir=cfg.cache_dir,
+            sizer=sizer,
+        )
     )  # fmt: skip
 
 

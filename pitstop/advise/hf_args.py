@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from pitstop.advise.setup import UNKNOWN, Setup
+from pitstop.catalog.layouts import Layout
 from pitstop.config_ranges import MAX_COUNT
 from pitstop.errors import ConfigError, short_repr
 from pitstop.quiet_imports import without_bitsandbytes
@@ -259,11 +260,11 @@ def from_hf_args(
         precision = UNKNOWN
 
     if cls == "SFTConfig" and (get("packing", default=False) or get("padding_free", default=False)):
-        batching = "pack"
+        batching = Layout.PACK.value
     elif (
         get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length"
     ):
-        batching = "bucket"
+        batching = Layout.BUCKET.value  # length-grouped batches: pitstop's bucket
     elif given("packing", "padding_free", "group_by_length", "train_sampling_strategy"):
         batching = "dynamic"  # the default collators pad each batch to its longest row
     else:  # a custom loop's collator: padded, packed or fixed-length, the timer cannot tell

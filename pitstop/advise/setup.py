@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.catalog.layouts import Layout
 from pitstop.config import RunConfig
 from pitstop.run_record import SOURCE_SCRIPT
 
@@ -103,8 +104,21 @@ class Setup:
         return "group_by_length=True"
 
     @property
+    def packed(self) -> bool:
+        """Documents share rows (pitstop's pack; TRL's packing or padding-free)."""
+        layout = Layout.lookup(self.batching)
+        return layout is not None and layout.packed
+
+    @property
+    def pads_to_max_len(self) -> bool:
+        """Every row padded to the max length (pitstop's pad)."""
+        layout = Layout.lookup(self.batching)
+        return layout is not None and layout.padded_to_max_len
+
+    @property
     def batching_is_padded(self) -> bool:
-        return self.batching in ("pad", "dynamic")
+        """Rows padded to max length (pad) or to each batch's longest (HF's `dynamic`)."""
+        return self.pads_to_max_len or self.batching == "dynamic"
 
 
 def from_run_config(cfg: RunConfig) -> Setup:

@@ -54,7 +54,8 @@ import numpy as np
 from pitstop.batching.collate import collate
 from pitstop.batching.loader import _seen_tokens, sequence_targets
 from pitstop.batching.plan import build_plan, step_micro_batches
-from pitstop.batching.settings import STRATEGIES, BatchSettings, Strategy
+from pitstop.batching.settings import BatchSettings
+from pitstop.catalog.layouts import Layout
 from pitstop.config import RunConfig
 from pitstop.data.store import TokenStore
 from pitstop.errors import ConfigError
@@ -85,7 +86,7 @@ MIN_ADVANTAGE = 0.05
 
 @dataclass(frozen=True)
 class StrategyTiming:
-    strategy: Strategy
+    strategy: Layout
     tokens_per_second: float  # trained (target) tokens per second of forward+backward, estimated
     epoch_seconds: float  # estimated forward+backward seconds for this rank's epoch
     packing_efficiency: float  # real tokens / positions computed, this rank, epoch 0
@@ -97,7 +98,7 @@ class StrategyTiming:
 
 @dataclass(frozen=True)
 class AutoChoice:
-    strategy: Strategy
+    strategy: Layout
     reason: str  # one line for the run banner, with the measured numbers
     timings: dict[str, StrategyTiming] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # strategy -> why it was not timed
@@ -112,7 +113,7 @@ def choose_batching(
     *,
     rank: int = 0,
     world_size: int = 1,
-    candidates: tuple[Strategy, ...] = STRATEGIES,
+    candidates: tuple[Layout, ...] = tuple(Layout),
     samples: int = 4,
     warmup: int = 1,
     min_rounds: int = 3,
@@ -180,12 +181,16 @@ def choose_batching(
         )
 
     positions = {k: sum(s.n_positions for s in prepared[k][0]) for k in prepared}
-    if "bucket" in prepared and "pad" in prepared:
-        skipped["pad"] = (
-            f"not timed: bucket holds the same rows padded less ({positions['bucket']:,} "
-            f"positions against {positions['pad']:,}) with the same kernels, so pad cannot win"
-        )
-        del prepared["pad"]
+    for layout in list(prepared):
+        # A layout another candidate is never slower than (catalog.layouts) is not timed.
+        better = Layout.parse(layout).dominated_by
+        if better is not None and better in prepared:
+            skipped[layout] = (
+                f"not timed: {better} holds the same rows padded less ({positions[better]:,} "
+                f"positions against {positions[layout]:,}) with the same kernels, so {layout} "
+                "cannot win"
+            )
+            del prepared[layout]
     kernel = getattr(run_micro_batch, "attention", None)
     if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
         choice = _cost_model_choice(store, prepared, positions, skipped, kernel)
@@ -207,8 +212,8 @@ def choose_batching(
     rounds = 0
     for rounds in range(1, max(1, max_rounds) + 1):
         if progress is not None:
-            progress(f"measuring batching layouts: round {rounds} (at least {min_rounds}, "
-                     f"at most {max_rounds}) of {', '.join(names)}")  # fmt: skip
+            bounds = f"at least {min_rounds}, at most {max_rounds}"
+            progress(f"measuring batching layouts: round {rounds} ({bounds}) of {', '.join(names)}")
         shift = (rounds - 1) % len(names)  # a different layout goes first each round
         for strategy in names[shift:] + names[:shift]:
             specs, strata = prepared[strategy]
@@ -242,11 +247,12 @@ def choose_batching(
         for t in sorted(timings.values(), key=lambda t: t.epoch_seconds)
     ]
     leanest = _leanest(positions)
-    why = (
-        "fastest by more than the noise" if best != leanest
-        else "fewest positions" + ("" if ranking[0] == best else
-                                   f"; {ranking[0]} was not ahead by more than the noise")
-    )  # fmt: skip
+    if best != leanest:
+        why = "fastest by more than the noise"
+    elif ranking[0] != best:
+        why = f"fewest positions; {ranking[0]} was not ahead by more than the noise"
+    else:
+        why = "fewest positions"
     n = max(t.timed_micro_batches for t in timings.values())
     reason = (
         f"{why}; measured on this device ({n} micro-batches each, {rounds} interleaved rounds, "

@@ -44,9 +44,13 @@ from pitstop.data.store import TokenStore
 from pitstop.errors import PitstopError
 
 __all__ = [
-    "Loader", "LoaderError", "LoaderOptions", "MicroBatchLoader", "default_loader_workers",
+    "Loader",
+    "LoaderError",
+    "LoaderOptions",
+    "MicroBatchLoader",
+    "default_loader_workers",
     "sequence_targets",
-]  # fmt: skip
+]
 
 # Below this many tokens the whole store is a few MB: reading a micro-batch in the main
 # process takes microseconds, and starting worker processes would cost more than it saves.
@@ -239,11 +243,12 @@ class MicroBatchLoader:
             self.num_workers, why_workers = default_loader_workers(self.store.n_tokens)
         cuda = torch.cuda.is_available()
         self.pin_memory = cuda and opts.pin_memory
-        why_pin = (
-            "CUDA available" if self.pin_memory
-            else "no CUDA: pinned host memory only helps copies to a GPU" if not cuda
-            else "set"
-        )  # fmt: skip
+        if self.pin_memory:
+            why_pin = "CUDA available"
+        elif not cuda:
+            why_pin = "no CUDA: pinned host memory only helps copies to a GPU"
+        else:
+            why_pin = "set"
         self.prefetch_factor = opts.prefetch_factor
         # Reasons shown in the run banner beside each value (the value is not repeated).
         self.choices = {
@@ -407,7 +412,7 @@ class MicroBatchLoader:
             "epoch": epoch,
             "step": step,
             "seed": self.seed,
-            "strategy": s.strategy,
+            "strategy": s.strategy.value,  # the name: a checkpoint holds plain JSON values
             "max_seq_len": s.max_seq_len,
             "tokens_per_step": s.tokens_per_step,
             **self._data_identity(),

@@ -33,6 +33,7 @@ import numpy as np
 
 from pitstop.batching.collate import collate
 from pitstop.batching.plan import MicroBatchSpec, build_plan
+from pitstop.catalog.layouts import Layout
 
 __all__ = ["MicroSizeChoice", "SizeTrial", "choose_micro_rows", "packed_sample", "row_candidates"]
 
@@ -176,9 +177,15 @@ def packed_sample(
     plan, repeated when the data holds fewer): the largest micro-batch of that many rows
     any layout produces, so its memory bounds the run's."""
     plan = build_plan(
-        np.asarray(store.lengths, dtype=np.int64), strategy="pack", max_seq_len=max_seq_len,
-        tokens_per_step=tokens_per_step, seed=seed, epoch=0, indices=indices, trained=trained,
-    )  # fmt: skip
+        np.asarray(store.lengths, dtype=np.int64),
+        strategy=Layout.PACK,  # the widest rows of any layout (see above)
+        max_seq_len=max_seq_len,
+        tokens_per_step=tokens_per_step,
+        seed=seed,
+        epoch=0,
+        indices=indices,
+        trained=trained,
+    )
     b = plan.row_bounds
     picked = tuple(plan.seqs[b[r % plan.n_rows] : b[r % plan.n_rows + 1]] for r in range(rows))
     spec = MicroBatchSpec(picked, max_seq_len)

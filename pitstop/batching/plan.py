@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pitstop.batching.settings import BatchSettings, Strategy
+from pitstop.batching.settings import BatchSettings
+from pitstop.catalog.layouts import Layout
 
 __all__ = [
     "STEP_BAND",
@@ -74,7 +75,7 @@ class Plan:
     ``step_bounds[s]:step_bounds[s+1]``. ``row_tokens[r]`` is row r's real token count.
     """
 
-    strategy: Strategy
+    strategy: Layout
     epoch: int
     seed: int
     max_seq_len: int
@@ -249,12 +250,13 @@ def _layout(
     row_bounds: np.ndarray,
     step_rows: np.ndarray,
     lengths: np.ndarray,
-    strategy: Strategy,
+    strategy: Layout,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each step's planned sequences arranged into rows: ``(seqs, row_bounds, step_bounds)``."""
     n_steps = len(step_rows) - 1
-    if strategy == "pack":
+    layout = Layout.parse(strategy)
+    if layout.packed:
         # The planned rows; shuffled within each step, so ranks dealt rows round-robin get
         # a fair mix of documents.
         perm = np.concatenate(
@@ -264,20 +266,20 @@ def _layout(
         return flat, bounds, step_rows
     step_bounds = row_bounds[step_rows]  # one sequence per row: rows are sequences
     order = seqs
-    if strategy == "bucket":
+    if layout is Layout.BUCKET:
         # Longest first within each step (ties keep the planned order), so micro-batches
         # cut from a step hold rows of similar length and pad little.
         step_of = np.repeat(np.arange(n_steps), np.diff(step_bounds))
         order = order[np.lexsort((np.arange(len(order)), -lengths[order], step_of))]
-    elif strategy != "pad":
-        raise ValueError(f"unknown batching strategy {strategy!r}")
+    elif layout is not Layout.PAD:
+        raise ValueError(f"no rows for batching layout {layout!r}")  # a new, unplanned layout
     return order, np.arange(len(order) + 1, dtype=np.int64), step_bounds
 
 
 def build_plan(
     lengths: np.ndarray,
     *,
-    strategy: Strategy,
+    strategy: Layout,
     max_seq_len: int,
     tokens_per_step: int,
     seed: int,
@@ -306,9 +308,13 @@ def build_plan(
             f"a sequence has {int(lengths.max())} tokens, above max_seq_len {max_seq_len}"
         )  # the store was prepared for a longer max length: a caller bug, the loader checks first
     planned, planned_rows, step_rows = plan_steps(
-        all_trained, lengths, max_seq_len=max_seq_len, tokens_per_step=tokens_per_step,
-        seed=seed, epoch=epoch,
-    )  # fmt: skip
+        all_trained,
+        lengths,
+        max_seq_len=max_seq_len,
+        tokens_per_step=tokens_per_step,
+        seed=seed,
+        epoch=epoch,
+    )
     rng = np.random.default_rng([seed, epoch, _STEP_PLAN_CODE + 1])  # pack's row order only
     seqs, row_bounds, step_bounds = _layout(
         planned, planned_rows, step_rows, lengths, strategy, rng
@@ -369,7 +375,7 @@ def step_micro_batches(
         most = max(
             len(_rank_micro_batches(plan, step, settings, r)) for r in range(settings.world_size)
         )
-        fixed = plan.strategy in ("pack", "pad")
+        fixed = Layout.parse(plan.strategy).fixed_rows
         filler = MicroBatchSpec((), plan.max_seq_len if fixed else _filler_width(plan, step))
         specs = specs + [filler] * (most - len(specs))
     return specs
@@ -386,7 +392,7 @@ def _rank_micro_batches(
     world = settings.world_size
     r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
     rows_idx = list(range(r0 + rank, r1, world))
-    fixed = plan.strategy in ("pack", "pad")
+    fixed = Layout.parse(plan.strategy).fixed_rows
     msl = plan.max_seq_len
     if not rows_idx:
         width = msl if fixed else _filler_width(plan, step)
@@ -443,20 +449,24 @@ class Efficiency:
 
 
 def plan_efficiency(
-    plan: Plan, settings: BatchSettings, *, lockstep: bool = False,
+    plan: Plan,
+    settings: BatchSettings,
+    *,
+    lockstep: bool = False,
     lengths: np.ndarray | None = None,
-) -> Efficiency:  # fmt: skip
+) -> Efficiency:
     """Efficiency of `plan` over all ranks' micro-batches, without reading tokens or running a model.
 
     `lengths` (the store's sequence lengths, indexed by the plan's store ids) lets packed
     rows count their documents' attention segments; without them a packed row counts as
     one segment (its whole width), as every row of the one-sequence-per-row layouts does."""
-    if plan.strategy in ("pack", "pad"):
+    layout = Layout.parse(plan.strategy)
+    if layout.fixed_rows:
         positions, micro, row_squares = _fixed_width_counts(plan, settings, lockstep)
     else:
         positions, micro, row_squares = _counted(plan, settings, lockstep)
     squares = row_squares
-    if plan.strategy == "pack" and lengths is not None and plan.n_rows:
+    if layout.packed and lengths is not None and plan.n_rows:
         squares = _packed_attention_squares(plan, np.asarray(lengths, dtype=np.int64), positions)
     return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
 

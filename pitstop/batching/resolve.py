@@ -1,8 +1,8 @@
 """The batch shape of a training run, decided once: strategy, tokens per step, micro-batch.
 
-`resolve_batch_shape` is the one place that decides it, from the config, the token
-store, the world size, the device (a `MicroSizer` on a GPU) and the run directory; it
-returns the `BatchSettings` the loader runs with, the choices the banner shows (with
+`resolve_batch_shape` is the one place that decides it, from a `BatchRequest` (the
+config, the token store, the world size, the device's `MicroSizer` on a GPU, the run
+directory); it returns the `BatchSettings` the loader runs with, the choices the banner shows (with
 their reasons) and the measurements `--resume` and reruns reuse. `halve` is the other
 decision of the micro-batch size: the back-off after a CUDA out-of-memory
 (train/oom.py). No other module decides a micro-batch size
@@ -24,13 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pitstop import log
 from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
-from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings, Strategy
+from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
+from pitstop.catalog.layouts import ANY_STEP_SIZE, Layout
 from pitstop.config import RunConfig
+from pitstop.data.store import TokenStore
 from pitstop.errors import PitstopError
 from pitstop.probe import Choice
+from pitstop.run_record import ChoiceRecord
 
 
 @dataclass
@@ -39,7 +44,8 @@ class BatchShape:
 
     settings: BatchSettings
     choices: dict[str, Choice] = field(default_factory=dict)  # batching, micro_batch
-    measured: Any = None  # pitstop.batching.choices.MeasuredChoices, else None
+    # What was measured (pitstop.batching.choices.MeasuredChoices); None: nothing was.
+    measured: ChoiceRecord | None = None
 
 
 @dataclass
@@ -61,6 +67,32 @@ class MicroSizer:
     start_peak_window: Callable[[], None] | None = None
 
 
+@dataclass(frozen=True)
+class BatchRequest:
+    """Everything deciding a run's batch shape reads: `resolve_batch_shape` and
+    `train.data.build_loader` take one of these.
+
+    `run_micro_batch(batch)`: one timed forward+backward (`batching: auto`);
+    `resume_strategy`: the newest checkpoint's layout (an `auto` run from before run
+    records keeps it); `indices`: the store's sequence ids to train on (None: all);
+    `lockstep`: equal micro-batch counts on every rank (FSDP); `sizer`: size the
+    micro-batch to the device; `out`: the run directory (its recorded choices on resume).
+    """
+
+    cfg: RunConfig
+    store: TokenStore
+    rank: int = 0
+    world_size: int = 1
+    run_micro_batch: Callable[[dict[str, Any]], object] | None = None
+    resume_strategy: str | None = None
+    indices: np.ndarray | None = None
+    lockstep: bool = False
+    device_name: str = "unknown"
+    out: Path | None = None
+    cache_dir: str | None = None
+    sizer: MicroSizer | None = None
+
+
 def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
     """Why the micro-batch is not sized to the device (None: it is)."""
     if cfg.micro_batch_size is not None or cfg.tokens_per_micro_batch is not None:
@@ -75,44 +107,21 @@ def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
 
 def max_rows_per_rank(cfg: RunConfig, world_size: int) -> int:
     """Full rows of max_seq_len in one rank's share of an optimizer step."""
-    # "pad": the one layout without a multiple-of-max_seq_len rule on tokens_per_step
-    s = BatchSettings.from_config(cfg, world_size=world_size, strategy="pad")
+    # A layout without a whole-rows rule on tokens_per_step, so any step size is accepted.
+    s = BatchSettings.from_config(cfg, world_size=world_size, strategy=ANY_STEP_SIZE)
     return max(1, s.tokens_per_step // s.max_seq_len // world_size)
 
 
-def resolve_batch_shape(
-    cfg: RunConfig,
-    *,
-    store: Any,
-    rank: int,
-    world_size: int,
-    run_micro_batch: Callable[[dict[str, Any]], object] | None,
-    resume_strategy: str | None = None,
-    indices: Any = None,
-    lockstep: bool = False,
-    device_name: str = "unknown",
-    out: Path | None = None,
-    cache_dir: str | None = None,
-    sizer: MicroSizer | None = None,
-) -> BatchShape:
-    """The run's batch shape (see the module docstring).
-
-    `run_micro_batch(batch)`: one timed forward+backward (`batching: auto`);
-    `resume_strategy`: the newest checkpoint's strategy (an `auto` run from before
-    run records keeps it); `indices`: the store's sequence ids to train on (None: all);
-    `lockstep`: equal micro-batch counts on every rank (FSDP); `sizer`: size the
-    micro-batch to the device.
-    """
+def resolve_batch_shape(req: BatchRequest) -> BatchShape:
+    """The run's batch shape (see the module docstring and `BatchRequest`)."""
+    cfg, sizer, world_size = req.cfg, req.sizer, req.world_size
     choices: dict[str, Choice] = {}
     micro_mc = None
     rows: int | None = None
     not_sized = micro_sizing_applies(cfg, world_size) if sizer is not None else "no sizer"
     if sizer is not None and not_sized is None:
         try:
-            rows, micro_mc, why = _sized_micro_batch(
-                cfg, store=store, rank=rank, world_size=world_size, indices=indices,
-                device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
-            )  # fmt: skip
+            rows, micro_mc, why = _sized_micro_batch(req, sizer)
         except PitstopError:
             raise
         except Exception as e:
@@ -134,26 +143,23 @@ def resolve_batch_shape(
         if rows is None
         else dataclasses.replace(cfg, tokens_per_micro_batch=rows * cfg.max_seq_len)
     )
-    strategy: Strategy | None = None
+    strategy: str | None = None
     reason = None
     measured = None
     if cfg.batching == "auto":
         from pitstop.batching.choices import read_run_choices
 
-        kept = read_run_choices(out) if cfg.resume and out is not None else None
-        if kept is None and resume_strategy is not None:
-            strategy = resume_strategy  # type: ignore[assignment]
+        kept = read_run_choices(req.out) if cfg.resume and req.out is not None else None
+        if kept is None and req.resume_strategy is not None:
+            strategy = req.resume_strategy
             reason = "kept from the checkpoint: a resumed run keeps its data order"
         else:
-            measured = _measured_batching(
-                seen, store=store, rank=rank, world_size=world_size,
-                run_micro_batch=run_micro_batch, indices=indices, lockstep=lockstep,
-                device_name=device_name, out=out, cache_dir=cache_dir,
-            )  # fmt: skip
+            measured = _measured_batching(dataclasses.replace(req, cfg=seen))
             strategy = measured.values["batching"]
             reason = measured.describe("batching")
     settings = BatchSettings.from_config(seen, world_size=world_size, strategy=strategy)
-    choices = {"batching": Choice(settings.strategy, reason or settings.reason or "set"), **choices}
+    layout = settings.strategy.value  # the name, as the banner and summary.json print it
+    choices = {"batching": Choice(layout, reason or settings.reason or "set"), **choices}
     if micro_mc is not None:
         measured = measured.merged(micro_mc, "micro_batch") if measured else micro_mc
     if sizer is not None and sizer.start_peak_window is not None:
@@ -183,16 +189,25 @@ def halve(settings: BatchSettings) -> tuple[BatchSettings, str] | None:
 def loader_options(cfg: RunConfig) -> LoaderOptions:
     """The loader's own settings, from the run's config."""
     return LoaderOptions(
-        seed=cfg.seed, epochs=cfg.epochs, max_steps=cfg.max_steps,
-        workers=cfg.loader_workers, pin_memory=cfg.pin_memory != "off",
+        seed=cfg.seed,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        workers=cfg.loader_workers,
+        pin_memory=cfg.pin_memory != "off",
         prefetch_factor=cfg.prefetch_factor,
-    )  # fmt: skip
+    )
 
 
 def loader_for(
-    store: Any, cfg: RunConfig, *, rank: int = 0, world_size: int = 1,
-    strategy: Strategy | None = None, indices: Any = None, lockstep: bool = False,
-) -> MicroBatchLoader:  # fmt: skip
+    store: TokenStore,
+    cfg: RunConfig,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    strategy: Layout | str | None = None,
+    indices: np.ndarray | None = None,
+    lockstep: bool = False,
+) -> MicroBatchLoader:
     """A loader of `cfg` as set (nothing measured; `batching` must not be `auto` unless
     `strategy` is given): for tests, benchmarks and callers with a config in hand."""
     settings = BatchSettings.from_config(cfg, world_size=world_size, strategy=strategy)
@@ -205,120 +220,130 @@ MICRO_ROWS = "micro_batch_rows"  # its name among the measured choices
 
 
 def _sized_micro_batch(
-    cfg: RunConfig,
-    *,
-    store: Any,
-    rank: int,
-    world_size: int,
-    indices: Any,
-    device_name: str,
-    out: Path | None,
-    cache_dir: str | None,
-    sizer: MicroSizer,
-) -> tuple[int | None, Any, str]:
+    req: BatchRequest, sizer: MicroSizer
+) -> tuple[int | None, ChoiceRecord | None, str]:
     """(rows per micro-batch or None for the default, its MeasuredChoices, the banner reason).
 
     A resumed run keeps what its run directory recorded (a run that started with the
     default keeps the default), else the cache, else measured (rank 0's wins). On resume
     no record is returned: the run directory's `choices.json` already holds it."""
     from pitstop.batching.auto import rank0_choice
-    from pitstop.batching.choices import choice_key, read_run_choices, resolve_measured
+    from pitstop.batching.choices import read_run_choices, resolve_measured
     from pitstop.batching.loader import sequence_targets
     from pitstop.batching.microsize import choose_micro_rows, packed_sample
 
-    if cfg.resume and out is not None:
-        kept = read_run_choices(out)
+    cfg, store, indices = req.cfg, req.store, req.indices
+    if cfg.resume and req.out is not None:
+        kept = read_run_choices(req.out)
         rows = kept.values.get(MICRO_ROWS) if kept is not None else None
         if rows is None:
             return None, None, "kept from this run: it started with the default split"
         return int(rows), None, kept.describe(MICRO_ROWS)
-    key, fields = choice_key(
-        cfg, device_name=device_name, device_count=world_size,
-        store_manifest=Path(store.path) / "manifest.json",
-        indices_count=None if indices is None else len(indices), what="micro_batch",
-    )  # fmt: skip
-    max_rows = max_rows_per_rank(cfg, world_size)
+    key, fields = _choice_key(req, what="micro_batch")
+    max_rows = max_rows_per_rank(cfg, req.world_size)
     trained = sequence_targets(store)
 
     def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-        if rank == 0:
+        if req.rank == 0:
             log.info("pitstop: sizing the micro-batch to the device ...")
+        step_tokens = max_rows * cfg.max_seq_len
 
         def run(rows: int) -> tuple[float, float]:
             batch = packed_sample(
-                store, rows=rows, max_seq_len=cfg.max_seq_len,
-                tokens_per_step=max_rows * cfg.max_seq_len, seed=cfg.seed, trained=trained,
+                store,
+                rows=rows,
+                max_seq_len=cfg.max_seq_len,
+                tokens_per_step=step_tokens,
+                seed=cfg.seed,
+                trained=trained,
                 indices=indices,
-            )  # fmt: skip
+            )
             return sizer.measure(batch)
 
         pick = choose_micro_rows(
-            run, max_rows=max_rows, row_tokens=cfg.max_seq_len,
-            capacity_bytes=sizer.capacity_bytes, reserved_bytes=sizer.reserved_bytes,
-        )  # fmt: skip
+            run,
+            max_rows=max_rows,
+            row_tokens=cfg.max_seq_len,
+            capacity_bytes=sizer.capacity_bytes,
+            reserved_bytes=sizer.reserved_bytes,
+        )
         return {MICRO_ROWS: pick.rows}, {MICRO_ROWS: pick.reason}, pick.measurements()
 
     mc = resolve_measured(
-        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
-        run_dir=None, resume=False, remeasure=cfg.remeasure, store_result=rank == 0,
-    )  # fmt: skip
-    mc = rank0_choice(mc, world_size)
+        key=key,
+        key_fields=fields,
+        cache_dir=cache_root(req.cache_dir),
+        measure=measure,
+        run_dir=None,
+        resume=False,
+        remeasure=cfg.remeasure,
+        store_result=req.rank == 0,
+    )
+    mc = rank0_choice(mc, req.world_size)
     return int(mc.values[MICRO_ROWS]), mc, mc.describe(MICRO_ROWS)
 
 
-def _measured_batching(
-    cfg: RunConfig,
-    *,
-    store: Any,
-    rank: int,
-    world_size: int,
-    run_micro_batch: Callable[[dict[str, Any]], object] | None,
-    indices: Any,
-    lockstep: bool,
-    device_name: str,
-    out: Path | None,
-    cache_dir: str | None,
-) -> Any:
+def _measured_batching(req: BatchRequest) -> ChoiceRecord:
     """`auto`'s layout: the run's record on resume, else the cache, else measured (rank 0's wins)."""
     from dataclasses import asdict
 
     from pitstop.batching.auto import choose_batching, rank0_choice
-    from pitstop.batching.choices import choice_key, resolve_measured
+    from pitstop.batching.choices import resolve_measured
 
-    key, fields = choice_key(
-        cfg, device_name=device_name, device_count=world_size,
-        store_manifest=Path(store.path) / "manifest.json",
-        indices_count=None if indices is None else len(indices),
-    )  # fmt: skip
+    cfg = req.cfg
+    key, fields = _choice_key(req)
 
     def say(line: str) -> None:
-        if rank == 0:
+        if req.rank == 0:
             log.info(f"pitstop: {line}")
 
     def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-        if run_micro_batch is None:
+        if req.run_micro_batch is None:
             raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
         auto = choose_batching(
-            store,
+            req.store,
             cfg,
-            run_micro_batch,
-            rank=rank,
-            world_size=world_size,
-            indices=indices,
-            lockstep=lockstep,
+            req.run_micro_batch,
+            rank=req.rank,
+            world_size=req.world_size,
+            indices=req.indices,
+            lockstep=req.lockstep,
             broadcast=False,
             progress=say,
         )
         found = {
             "timings": {k: asdict(t) for k, t in auto.timings.items()},
-            "skipped": auto.skipped, "noise": auto.noise, "rounds": auto.rounds,
-        }  # fmt: skip
-        return {"batching": auto.strategy}, {"batching": auto.reason}, found
+            "skipped": auto.skipped,
+            "noise": auto.noise,
+            "rounds": auto.rounds,
+        }
+        # The layout's name, not the member: the record is JSON and read back as text.
+        return {"batching": str(auto.strategy)}, {"batching": auto.reason}, found
 
     # Only rank 0 writes the cache; every rank then adopts rank 0's resolution (a rank
     # may find the cache entry another has not, or time differently).
     mc = resolve_measured(
-        key=key, key_fields=fields, cache_dir=cache_root(cache_dir), measure=measure,
-        run_dir=out, resume=cfg.resume, remeasure=cfg.remeasure, store_result=rank == 0,
-    )  # fmt: skip
-    return rank0_choice(mc, world_size)
+        key=key,
+        key_fields=fields,
+        cache_dir=cache_root(req.cache_dir),
+        measure=measure,
+        run_dir=req.out,
+        resume=cfg.resume,
+        remeasure=cfg.remeasure,
+        store_result=req.rank == 0,
+    )
+    return rank0_choice(mc, req.world_size)
+
+
+def _choice_key(req: BatchRequest, what: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The measured-choices key of `req` (what a cached `what` depends on)."""
+    from pitstop.batching.choices import choice_key
+
+    return choice_key(
+        req.cfg,
+        device_name=req.device_name,
+        device_count=req.world_size,
+        store_manifest=Path(req.store.path) / "manifest.json",
+        indices_count=None if req.indices is None else len(req.indices),
+        what=what,
+    )

@@ -9,13 +9,10 @@ changing what is learned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from pitstop.catalog.layouts import Layout, choices_text
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
-
-Strategy = Literal["pack", "bucket", "pad"]
-STRATEGIES: tuple[Strategy, ...] = ("pack", "bucket", "pad")
 
 # Default step: 8 full rows (or one per rank when there are more ranks), a common
 # small fine-tuning batch; the tuner and the user move it, never silently.
@@ -33,7 +30,7 @@ class BatchSettings:
     positions = rows x longest row) is set.
     """
 
-    strategy: Strategy
+    strategy: Layout  # a name given is stored as its member (__post_init__)
     max_seq_len: int
     tokens_per_step: int
     micro_batch_size: int | None = None
@@ -42,18 +39,24 @@ class BatchSettings:
     reason: str = ""
 
     def __post_init__(self) -> None:
+        # A name ("pack", from a caller or a test) becomes its member, so `strategy`'s
+        # properties can be read; an unknown name stays for check_settings to report.
+        layout = Layout.lookup(self.strategy)
+        if layout is not None:
+            object.__setattr__(self, "strategy", layout)
         problems = check_settings(self)
         if problems:
             raise ConfigError(problems, header=f"invalid batching ({len(problems)} problem(s)):")
 
     @property
     def rows_per_step(self) -> int | None:
-        """Rows of a packed step (pack only; bucket/pad steps hold a varying number of rows)."""
-        return self.tokens_per_step // self.max_seq_len if self.strategy == "pack" else None
+        """Rows of a step made of whole rows (pack; bucket/pad rows vary in number)."""
+        whole = self.strategy.step_in_whole_rows
+        return self.tokens_per_step // self.max_seq_len if whole else None
 
     @classmethod
     def from_config(
-        cls, cfg: RunConfig, *, world_size: int = 1, strategy: Strategy | None = None
+        cls, cfg: RunConfig, *, world_size: int = 1, strategy: Layout | str | None = None
     ) -> BatchSettings:
         """Resolve the config's batching options; `strategy` replaces `cfg.batching` (needed for auto)."""
         strat = strategy or cfg.batching
@@ -91,8 +94,9 @@ class BatchSettings:
 
 def check_settings(s: BatchSettings) -> list[str]:
     p: list[str] = []
-    if s.strategy not in STRATEGIES:
-        p.append(f"batching {s.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    layout = Layout.lookup(s.strategy)
+    if layout is None:
+        p.append(f"batching {s.strategy!r} is not one of {choices_text()}")
     if s.max_seq_len < 1:
         p.append(f"max_seq_len must be positive, got {s.max_seq_len}")
     if s.world_size < 1:
@@ -102,12 +106,13 @@ def check_settings(s: BatchSettings) -> list[str]:
             f"tokens_per_step {s.tokens_per_step} is below max_seq_len {s.max_seq_len}: "
             "one full row must fit in an optimizer step"
         )
-    if s.strategy == "pack" and s.tokens_per_step % s.max_seq_len:
+    whole_rows = layout is not None and layout.step_in_whole_rows
+    if whole_rows and s.tokens_per_step % s.max_seq_len:
         p.append(
             f"tokens_per_step {s.tokens_per_step} is not a whole number of packed rows of "
             f"{s.max_seq_len} tokens; use a multiple of max_seq_len"
         )
-    elif s.strategy == "pack" and s.tokens_per_step // s.max_seq_len < s.world_size:
+    elif whole_rows and s.tokens_per_step // s.max_seq_len < s.world_size:
         p.append(
             f"tokens_per_step {s.tokens_per_step} makes {s.tokens_per_step // s.max_seq_len} packed "
             f"row(s) per step for {s.world_size} ranks: every step would leave a rank idle; use at "

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pitstop import log
+from pitstop.catalog.layouts import Layout
 from pitstop.errors import PitstopError
 from pitstop.probe import Choice
 from pitstop.train import model_io, packcheck
@@ -70,7 +71,8 @@ def packed_attention_choice(check: packcheck.PackCheck, batching: str, rank: int
     documents; a run without packed rows (bucket, pad) is not affected and goes on warned."""
     if check.ok:
         return Choice("checked", check.summary())
-    if batching in ("bucket", "pad"):
+    layout = Layout.lookup(batching)  # None for a caller's own loader ("custom")
+    if layout is not None and not layout.packed:
         if rank == 0:
             log.warning(
                 f"pitstop: warning: {check.summary()}; --batching {batching} packs no "

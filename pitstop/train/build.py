@@ -24,7 +24,9 @@ import torch
 
 from pitstop import log, probe, run_record, versions
 from pitstop.batching.loader import Loader
+from pitstop.batching.resolve import BatchRequest
 from pitstop.cache_layout import cache_root
+from pitstop.catalog.layouts import Layout
 from pitstop.config import RunConfig, parse_betas
 from pitstop.errors import ConfigError
 from pitstop.faults import NO_FAULTS, Faults, from_env
@@ -288,15 +290,27 @@ def build_data(
         data_key = store.manifest.get("key")
         held = data.eval_data(cfg, store)
         resume_strategy = data.saved_strategy(out) if cfg.resume else None
-        loader, geometry = data.build_loader(
-            cfg, store=store, rank=env.rank, world_size=env.world_size,
-            run_micro_batch=timing_micro_batch, resume_strategy=resume_strategy,
-            indices=held.train_indices if held else None, lockstep=fsdp,
-            device_name=device.name, out=out, cache_dir=cfg.cache_dir,
-            sizer=memory_plan.cuda_sizer(model, tdev, attention.value, autocast_dtype, choices["optimizer"],
-                              ddp=env.distributed)
-            if tdev.type == "cuda" and not fsdp else None,
-        )  # fmt: skip
+        sizer = None
+        if tdev.type == "cuda" and not fsdp:
+            optimizer = choices["optimizer"]
+            sizer = memory_plan.cuda_sizer(
+                model, tdev, attention.value, autocast_dtype, optimizer, ddp=env.distributed
+            )
+        request = BatchRequest(
+            cfg,
+            store,
+            rank=env.rank,
+            world_size=env.world_size,
+            run_micro_batch=timing_micro_batch,
+            resume_strategy=resume_strategy,
+            indices=held.train_indices if held else None,
+            lockstep=fsdp,
+            device_name=device.name,
+            out=out,
+            cache_dir=cfg.cache_dir,
+            sizer=sizer,
+        )
+        loader, geometry = data.build_loader(request)
         if held is not None:
             eval_set = EvalSet(
                 held.store, loader.settings, indices=held.indices, rank=env.rank,
@@ -408,7 +422,7 @@ def _custom_eval_set(
 
     settings = loader.settings or BatchSettings.from_config(
         cfg, world_size=world_size,
-        strategy="pack" if cfg.batching == "auto" else cfg.batching,
+        strategy=Layout.PACK if cfg.batching == "auto" else cfg.batching,
     )  # fmt: skip
     if cfg.eval_data == "auto":
         raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")

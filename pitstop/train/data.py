@@ -10,14 +10,17 @@ The batch shape is decided in pitstop.batching.resolve.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pitstop import run_record
 from pitstop.batching.loader import MicroBatchLoader
-from pitstop.batching.resolve import MicroSizer, loader_options, resolve_batch_shape
+from pitstop.batching.resolve import (
+    BatchRequest,
+    loader_options,
+    resolve_batch_shape,
+)
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError
 from pitstop.probe import Choice
@@ -94,30 +97,17 @@ def saved_strategy(out: Path) -> str | None:
     return state.get("strategy") if isinstance(state, dict) else None
 
 
-def build_loader(
-    cfg: RunConfig,
-    *,
-    store: Any,
-    rank: int,
-    world_size: int,
-    run_micro_batch: Callable[[dict[str, Any]], object] | None,
-    resume_strategy: str | None = None,
-    indices: Any = None,
-    lockstep: bool = False,
-    device_name: str = "unknown",
-    out: Path | None = None,
-    cache_dir: str | None = None,
-    sizer: MicroSizer | None = None,
-) -> tuple[MicroBatchLoader, Geometry]:
+def build_loader(req: BatchRequest) -> tuple[MicroBatchLoader, Geometry]:
     """The run's MicroBatchLoader, with the batch shape pitstop.batching.resolve decided
     (`batching: auto` and the device-sized micro-batch: measured once and reused)."""
-    shape = resolve_batch_shape(
-        cfg, store=store, rank=rank, world_size=world_size, run_micro_batch=run_micro_batch,
-        resume_strategy=resume_strategy, indices=indices, lockstep=lockstep,
-        device_name=device_name, out=out, cache_dir=cache_dir, sizer=sizer,
-    )  # fmt: skip
+    shape = resolve_batch_shape(req)
     loader = MicroBatchLoader(
-        store, shape.settings, loader_options(cfg), rank=rank, indices=indices, lockstep=lockstep
+        req.store,
+        shape.settings,
+        loader_options(req.cfg),
+        rank=req.rank,
+        indices=req.indices,
+        lockstep=req.lockstep,
     )
     s = shape.settings
     choices = {

@@ -25,6 +25,7 @@ from typing import Any
 
 from pitstop import probe
 from pitstop.batching.settings import BatchSettings
+from pitstop.catalog.layouts import ANY_STEP_SIZE, worth_timing
 from pitstop.config import RunConfig
 
 # Knob names as the CLI's --knobs takes them.
@@ -75,7 +76,7 @@ class Space:
     max_seq_len: int
     tokens_per_step: int
     max_micro_rows: int
-    batching: tuple[str, ...] = ("pack", "bucket")
+    batching: tuple[str, ...] = tuple(m.value for m in worth_timing(True))
     loader_workers: tuple[int, ...] = (0, 1, 2)
     prefetch_factor: tuple[int, ...] = (2, 4)
     compile: tuple[bool, ...] = (False, True)
@@ -110,8 +111,10 @@ class Space:
 def resolved_tokens_per_step(cfg: RunConfig) -> int:
     """The tokens per optimizer step the user's config means (explicit, or derived as pitstop does)."""
 
-    # The strategy does not enter the tokens-per-step rule; bucket avoids pack's divisibility check.
-    return BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy="bucket").tokens_per_step
+    # The layout does not enter the tokens-per-step rule; one without a whole-rows rule
+    # avoids pack's divisibility check.
+    bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE)
+    return bs.tokens_per_step
 
 
 def apply_settings(cfg: RunConfig, s: Settings, tokens_per_step: int) -> RunConfig:
@@ -144,7 +147,7 @@ def settings_from_choices(cfg: RunConfig, choices: dict[str, Any]) -> Settings:
     elif cfg.micro_batch_size is not None:
         rows = cfg.micro_batch_size
     else:
-        bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy="bucket")
+        bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE)
         rows = max(1, (bs.tokens_per_micro_batch or msl) // msl)
     return Settings(
         batching=str(val("batching", cfg.batching)),
@@ -170,8 +173,10 @@ def build_space(
     msl = cfg.max_seq_len
     max_rows = max(1, math.ceil(tokens_per_step / msl / max(1, cfg.nproc)))
     base = baseline
-    # pack needs whole rows per step; bucket always works (it cuts steps by real tokens)
-    batching: tuple[str, ...] = ("pack", "bucket") if tokens_per_step % msl == 0 else ("bucket",)
+    # pack needs whole rows per step; bucket always works (it cuts steps by real tokens);
+    # pad is never faster than bucket (catalog.layouts: dominated_by)
+    whole_rows = tokens_per_step % msl == 0
+    batching: tuple[str, ...] = tuple(m.value for m in worth_timing(whole_rows))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     # More loader workers than cores only adds contention with the training process.
     workers = tuple(sorted({0, 1, min(2, cpus), min(4, cpus)}))

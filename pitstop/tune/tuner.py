@@ -20,6 +20,7 @@ from typing import Any
 
 from pitstop import log, probe
 from pitstop.cache_layout import cache_root
+from pitstop.catalog.layouts import worth_timing
 from pitstop.config import RunConfig, build_config, load_yaml
 from pitstop.measure import cost_model
 from pitstop.measure.machine import describe_load, machine_load
@@ -195,7 +196,7 @@ def _measure_start(cfg: RunConfig, runner: Any, dev: Any) -> TrialResult:
     free_memory()
     # What the config would have resolved to, without the timing `batching: auto` does.
     tps_ok = runner.tokens_per_step % cfg.max_seq_len == 0
-    batching = cfg.batching if cfg.batching != "auto" else ("pack" if tps_ok else "bucket")
+    batching = cfg.batching if cfg.batching != "auto" else worth_timing(tps_ok)[0].value
     prec = probe.choose_precision(cfg.precision, dev).value
     choices = {
         "batching": {"value": batching},

@@ -82,11 +82,13 @@ def empty_cache(ctx: Context) -> Finding | None:
         "is the better fix",
         basis="documented",
         reference="transformers TrainingArguments.torch_empty_cache_steps help; https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
-        fix=s.fix("remove torch.cuda.empty_cache() calls from custom code",
-                  "torch_empty_cache_steps=None (remove it)",
-                  "remove the torch.cuda.empty_cache() calls from the training loop"),
+        fix=s.fix(
+            "remove torch.cuda.empty_cache() calls from custom code",
+            "torch_empty_cache_steps=None (remove it)",
+            "remove the torch.cuda.empty_cache() calls from the training loop",
+        ),
         gain=0.05,
-    )  # fmt: skip
+    )
 
 
 @rule("effective-batch-changed")
@@ -96,7 +98,7 @@ def effective_batch_changed(ctx: Context) -> Finding | None:
         return None
     # Units that match the batching: HF batches padded per batch (or bucketed) hold a fixed
     # number of rows whose length varies, so rows x max length counts no real quantity.
-    rows_batched = ctx.setup.source == "hf" and ctx.setup.batching != "pack"
+    rows_batched = ctx.setup.source == "hf" and not ctx.setup.packed
     old, new = b.effective_tokens_per_step, ctx.setup.effective_tokens_per_step
     unit = "positions"
     if rows_batched or old is None or new is None:
@@ -104,16 +106,29 @@ def effective_batch_changed(ctx: Context) -> Finding | None:
     if old is None or new is None or old == new:
         return None
     s = ctx.setup
+    if unit == "positions":
+        pitstop_fix = f"--tokens-per-step {old}"
+    else:
+        pitstop_fix = "keep --micro-batch-size x --grad-accum x --nproc equal to the baseline"
     return Finding(
         id="effective-batch-changed",
         severity="high",
         title=f"the effective batch changed: {old} -> {new} {unit} per optimizer step",
-        evidence={"baseline": old, "this": new, "unit": unit,
-                  "rows_per_device": s.micro_batch_rows, "accumulation": s.grad_accum, "processes": s.world},
+        evidence={
+            "baseline": old,
+            "this": new,
+            "unit": unit,
+            "rows_per_device": s.micro_batch_rows,
+            "accumulation": s.grad_accum,
+            "processes": s.world,
+        },
         effect="per-device batch x accumulation x processes sets the gradient noise and the number "
         "of optimizer steps; changing it changes what is learned, so a faster step is not a free "
         "speed-up (compare runs at equal tokens per optimizer step)",
         basis="FLOPs arithmetic",
-        fix=s.fix(f"--tokens-per-step {old}" if unit == "positions" else "keep --micro-batch-size x --grad-accum x --nproc equal to the baseline",
-                  f"per_device_train_batch_size x gradient_accumulation_steps x world size = {old} {unit} (as in the baseline)"),
-    )  # fmt: skip
+        fix=s.fix(
+            pitstop_fix,
+            "per_device_train_batch_size x gradient_accumulation_steps x world size = "
+            f"{old} {unit} (as in the baseline)",
+        ),
+    )

@@ -22,7 +22,7 @@ def _padding(ctx: Context) -> tuple[float, str] | None:
     d, s = ctx.data, ctx.setup
     if d is None or not s.batching_is_padded:
         return None
-    if s.batching == "pad" and s.max_len:
+    if s.pads_to_max_len and s.max_len:
         row = d.padding_to(s.max_len)
         if row is None:
             return None
@@ -43,15 +43,21 @@ def _packing_fix(ctx: Context) -> str:
             "--batching pack (or --batching auto, which times pack, bucket and pad on this model)"
         )
     if s.custom_loop:
-        return ("pack the rows: concatenate the tokenized documents (EOS between them) and cut "
-                "them into rows of the max length in the Dataset, or sort rows of similar "
-                "length into the same batch (a length-grouped sampler)")  # fmt: skip
+        return (
+            "pack the rows: concatenate the tokenized documents (EOS between them) and cut "
+            "them into rows of the max length in the Dataset, or sort rows of similar "
+            "length into the same batch (a length-grouped sampler)"
+        )
     if s.hf_class == "SFTConfig":
-        return ("packing=True (SFTConfig; with the default packing_strategy='bfd' TRL trains padding-free, "
-                "which needs attn_implementation='flash_attention_2' to keep documents from attending "
-                f"to each other), or {s.group_by_length_fix}")  # fmt: skip
-    return (f"{s.group_by_length_fix} (TrainingArguments), or train with TRL's SFTTrainer and "
-            "SFTConfig(packing=True)")  # fmt: skip
+        return (
+            "packing=True (SFTConfig; with the default packing_strategy='bfd' TRL trains "
+            "padding-free, which needs attn_implementation='flash_attention_2' to keep documents "
+            f"from attending to each other), or {s.group_by_length_fix}"
+        )
+    return (
+        f"{s.group_by_length_fix} (TrainingArguments), or train with TRL's SFTTrainer and "
+        "SFTConfig(packing=True)"
+    )
 
 
 @rule("padding-waste")
@@ -64,14 +70,19 @@ def padding_waste(ctx: Context) -> Finding | None:
         id="padding-waste",
         severity="high" if waste >= 0.3 else "medium",
         title=f"{pct(waste)} of computed positions are padding",
-        evidence={"padding_fraction": round(waste, 4), "how": how, "batching": ctx.setup.batching,
-                  "max_len": ctx.setup.max_len, "store": ctx.data.store if ctx.data else None},
+        evidence={
+            "padding_fraction": round(waste, 4),
+            "how": how,
+            "batching": ctx.setup.batching,
+            "max_len": ctx.setup.max_len,
+            "store": ctx.data.store if ctx.data else None,
+        },
         effect=f"packing computes {pct(waste)} fewer positions for the same tokens "
         "(attention per position also shrinks when rows get shorter)",
         basis="computed from the data",
         fix=_packing_fix(ctx),
         gain=waste,
-    )  # fmt: skip
+    )
 
 
 def _measured_padding(ctx: Context) -> float | None:
@@ -106,24 +117,30 @@ def packing_off(ctx: Context) -> Finding | None:
             id="packing-off",
             severity="high" if measured >= 0.3 else "medium",
             title=f"{pct(measured)} of computed positions were padding (measured)",
-            evidence={"batching": s.batching, "max_len": s.max_len,
-                      "padding_fraction": round(measured, 4)},
+            evidence={
+                "batching": s.batching,
+                "max_len": s.max_len,
+                "padding_fraction": round(measured, 4),
+            },
             effect=f"packing computes {pct(measured)} fewer positions for the same tokens",
             basis="measured in this profile",
             fix=_packing_fix(ctx),
             gain=measured,
-        )  # fmt: skip
+        )
     return Finding(
         id="packing-off",
         severity="low",
         title="sequences are padded, not packed (waste not measured: no data given)",
-        evidence={"batching": s.batching, "max_len": s.max_len,
-                  "micro_batch_rows": s.micro_batch_rows},
+        evidence={
+            "batching": s.batching,
+            "max_len": s.max_len,
+            "micro_batch_rows": s.micro_batch_rows,
+        },
         effect="every padded position costs the same FLOPs as a real token; give the data "
         "(--data FILE_OR_STORE) to compute the waste",
         basis="FLOPs arithmetic",
         fix=_packing_fix(ctx),
-    )  # fmt: skip
+    )
 
 
 @rule("max-len-above-p99")
@@ -136,36 +153,43 @@ def max_len_above_p99(ctx: Context) -> Finding | None:
     if target is None:
         target = 1 << max(3, math.ceil(math.log2(d.p99)))  # the next power of two holding p99
     ev: dict[str, Any] = {"max_len": s.max_len, "p99": d.p99, "suggested": target}
-    if s.batching == "pack" and ctx.model is not None:
+    if s.packed and ctx.model is not None:
         fm = ctx.model.flops(lora_rank(ctx))  # the cost model's counts, LoRA-aware
         a, b = fm.per_token(s.max_len), fm.per_token(target)
         gain = 1 - b / a
         ev["flops_per_token"] = {str(s.max_len): a, str(target): b}
-        effect = (f"packed rows of {target} instead of {s.max_len} cut attention FLOPs: "
-                  f"{a:.3g} -> {b:.3g} training FLOPs per token (6·N + 12·L·d·T), {pct(gain)} less")  # fmt: skip
+        effect = (
+            f"packed rows of {target} instead of {s.max_len} cut attention FLOPs: {a:.3g} -> "
+            f"{b:.3g} training FLOPs per token (6·N + 12·L·d·T), {pct(gain)} less"
+        )
         basis = "FLOPs arithmetic"
     else:
         pad_now, pad_new = d.padding_to(s.max_len), d.padding_to(target)
-        if s.batching == "pad" and pad_now and pad_new:
+        if s.pads_to_max_len and pad_now and pad_new:
             w0, w1 = float(pad_now["padding_fraction"]), float(pad_new["padding_fraction"])
             gain = 1 - (1 - w0) / (1 - w1) if w1 < 1 else 0.0
             ev["padding_fraction"] = {str(s.max_len): w0, str(target): w1}
-            effect = (f"padding to {target} instead of {s.max_len}: padding {pct(w0)} -> {pct(w1)}, "
-                      f"{pct(gain)} fewer positions computed")  # fmt: skip
+            effect = (
+                f"padding to {target} instead of {s.max_len}: padding {pct(w0)} -> {pct(w1)}, "
+                f"{pct(gain)} fewer positions computed"
+            )
             basis = "computed from the data"
         elif s.batching == "dynamic":
             gain = 0.0
             longest = (d.stats.get("document_length") or {}).get("max")
-            effect = ("batches are padded to their longest row, not to the max length, so a lower "
-                      "max length saves nothing for rows shorter than it"
-                      + (f" (the longest document has {longest} tokens)" if longest else "")
-                      + "; it only caps the rare long rows (memory) and cuts them (which changes "
-                      "what is learned)")  # fmt: skip
+            held = f" (the longest document has {longest} tokens)" if longest else ""
+            effect = (
+                "batches are padded to their longest row, not to the max length, so a lower "
+                f"max length saves nothing for rows shorter than it{held}; it only caps the rare "
+                "long rows (memory) and cuts them (which changes what is learned)"
+            )
             basis = "computed from the data"
         else:
             gain = 0.0
-            effect = ("activation memory and attention cost per row grow with the row length; "
-                      "a shorter max length frees memory for larger micro-batches")  # fmt: skip
+            effect = (
+                "activation memory and attention cost per row grow with the row length; "
+                "a shorter max length frees memory for larger micro-batches"
+            )
             basis = "FLOPs arithmetic"
     key = s.max_len_key
     return Finding(
@@ -190,7 +214,7 @@ def truncation(ctx: Context) -> Finding | None:
     if d is None or not s.max_len:
         return None
     if s.source == "hf":
-        cuts = s.hf_class == "SFTConfig" and s.batching != "pack"
+        cuts = s.hf_class == "SFTConfig" and not s.packed
     else:
         cuts = s.raw.get("long_docs") in ("truncate", "drop")
     share = d.truncated_share(s.max_len) if cuts else None
@@ -201,13 +225,19 @@ def truncation(ctx: Context) -> Finding | None:
         id="truncation",
         severity="medium" if share >= 0.05 else "low",
         title=f"{pct(share)} of the data's tokens lie beyond max length {s.max_len} and are never trained",
-        evidence={"truncated_token_share": round(share, 4), "max_len": s.max_len,
-                  "longest_document": longest, "p99": d.p99},
+        evidence={
+            "truncated_token_share": round(share, 4),
+            "max_len": s.max_len,
+            "longest_document": longest,
+            "p99": d.p99,
+        },
         effect="a cut document loses its tail: fewer tokens learned per epoch than the data holds "
         "(this changes what is learned; it is not a speed-up)",
         basis="computed from the data",
-        fix=s.fix("--long-docs split (the default: long documents become several rows, no token lost)",
-                  f"a larger {s.max_len_key} (the longest document has {longest} tokens), or split "
-                  "long documents into chunks of max length before training"),
+        fix=s.fix(
+            "--long-docs split (the default: long documents become several rows, no token lost)",
+            f"a larger {s.max_len_key} (the longest document has {longest} tokens), or split "
+            "long documents into chunks of max length before training",
+        ),
         gain=0.0,
-    )  # fmt: skip
+    )

@@ -43,9 +43,11 @@ def fp32_on_gpu(ctx: Context) -> Finding | None:
         ev["datasheet_peak_ratio"] = round(r, 2)
         compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
         gain = (1 - 1 / r) * compute
-        effect = (f"{half} tensor-core peak is {r:.1f}x the {'TF32' if tf32_on else 'fp32'} peak on "
-                  f"this GPU (datasheet); matmul time falls by up to that factor, the rest of the step "
-                  f"does not, and activations take half the memory")  # fmt: skip
+        effect = (
+            f"{half} tensor-core peak is {r:.1f}x the {'TF32' if tf32_on else 'fp32'} peak on "
+            f"this GPU (datasheet); matmul time falls by up to that factor, the rest of the step "
+            f"does not, and activations take half the memory"
+        )
     else:
         effect = f"{half} autocast runs matmuls on tensor cores and halves activation memory"
     return Finding(
@@ -81,16 +83,23 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
         ev["attention_flops_share"] = round(
             12 * m.n_layers * m.d_model * T / m.flops(lora_rank(ctx)).per_token(T), 4
         )
-    packed = ctx.setup.batching == "pack"
+    packed = ctx.setup.packed
+    if packed:
+        effect = (
+            "packed rows then attend within each document only (varlen kernels): no "
+            "block-diagonal mask, no cross-document work"
+        )
+    else:
+        effect = (
+            "PyTorch SDPA already uses a flash kernel for unpadded causal batches; flash-attn's "
+            "gain is mostly for padded and packed (varlen) batches"
+        )
     return Finding(
         id="flash-attn-missing",
         severity="medium" if packed else "low",
         title=f"flash-attn is not installed; {dev.name} (compute capability {dev.capability[0]}.{dev.capability[1]}) supports it",
         evidence=ev,
-        effect=("packed rows then attend within each document only (varlen kernels): no "
-                "block-diagonal mask, no cross-document work" if packed else
-                "PyTorch SDPA already uses a flash kernel for unpadded causal batches; flash-attn's "
-                "gain is mostly for padded and packed (varlen) batches"),
+        effect=effect,
         basis="documented",
         reference="https://github.com/Dao-AILab/flash-attention",
         fix=ctx.setup.fix(
@@ -99,7 +108,7 @@ def flash_attn_missing(ctx: Context) -> Finding | None:
             "attn_implementation='flash_attention_2' (SFTConfig: model_init_kwargs={'attn_implementation': 'flash_attention_2'})",
         ),
         gain=0.0,
-    )  # fmt: skip
+    )
 
 
 @rule("optimizer-not-fused", sources=("hf",))
@@ -115,22 +124,32 @@ def optimizer_not_fused(ctx: Context) -> Finding | None:
         return None
     share = ctx.shares.get("optimizer")
     lora = ctx.setup.lora
+    effect = (
+        "the fused implementation updates all parameters in one kernel instead of several "
+        "kernels per tensor"
+    )
+    if share is not None:
+        effect += f"; the optimizer step is {pct(share)} of step time here, the most this can save"
+    if lora:
+        effect += (
+            "; with LoRA only the adapters are optimised (many small tensors, few bytes), so the "
+            "saving is per-kernel launch overhead, small next to forward and backward"
+        )
     return Finding(
         id="optimizer-not-fused",
         severity="medium" if share is not None and share >= 0.1 else "low",
         title=f"optimizer {opt!r} is not the fused AdamW",
-        evidence={"optim": opt, "optimizer_share": None if share is None else round(share, 4),
-                  "trained": "LoRA adapters only" if lora else "all parameters"},
-        effect="the fused implementation updates all parameters in one kernel instead of several "
-        "kernels per tensor" + (f"; the optimizer step is {pct(share)} of step time here, the most this can save"
-                                if share is not None else "")
-        + ("; with LoRA only the adapters are optimised (many small tensors, few bytes), so the "
-           "saving is per-kernel launch overhead, small next to forward and backward" if lora else ""),
+        evidence={
+            "optim": opt,
+            "optimizer_share": None if share is None else round(share, 4),
+            "trained": "LoRA adapters only" if lora else "all parameters",
+        },
+        effect=effect,
         basis="measured in this profile" if share is not None else "documented",
         reference="https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html (fused)",
         fix='optim="adamw_torch_fused"',
         gain=(share or 0.0) * 0.5,
-    )  # fmt: skip
+    )
 
 
 @rule("compile-off")
@@ -149,6 +168,8 @@ def compile_off(ctx: Context) -> Finding | None:
         "compile (CPU, tiny Llama), so it pays only on long runs; `pitstop tune` measures it on yours",
         basis="documented",
         reference="pitstop/probe.py (COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS)",
-        fix=ctx.setup.fix("--compile auto (compiles when the run is long enough to repay it)",
-                          "torch_compile=True"),
-    )  # fmt: skip
+        fix=ctx.setup.fix(
+            "--compile auto (compiles when the run is long enough to repay it)",
+            "torch_compile=True",
+        ),
+    )
