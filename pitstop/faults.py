@@ -126,19 +126,32 @@ def _int(var: str, text: str) -> int:
     return int(text)
 
 
+# The variables `from_env` reads, without the prefix: any other is a typo, refused.
+_KNOWN = frozenset(
+    {
+        "DIE_AT",
+        "HOLD_AT",
+        "HOLD_GATE",
+        "STOP_AT_STEP",
+        "NAN_STEPS",
+        "OOM_ROWS",
+        "CKPT_FAIL",
+        "COMPILE_FAILS_ON_RANK",
+    }
+)
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> Faults:
     """The faults the environment asks for (`NO_FAULTS` when none)."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if k.startswith(PREFIX) and v}  # fmt: skip
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if k.startswith(PREFIX) and v}
     if not env:
         return NO_FAULTS
-    known = {"DIE_AT", "HOLD_AT", "HOLD_GATE", "STOP_AT_STEP", "NAN_STEPS", "OOM_ROWS",
-             "CKPT_FAIL", "COMPILE_FAILS_ON_RANK"}  # fmt: skip
-    unknown = sorted(k for k in env if k[len(PREFIX) :] not in known)
+    unknown = sorted(k for k in env if k[len(PREFIX) :] not in _KNOWN)
     if unknown:
         raise PitstopError(
             f"unknown test fault variable(s) {', '.join(unknown)}; known: "
-            + ", ".join(PREFIX + k for k in sorted(known))
+            + ", ".join(PREFIX + k for k in sorted(_KNOWN))
         )
 
     def get(key: str) -> str | None:

@@ -421,7 +421,7 @@ class PitstopCallback(TrainerCallback):
 
     # --- results ---------------------------------------------------------------------------
 
-    def _step_records(self) -> list[dict[str, Any]]:
+    def _step_records(self) -> list[StepLine]:
         """metrics.jsonl lines in `pitstop train`'s format (cumulative token counts)."""
         out, trained, seen, padded = [], 0, 0, 0
         for i, s in enumerate(self._steps, 1):
@@ -429,15 +429,22 @@ class PitstopCallback(TrainerCallback):
             trained += n_t
             seen += int(sum(float(t) for t in s["seen"]))
             padded += s["positions"]
-            out.append({
-                "step": i, "loss": s.get("loss"), "warmup": i <= self.profile["warmup"],
-                "trained_tokens": trained, "seen_tokens": seen, "padded_tokens": padded,
-                "step_trained_tokens": n_t, "step_rows": s["rows"],
+            line = {
+                "step": i,
+                "loss": s.get("loss"),
+                "warmup": i <= self.profile["warmup"],
+                "trained_tokens": trained,
+                "seen_tokens": seen,
+                "padded_tokens": padded,
+                "step_trained_tokens": n_t,
+                "step_rows": s["rows"],
                 "tokens_per_second": n_t / s["seconds"] if s["seconds"] > 0 else None,
-                "step_seconds": s["seconds"], **{f"{k}_s": v for k, v in s["phases"].items()},
-            })  # fmt: skip
+                "step_seconds": s["seconds"],
+                **{f"{k}_s": v for k, v in s["phases"].items()},
+            }
             if s["worker_startup_s"]:  # inside data_wait_s: not a "_s" key, which is a phase
-                out[-1]["worker_startup_seconds"] = s["worker_startup_s"]
+                line["worker_startup_seconds"] = s["worker_startup_s"]
+            out.append(StepLine.from_json(line))  # the checks read_steps makes on the file
         return out
 
     def _build_summary(self) -> RunSummary:
@@ -446,10 +453,10 @@ class PitstopCallback(TrainerCallback):
         p = self.profile
         lines = self._step_records()
         self._lines = lines
-        last = lines[-1] if lines else {}
+        last = lines[-1] if lines else StepLine()
         train_s = sum(s["seconds"] for s in self._steps)
-        trained = last.get("trained_tokens", 0)
-        losses = [r["loss"] for r in lines if r["loss"] is not None]
+        trained = last.trained_tokens or 0
+        losses = [r.loss for r in lines if r.loss is not None]
         rows = sum(s["rows"] for s in self._steps)
         # The phases of the steps the profile measured (after its warm-up), so a share read
         # from time_breakdown (compare's data-wait share) is the share the profile prints;
@@ -470,23 +477,34 @@ class PitstopCallback(TrainerCallback):
             profile["worker_startup_seconds"] = startup["seconds"] + startup["warmup_seconds"]
             profile["worker_startups"] = startup["starts"] + startup["warmup_starts"]
         return RunSummary(
-            status="completed", source="hf", optimizer_steps=len(lines),
-            trained_tokens=trained, seen_tokens=last.get("seen_tokens", 0),
-            padded_tokens=last.get("padded_tokens", 0), rows=rows, train_seconds=train_s,
+            status="completed",
+            source="hf",
+            optimizer_steps=len(lines),
+            trained_tokens=trained,
+            seen_tokens=last.seen_tokens or 0,
+            padded_tokens=last.padded_tokens or 0,
+            rows=rows,
+            train_seconds=train_s,
             # Trainer.train() start to end: the process's own start-up is not visible here.
             wall_seconds=time.perf_counter() - self._t_begin,
             tokens_per_second=trained / train_s if train_s > 0 else None,
             trained_tokens_per_step=trained / len(lines) if lines else None,
-            mfu=p.get("mfu"), peak_memory_bytes=p.get("peak_memory_bytes"),
-            final_loss=losses[-1] if losses else None, time_breakdown=breakdown,
-            device=p.get("device"), choices=p.get("choices") or {}, config=p.get("config") or {},
-            requested=self.requested, machine=p.get("machine"), profile=profile,
+            mfu=p.get("mfu"),
+            peak_memory_bytes=p.get("peak_memory_bytes"),
+            final_loss=losses[-1] if losses else None,
+            time_breakdown=breakdown,
+            device=p.get("device"),
+            choices=p.get("choices") or {},
+            config=p.get("config") or {},
+            requested=self.requested,
+            machine=p.get("machine"),
+            profile=profile,
             world_size=self._world_size,
-        )  # fmt: skip
+        )
 
     def _write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        write_steps(out, [StepLine.from_json(line) for line in self._lines])
+        write_steps(out, self._lines)
         write_json_atomic(out / run_record.HF_PROFILE, self.profile)
         if self.report is not None:
             run_record.write_findings(out, self.report)

@@ -108,8 +108,8 @@ def acquire(out: str | Path) -> RunLock:
         return RunLock(None, path)
     out.mkdir(parents=True, exist_ok=True)
     if path.is_dir() and not path.is_symlink():  # O_RDWR on a directory fails with EISDIR
-        raise NotARegularFile(not_regular_message(path, os.stat(path).st_mode, "the run's lock",
-                                                  _lock_fix(path)))  # fmt: skip
+        mode = os.stat(path).st_mode
+        raise NotARegularFile(not_regular_message(path, mode, "the run's lock", _lock_fix(path)))
     # Not a plain open: a FIFO at the lock's name would take the lock and then fail in
     # ftruncate with EINVAL (a traceback), and a reader of it would block forever.
     fd = open_regular(path, os.O_RDWR | os.O_CREAT, "the run's lock", _lock_fix(path))
