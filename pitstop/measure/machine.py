@@ -19,7 +19,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 # Other processes using at least this share of the machine's cores during a measurement
 # make its figures "measured on a shared machine" (pitstop's threshold, not a measurement:
@@ -36,6 +36,26 @@ class CpuSnapshot:
     steal: float  # seconds the hypervisor ran other guests instead of this machine
     own: float  # this run's process tree: threads, loader workers, torchrun's other ranks
     cores: int  # the machine's logical cores (what the busy seconds are spread over)
+
+
+class OtherCpu(TypedDict, total=False):
+    """What other processes (and other guests) used of the machine during a measurement
+    (empty where no window was measured)."""
+
+    other_cores: float
+    steal_cores: float
+    window_seconds: float
+    machine_cores: int
+
+
+class MachineLoad(OtherCpu, total=False):
+    """The machine a figure was measured on, as profiles and summaries record it ("machine").
+
+    A record read back from a file may lack any key (older runs recorded only the load
+    average, or nothing) or hold a hand-edited value: the readers below check each one."""
+
+    load_average_1m: float | None
+    cpu_cores: int | None
 
 
 def _run_root(psutil: Any) -> Any:
@@ -65,22 +85,22 @@ def cpu_snapshot() -> CpuSnapshot | None:
         return None
 
 
-def other_cpu(since: CpuSnapshot | None, now: CpuSnapshot | None) -> dict[str, Any]:
+def other_cpu(since: CpuSnapshot | None, now: CpuSnapshot | None) -> OtherCpu:
     """Cores other processes (and other guests: steal) used between two snapshots."""
     if since is None or now is None or now.t - since.t <= 0:
-        return {}
+        return OtherCpu()
     wall = now.t - since.t
     others = max(0.0, (now.busy - since.busy) - (now.own - since.own)) / wall
     steal = max(0.0, now.steal - since.steal) / wall
-    return {
-        "other_cores": round(min(others, now.cores), 3),
-        "steal_cores": round(min(steal, now.cores), 3),
-        "window_seconds": round(wall, 3),
-        "machine_cores": now.cores,
-    }
+    return OtherCpu(
+        other_cores=round(min(others, now.cores), 3),
+        steal_cores=round(min(steal, now.cores), 3),
+        window_seconds=round(wall, 3),
+        machine_cores=now.cores,
+    )
 
 
-def machine_load(since: CpuSnapshot | None = None) -> dict[str, Any]:
+def machine_load(since: CpuSnapshot | None = None) -> MachineLoad:
     """{"load_average_1m", "cpu_cores"} of this machine now and, given the snapshot taken when
     the measurement began, {"other_cores", "steal_cores", "window_seconds", "machine_cores"}
     (see the module docstring)."""
@@ -89,16 +109,16 @@ def machine_load(since: CpuSnapshot | None = None) -> dict[str, Any]:
     except (OSError, AttributeError):  # not available on this platform
         load = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    out: dict[str, Any] = {"load_average_1m": load, "cpu_cores": cores}
+    out = MachineLoad(load_average_1m=load, cpu_cores=cores)
     if since is not None:
         out.update(other_cpu(since, cpu_snapshot()))
     return out
 
 
-def shared_by_others(machine: dict[str, Any] | None) -> str | None:
+def shared_by_others(machine: MachineLoad | None) -> str | None:
     """ "other processes used 1.0 of 2 cores" when they used at least SHARED_CORE_SHARE of the
     machine while a figure was measured (steal counted with them); else None."""
-    machine = machine or {}
+    machine = machine or MachineLoad()
     try:
         used = float(machine.get("other_cores") or 0) + float(machine.get("steal_cores") or 0)
         cores = int(machine.get("machine_cores") or 0)
@@ -111,12 +131,12 @@ def shared_by_others(machine: dict[str, Any] | None) -> str | None:
     return f"other processes used {used:.1f} of {cores} cores{extra}"
 
 
-def loaded_by_average(machine: dict[str, Any] | None, per_core: float = 1.0) -> str | None:
+def loaded_by_average(machine: MachineLoad | None, per_core: float = 1.0) -> str | None:
     """ "load 3.2 on 2 cores" when the 1-minute load average reached `per_core` x the cores
     and nothing better was measured; else None. The load average counts the run's own
     processes (its loader workers, its ranks), so where the others' CPU time was measured
     (`other_cores`, `shared_by_others`) that decides instead."""
-    machine = machine or {}
+    machine = machine or MachineLoad()
     if machine.get("other_cores") is not None:
         return None
     load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
@@ -126,9 +146,9 @@ def loaded_by_average(machine: dict[str, Any] | None, per_core: float = 1.0) -> 
     return f"load {load:.1f} on {cores:.0f} cores"
 
 
-def describe_load(machine: dict[str, Any] | None) -> str | None:
+def describe_load(machine: MachineLoad | None) -> str | None:
     """ "load 3.2 on 2 cores" (None when unknown): what a figure was measured under."""
-    machine = machine or {}
+    machine = machine or MachineLoad()
     shared = shared_by_others(machine)
     if machine.get("load_average_1m") is None or not machine.get("cpu_cores"):
         return shared

@@ -17,6 +17,7 @@ from typing import Any
 
 from pitstop import run_record
 from pitstop.errors import DataError
+from pitstop.measure.machine import MachineLoad
 from pitstop.report.runs import load_run
 from pitstop.report.steady import split_warmup
 from pitstop.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
@@ -58,7 +59,7 @@ class Measured:
     train_seconds: float | None = None
     mfu: float | None = None
     time_breakdown: dict[str, float] = field(default_factory=dict)
-    machine: dict[str, Any] | None = None
+    machine: MachineLoad | None = None
     config: dict[str, Any] = field(default_factory=dict)
     steady: SteadyRate | None = None  # the median rate after the warm-up, where steps were kept
     tokens_per_step: float | None = None  # trained tokens per optimizer step, where recorded
