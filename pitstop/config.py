@@ -99,7 +99,9 @@ class RunConfig:
     # --- batching -----------------------------------------------------------
     batching: Batching = _f(
         "auto",
-        "pack documents into full rows, bucket by length, or pad to max length",
+        "how documents become rows: "
+        + ", ".join(f"{m} ({m.description})" for m in Layout)
+        + ", or auto (chosen for this model and device)",
         cmds=RUNNERS,
     )
     tokens_per_step: int | None = _f(
