@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pitstop import run_record
 from pitstop.errors import ConfigError, DataError
@@ -97,14 +97,30 @@ def _device(
     return get_gpu(gpu) if gpu else None
 
 
-def profile_settings(profile: Measured | None) -> dict[str, Any]:
+class PlanSettings(TypedDict, total=False):
+    """The plan settings a measured run recorded (each only when it did), and what
+    `estimate --from-profile` adds: the row length or accumulation its steps showed, and
+    the run's model."""
+
+    gradient_checkpointing: bool
+    max_seq_len: int
+    micro_batch_size: int
+    lora_r: int
+    load_in_4bit: bool
+    optimizer: str
+    measured_seq_len: int
+    grad_accum: int
+    model: str
+
+
+def profile_settings(profile: Measured | None) -> PlanSettings:
     """The plan a measured run ran with (its config: pitstop's RunConfig or HF arguments):
     gradient checkpointing, micro-batch rows, row length, LoRA rank, 4-bit, optimizer.
     Only what the run recorded; `estimate --from-profile` keeps these unless told otherwise."""
     cfg = profile.config if profile else None
     if not isinstance(cfg, dict):
         return {}
-    out: dict[str, Any] = {}
+    out: PlanSettings = {}
     ck = cfg.get("gradient_checkpointing", cfg.get("activation_checkpointing"))
     if ck is not None:
         out["gradient_checkpointing"] = bool(ck)
@@ -131,7 +147,7 @@ def profile_settings(profile: Measured | None) -> dict[str, Any]:
     return out
 
 
-def _describe_kept(kept: dict[str, Any]) -> str:
+def _describe_kept(kept: PlanSettings) -> str:
     names = {
         "model": lambda v: f"model {v}",
         "gradient_checkpointing": lambda v: f"gradient checkpointing {'on' if v else 'off'}",
@@ -310,8 +326,13 @@ def estimate_planned_run(
             )
     if missing:
         raise ConfigError(missing, header=f"invalid estimate ({len(missing)} problem(s)):")
-    given = {"gradient_checkpointing": gradient_checkpointing, "micro_batch_size": micro_batch_size,
-             "max_seq_len": max_seq_len, "lora_r": lora_r, "optimizer": optimizer}  # fmt: skip
+    given = {
+        "gradient_checkpointing": gradient_checkpointing,
+        "micro_batch_size": micro_batch_size,
+        "max_seq_len": max_seq_len,
+        "lora_r": lora_r,
+        "optimizer": optimizer,
+    }
     settings = profile_settings(profile)
     if step is not None:
         # The step's row length and accumulation as measured, where the config named none.
@@ -321,7 +342,7 @@ def estimate_planned_run(
             settings["grad_accum"] = step.accumulation
     if given["max_seq_len"] is not None:
         settings.pop("measured_seq_len", None)
-    kept = {k: v for k, v in settings.items() if given.get(k) is None}
+    kept = PlanSettings(**{k: v for k, v in settings.items() if given.get(k) is None})
     if run_model:
         kept["model"] = run_model
     if "lora_r" not in kept:
