@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pitstop.catalog.model_config import ModelConfig
-from pitstop.data.stats import padding_waste
+from pitstop.data.stats import PaddingWaste, padding_waste
 from pitstop.data.store import TokenStore
 from pitstop.errors import DataError
 from pitstop.measure.cost_model import (
@@ -152,7 +152,7 @@ class DataFacts:
         v = (self.stats.get("document_length") or {}).get("p99")
         return int(v) if isinstance(v, (int, float)) and v > 0 else None
 
-    def padding_to(self, max_len: int) -> dict[str, Any] | None:
+    def padding_to(self, max_len: int) -> PaddingWaste | None:
         """The stats' padding-waste row for `max_len` (every row padded to max_len)."""
         for row in self.stats.get("padding_waste") or []:
             if isinstance(row, dict) and row.get("max_len") == max_len:

@@ -9,7 +9,7 @@ and makes it O(distinct lengths x max_len) instead of O(n log n) Python steps.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -48,17 +48,36 @@ def _q(a: np.ndarray, p: float) -> int:
     return int(np.quantile(a, p, method="inverted_cdf")) if len(a) else 0
 
 
-def padding_waste(doc_lengths: np.ndarray, max_len: int) -> dict[str, Any]:
+class PaddingWaste(TypedDict):
+    """One row of the manifest's "padding_waste" table: documents padded to `max_len`."""
+
+    max_len: int
+    rows: int
+    padding_fraction: float  # of the computed positions, rounded to 4 places
+    docs_split: int  # documents longer than max_len, split into several rows
+
+
+class Recommendation(TypedDict):
+    """The manifest's "recommended_max_len": the max length `prepare` advises, and why."""
+
+    value: int
+    reason: str
+    documents_whole: float
+    padding_fraction: float
+    packing_efficiency: float
+
+
+def padding_waste(doc_lengths: np.ndarray, max_len: int) -> PaddingWaste:
     """Rows and padding if every document were padded to `max_len` (long ones split into rows)."""
     rows = int(np.maximum(1, -(-doc_lengths // max_len)).sum()) if len(doc_lengths) else 0
     tokens = int(doc_lengths.sum())
     waste = 1 - tokens / (rows * max_len) if rows else 0.0
-    return {
-        "max_len": max_len,
-        "rows": rows,
-        "padding_fraction": round(waste, 4),
-        "docs_split": int((doc_lengths > max_len).sum()),
-    }
+    return PaddingWaste(
+        max_len=max_len,
+        rows=rows,
+        padding_fraction=round(waste, 4),
+        docs_split=int((doc_lengths > max_len).sum()),
+    )
 
 
 def compute_stats(
@@ -96,8 +115,8 @@ def compute_stats(
 
 
 def recommend(
-    d: np.ndarray, p99: int, waste: list[dict[str, Any]], model_max_len: int | None = None
-) -> dict[str, Any]:
+    d: np.ndarray, p99: int, waste: list[PaddingWaste], model_max_len: int | None = None
+) -> Recommendation:
     """The max length to use: the smallest candidate holding 99% of documents whole.
 
     Never above `model_max_len` (the positions the model was built for): past it a
@@ -130,13 +149,13 @@ def recommend(
         f"waste {pad:.1%} of computed positions; packing (--batching pack) removes padding "
         f"waste and fills {eff:.1%} of rows at this length"
     )
-    return {
-        "value": value,
-        "reason": reason,
-        "documents_whole": round(whole, 4),
-        "padding_fraction": pad,
-        "packing_efficiency": round(eff, 4),
-    }
+    return Recommendation(
+        value=value,
+        reason=reason,
+        documents_whole=round(whole, 4),
+        padding_fraction=pad,
+        packing_efficiency=round(eff, 4),
+    )
 
 
 def eos_only_cause(info: dict[str, Any], stats: dict[str, Any]) -> str:
