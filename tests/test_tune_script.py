@@ -201,12 +201,16 @@ def _round(ratio: float, half: float = math.log1p(0.02)) -> Round:
 
 
 def test_judge_separates_pools_and_keeps_noise() -> None:
-    assert judge([_round(1.6)], 0.02).verdict == FASTER
-    assert judge([_round(0.7)], 0.02).verdict == SLOWER
+    assert judge([_round(1.6)] * 2, 0.02).verdict == FASTER
+    assert judge([_round(0.7)] * 2, 0.02).verdict == SLOWER
+    # One pair is never enough for a verdict (both its runs may fall in a burst of load).
+    assert judge([_round(1.6)], 0.02).verdict == SAME_SPEED
     j = judge([_round(1.01), _round(0.99)], 0.02)
     assert j.verdict == SAME_SPEED and j.low < 1 < j.high
     j = judge([_round(1.5), _round(1.6)], 0.02)
     assert j.ratio == pytest.approx(math.sqrt(1.5 * 1.6)) and j.verdict == FASTER
+    # Pairs that disagree by much widen the band past 1.
+    assert judge([_round(1.5), _round(1.02)], 0.02).verdict == SAME_SPEED
 
 
 @pytest.mark.parametrize("true_ratio", [1.5, 0.7])

@@ -44,6 +44,9 @@ DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose st
 DEFAULT_STEPS = 12  # measured optimizer steps per trial (after warm-up)
 DEFAULT_WARMUP = 2  # steps left out of each trial (worker start-up, allocator, first kernels)
 MAX_ROUNDS = 3  # baseline/candidate pairs per candidate at most
+# A verdict needs two pairs at least: one pair's runs can both fall in a burst of another
+# process's load (a 3x slower candidate was seen that way on a shared 2-core machine).
+MIN_ROUNDS = 2
 TUNED = "tuned_settings.json"
 
 SAME = "same math"
@@ -148,14 +151,14 @@ class ScriptTuneReport:
 # --- judging ------------------------------------------------------------------------------
 
 
-def judge(rounds: list[Round], floor: float) -> Judgement:
+def judge(rounds: list[Round], floor: float, min_rounds: int = MIN_ROUNDS) -> Judgement:
     """Pool the rounds (log space): ratio, band and verdict.
 
     The band's half-width is the largest of: the pairs' own bands pooled (each pair's band
     already holds its block spread and the noise floor), the spread between rounds (with two
     or more), and `floor`. "faster" / "slower" need the band to exclude 1 and every round to
-    point the same way: one round slowed by a busy machine makes the verdict "no measurable
-    difference", never the opposite one.
+    point the same way, over `min_rounds` pairs at least: one round slowed by a busy machine
+    makes the verdict "no measurable difference", never the opposite one.
     """
     logs = [r.log_ratio for r in rounds]
     n = len(logs)
@@ -167,7 +170,9 @@ def judge(rounds: list[Round], floor: float) -> Judgement:
         half = max(half, Z * statistics.stdev(logs) / math.sqrt(n))
     half = max(half, math.log1p(floor))
     verdict = SAME_SPEED
-    if mean - half > 0 and all(x > 0 for x in logs):
+    if n < min_rounds:
+        pass
+    elif mean - half > 0 and all(x > 0 for x in logs):
         verdict = FASTER
     elif mean + half < 0 and all(x < 0 for x in logs):
         verdict = SLOWER
@@ -641,12 +646,13 @@ def report_json(rep: ScriptTuneReport) -> dict[str, Any]:
 
 def format_script_report(rep: ScriptTuneReport) -> str:
     """The table, the fixes not tried, and the winning settings as code."""
-    head = ["fix", "predicted", "measured (band)", "verdict", "math"]
+    head = ["fix", "predicted", "measured (band)", "pairs", "verdict", "math"]
     rows = [
         [
             r.candidate.name,
             r.candidate.predicted,
             _measured(r),
+            str(len(r.rounds)),
             r.verdict + (f": {r.error}" if r.error else ""),
             r.candidate.math,
         ]
@@ -654,7 +660,9 @@ def format_script_report(rep: ScriptTuneReport) -> str:
     ]
     if rep.combined is not None and rep.combined.candidate.group == "combined":
         c = rep.combined
-        rows.append([c.candidate.name, "-", _measured(c), c.verdict, c.candidate.math])
+        rows.append(
+            [c.candidate.name, "-", _measured(c), str(len(c.rounds)), c.verdict, c.candidate.math]
+        )
     widths = [
         max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)
     ]
