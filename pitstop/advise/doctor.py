@@ -10,24 +10,61 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop import log, run_record
+from pitstop.advise.environment import Environment
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
-from pitstop.advise.finding import Finding, rank, reported
+from pitstop.advise.finding import Finding, FindingRecord, rank, reported
 from pitstop.advise.hf_args import class_reason, classify_fields, from_hf_args
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config, is_custom_loop
-from pitstop.advise.target import Target
+from pitstop.advise.target import Target, TargetRecord
 from pitstop.cache_layout import cache_root
 from pitstop.config import FIELDS, RunConfig
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
 from pitstop.errors import ConfigError
 from pitstop.measure.peak import model_precision_speed
+from pitstop.measure.verdict import VerdictRecord
 from pitstop.measure.verdict import verdict as profile_verdict
 from pitstop.probe import Choice, DeviceInfo, PrecisionSpeed, choose_precision, cpu_bf16_candidate
+
+
+class PrecisionChoice(TypedDict):
+    value: str
+    reason: str
+
+
+class AuditedSetup(TypedDict, total=False):
+    """What the doctor judged: the setup's kind, the device, the precision it would train in."""
+
+    source: str
+    hf_class: str | None
+    device: dict[str, Any]  # DeviceInfo.to_dict()
+    precision: PrecisionChoice
+    hf_class_reason: str  # Hugging Face arguments only
+
+
+class FieldCheck(TypedDict):
+    unknown: list[str]  # fields no TrainingArguments class has, with a did-you-mean
+    not_checked: list[str]  # known fields no rule checks
+
+
+class _Report(TypedDict):
+    environment: Environment
+    findings: list[FindingRecord]
+    verdict: VerdictRecord | None
+    setup: AuditedSetup
+    target: TargetRecord | None
+    audited_for: str | None
+
+
+class DoctorReport(_Report, total=False):
+    """`doctor`'s result: what `doctor --json` prints and findings.json holds."""
+
+    fields: FieldCheck  # Hugging Face arguments only
 
 
 def device_from_dict(d: dict[str, Any] | None) -> DeviceInfo | None:
@@ -110,8 +147,11 @@ def foreign_profile_finding(why: str, profile: dict[str, Any]) -> Finding:
         id="profile-other-target",
         severity="medium",
         title="the profile does not measure the audited target: its numbers are not used",
-        evidence={"why": why, "profile_device": profile.get("device"),
-                  "profile_verdict": v.kind if v is not None else None},
+        evidence={
+            "why": why,
+            "profile_device": profile.get("device"),
+            "profile_verdict": v.kind if v is not None else None,
+        },
         effect=f"{why}; step shares, peak memory and rates measured there do not carry over, "
         "so no finding below is based on them (the verdict printed above is the profile's "
         "own machine's)",
@@ -119,7 +159,7 @@ def foreign_profile_finding(why: str, profile: dict[str, Any]) -> Finding:
         fix="profile the run on the target (`pitstop profile`, or PitstopCallback in the "
         "Trainer) and pass that profile; or audit without --gpu for the profile's machine",
         gain=0.0,
-    )  # fmt: skip
+    )
 
 
 def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
@@ -191,14 +231,14 @@ def doctor(
     data: DataFacts | str | Path | None = None,
     profile: dict[str, Any] | None = None,
     baseline: RunConfig | dict[str, Any] | None = None,
-    environment: dict[str, Any] | None = None,
+    environment: Environment | None = None,
     device: DeviceInfo | None = None,
     cache_dir: str | Path | None = None,
     compile_check: bool = True,
     disk_check: bool = True,
     target: Target | None = None,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> DoctorReport:
     """Audit a setup; returns {"environment", "findings", "verdict", "setup", "fields", "target"}.
 
     `device` pretends a machine (tests); `environment` skips the probe when given.
@@ -267,27 +307,28 @@ def doctor(
     if foreign and profile:
         found.append(foreign_profile_finding(foreign, profile))
     findings: list[Finding] = rank(reported(found))
-    out: dict[str, Any] = {
-        "environment": environment,
-        "findings": [f.to_dict() for f in findings],
-        "verdict": profile_verdict(profile).to_dict() if profile else None,
-        "setup": {
-            "source": setup.source,
-            "hf_class": setup.hf_class,
-            "device": dev.to_dict(),
-            "precision": {"value": precision.value, "reason": precision.reason},
-        },
-        "target": target.to_dict() if target is not None else None,
-        "audited_for": target.describe(local) if target is not None and target.given else None,
-    }
+    audited = AuditedSetup(
+        source=setup.source,
+        hf_class=setup.hf_class,
+        device=dev.to_dict(),
+        precision=PrecisionChoice(value=precision.value, reason=precision.reason),
+    )
+    out = DoctorReport(
+        environment=environment,
+        findings=[f.to_dict() for f in findings],
+        verdict=profile_verdict(profile).to_dict() if profile else None,
+        setup=audited,
+        target=target.to_dict() if target is not None else None,
+        audited_for=target.describe(local) if target is not None and target.given else None,
+    )
     if hf_args is not None:
         unknown, unchecked = classify_fields(hf_args)
-        out["fields"] = {"unknown": unknown, "not_checked": unchecked}
+        out["fields"] = FieldCheck(unknown=unknown, not_checked=unchecked)
         out["setup"]["hf_class_reason"] = class_reason(hf_args, hf_class)
     return out
 
 
-def write_findings(report: dict[str, Any], out_dir: str | Path) -> Path:
+def write_findings(report: DoctorReport, out_dir: str | Path) -> Path:
     """Write the report as OUT_DIR/findings.json (what `pitstop report` shows); its path."""
     d = Path(out_dir)
     if d.exists() and not d.is_dir():

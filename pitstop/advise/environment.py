@@ -20,11 +20,73 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.atomic import write_cache_entry
 from pitstop.cache_layout import COMPILE_CHECK, keyed_cache_path
 from pitstop.probe import DeviceInfo, compile_status, detect_device, flash_attn_status
+
+
+class Tf32State(TypedDict):
+    matmul_allow_tf32: bool
+    cudnn_allow_tf32: bool
+    float32_matmul_precision: str
+
+
+class CompileCheck(TypedDict, total=False):
+    """Whether torch.compile works here; `seconds` when it was tried, `cached` when reused."""
+
+    checked: bool
+    works: bool
+    reason: str
+    seconds: float
+    cached: str
+
+
+class DiskRead(TypedDict, total=False):
+    """A sequential read of the data (`read_throughput`); `error` alone when nothing was read."""
+
+    path: str
+    error: str
+    bytes_read: int
+    seconds: float
+    bytes_per_second: float | None
+    cold: bool
+    note: str | None
+
+
+class FlashAttnState(TypedDict):
+    installed: str | None
+    usable: bool
+    reason: str
+
+
+class Workers(TypedDict, total=False):
+    cpu_cores: int
+    loader_workers: int | None
+    note: str
+
+
+class Environment(TypedDict, total=False):
+    """The environment report (JSON-serialisable): what `environment` probes. A caller (a test,
+    a pretend machine) may pass part of it; every reader allows a key to be missing."""
+
+    python: str
+    platform: str
+    torch: str
+    cuda: str | None
+    driver: str | None
+    transformers: str | None
+    trl: str | None
+    peft: str | None
+    device: dict[str, Any]  # DeviceInfo.to_dict()
+    bf16: bool
+    flash_attn: FlashAttnState
+    tf32: Tf32State
+    workers: Workers
+    compile: CompileCheck
+    disk: DiskRead
+
 
 READ_LIMIT_BYTES = 256 * 1024 * 1024
 COMPILE_TIMEOUT_S = 180.0
@@ -59,31 +121,31 @@ def driver_version() -> str | None:
         return None
 
 
-def tf32_state() -> dict[str, Any]:
+def tf32_state() -> Tf32State:
     import torch
 
-    return {
-        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
+    return Tf32State(
+        matmul_allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
+        cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+    )
 
 
 def check_compile(
     device: str = "cpu", cache_dir: str | Path | None = None, timeout_s: float = COMPILE_TIMEOUT_S
-) -> dict[str, Any]:
+) -> CompileCheck:
     """Whether torch.compile compiles and runs a tiny function here (cached per versions)."""
     import torch
 
     ok, why = compile_status()
     if not ok:
-        return {"checked": False, "works": False, "reason": why}
+        return CompileCheck(checked=False, works=False, reason=why)
     key = {"torch": torch.__version__, "python": platform.python_version(), "device": device}
     path = keyed_cache_path(cache_dir, COMPILE_CHECK, key)
     if path is not None and path.is_file():
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))
-            if rec.get("key") == key:
+            if rec.get("key") == key:  # a result this function wrote, for these versions
                 return {**rec["result"], "cached": str(path)}
         except (ValueError, KeyError, OSError):
             pass
@@ -100,18 +162,15 @@ def check_compile(
         reason = "compiled and ran a tiny function" if works else f"failed: {' '.join(tail)}"
     except subprocess.TimeoutExpired:
         works, reason = False, f"a tiny compile did not finish in {timeout_s:.0f} s"
-    result = {
-        "checked": True,
-        "works": works,
-        "seconds": round(time.perf_counter() - t0, 2),
-        "reason": reason,
-    }
+    result = CompileCheck(
+        checked=True, works=works, seconds=round(time.perf_counter() - t0, 2), reason=reason
+    )
     if path is not None:
         write_cache_entry(path, json.dumps({"key": key, "result": result}))
     return result
 
 
-def read_throughput(path: str | Path, limit_bytes: int = READ_LIMIT_BYTES) -> dict[str, Any]:
+def read_throughput(path: str | Path, limit_bytes: int = READ_LIMIT_BYTES) -> DiskRead:
     """Sequential read speed of `path` (for a directory, its largest file), up to `limit_bytes`.
 
     The file's pages are dropped from the page cache first where the OS allows it
@@ -122,10 +181,10 @@ def read_throughput(path: str | Path, limit_bytes: int = READ_LIMIT_BYTES) -> di
     if p.is_dir():
         files = [f for f in p.rglob("*") if f.is_file()]
         if not files:
-            return {"path": str(p), "error": "no files to read"}
+            return DiskRead(path=str(p), error="no files to read")
         p = max(files, key=lambda f: f.stat().st_size)
     if not p.is_file():
-        return {"path": str(p), "error": "not a file"}
+        return DiskRead(path=str(p), error="not a file")
     cold = False
     chunk = 8 * 1024 * 1024
     read = 0
@@ -146,14 +205,14 @@ def read_throughput(path: str | Path, limit_bytes: int = READ_LIMIT_BYTES) -> di
         dt = time.perf_counter() - t0
     finally:
         os.close(fd)
-    return {
-        "path": str(p),
-        "bytes_read": read,
-        "seconds": round(dt, 6),
-        "bytes_per_second": read / dt if dt > 0 else None,
-        "cold": cold,
-        "note": None if cold else "may have been served from the page cache",
-    }
+    return DiskRead(
+        path=str(p),
+        bytes_read=read,
+        seconds=round(dt, 6),
+        bytes_per_second=read / dt if dt > 0 else None,
+        cold=cold,
+        note=None if cold else "may have been served from the page cache",
+    )
 
 
 def environment(
@@ -163,49 +222,47 @@ def environment(
     cache_dir: str | Path | None = None,
     compile_check: bool = True,
     device: DeviceInfo | None = None,
-) -> dict[str, Any]:
+) -> Environment:
     """The environment report (JSON-serialisable). `device` overrides the probe (tests)."""
     import torch
 
     dev = device or detect_device("auto")[0]
     precision = "bf16" if dev.bf16 else ("fp16" if dev.type == "cuda" else "fp32")
     fa_ok, fa_why = flash_attn_status(dev, precision)
-    workers = {"cpu_cores": dev.cpu_count, "loader_workers": loader_workers}
+    workers = Workers(cpu_cores=dev.cpu_count, loader_workers=loader_workers)
     if loader_workers is not None and loader_workers > max(1, dev.cpu_count - 1):
         workers["note"] = (
             f"{loader_workers} workers on {dev.cpu_count} cores: workers and the training "
             "process compete for cores"
         )
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "driver": driver_version() if dev.type == "cuda" else None,
-        "transformers": _version("transformers"),
-        "trl": _version("trl"),
-        "peft": _version("peft"),
-        "device": dev.to_dict(),
-        "bf16": dev.bf16,
-        "flash_attn": {
-            "installed": _version("flash-attn") or _version("flash_attn"),
-            "usable": fa_ok,
-            "reason": fa_why,
-        },
-        "tf32": tf32_state(),
-        "workers": workers,
-    }
+    env = Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        driver=driver_version() if dev.type == "cuda" else None,
+        transformers=_version("transformers"),
+        trl=_version("trl"),
+        peft=_version("peft"),
+        device=dev.to_dict(),
+        bf16=dev.bf16,
+        flash_attn=FlashAttnState(
+            installed=_version("flash-attn") or _version("flash_attn"), usable=fa_ok, reason=fa_why
+        ),
+        tf32=tf32_state(),
+        workers=workers,
+    )
     if compile_check:
         env["compile"] = check_compile(dev.torch_device.split(":")[0], cache_dir)
     else:
         ok, why = compile_status()
-        env["compile"] = {"checked": False, "works": ok, "reason": why + " (not test-compiled)"}
+        env["compile"] = CompileCheck(checked=False, works=ok, reason=why + " (not test-compiled)")
     if data is not None:
         env["disk"] = read_throughput(data)
     return env
 
 
-def format_environment(env: dict[str, Any]) -> str:
+def format_environment(env: Environment) -> str:
     d = env.get("device", {})
     mem = d.get("total_memory_bytes")
     dev = d.get("name", "?") + (f", {mem / 2**30:.0f} GiB" if mem else "")

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 SEVERITIES = ("high", "medium", "low")
 # Where an effect's number comes from; a finding never quotes a multiplier without one.
 BASES = ("measured in this profile", "computed from the data", "FLOPs arithmetic", "documented")
+
+
+class FindingRecord(TypedDict):
+    """A Finding as JSON holds it (`Finding.to_dict`; findings.json, `doctor --json`)."""
+
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]  # the numbers the rule saw, by name (each rule its own)
+    effect: str
+    basis: str
+    fix: str
+    gain: float
+    reference: str | None
+    notes: list[str]
+    gain_measured: bool
 
 
 @dataclass
@@ -37,13 +54,13 @@ class Finding:
         if self.basis not in BASES:
             raise ValueError(f"basis {self.basis!r} not in {BASES}")  # a bug
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+    def to_dict(self) -> FindingRecord:
+        d = FindingRecord(**asdict(self))
         d["gain"] = round(self.gain, 4)
         return d
 
 
-def is_noise(f: Finding | dict[str, Any]) -> bool:
+def is_noise(f: Finding | FindingRecord) -> bool:
     """A finding whose measured effect prints as 0.0% of step time: nothing to gain."""
     d = f.to_dict() if isinstance(f, Finding) else f
     return bool(d.get("gain_measured")) and round(100 * float(d.get("gain") or 0.0), 1) == 0.0
@@ -61,7 +78,7 @@ def rank(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (order[f.severity], -f.gain, f.id))
 
 
-def format_findings(findings: list[Finding | dict[str, Any]], width: int | None = None) -> str:
+def format_findings(findings: Sequence[Finding | FindingRecord], width: int | None = None) -> str:
     """A terminal table: one block per finding, severity and title first, then why and how."""
     # A findings.json written before `reported` filtered may still hold a 0.0% finding.
     rows = [f.to_dict() if isinstance(f, Finding) else f for f in findings if not is_noise(f)]

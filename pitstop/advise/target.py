@@ -16,11 +16,22 @@ machine's cores.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.advise.setup import Setup
 from pitstop.errors import ConfigError
 from pitstop.probe import DeviceInfo
+
+
+class TargetRecord(TypedDict):
+    """A Target as the doctor's report holds it (`Target.to_dict`)."""
+
+    device: dict[str, Any]  # DeviceInfo.to_dict()
+    nproc: int
+    lora_r: int | None
+    load_in_4bit: bool
+    transformers: str | None
+    given: bool
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,15 @@ class Target:
             text += f" (this machine: {_machine(local)})"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device.to_dict(),
-            "nproc": self.nproc,
-            "lora_r": self.lora_r,
-            "load_in_4bit": self.load_in_4bit,
-            "transformers": self.transformers,
-            "given": self.given,
-        }
+    def to_dict(self) -> TargetRecord:
+        return TargetRecord(
+            device=self.device.to_dict(),
+            nproc=self.nproc,
+            lora_r=self.lora_r,
+            load_in_4bit=self.load_in_4bit,
+            transformers=self.transformers,
+            given=self.given,
+        )
 
     def apply(self, setup: Setup) -> Setup:
         """The setup as it will run on the target (processes, adapters, field names)."""

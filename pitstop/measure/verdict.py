@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.measure.machine import loaded_by_average, shared_by_others
 
@@ -58,6 +58,17 @@ BUSY_LOAD_PER_CORE = 1.0
 COMPUTE_PHASES = ("host_to_device", "forward", "backward")
 
 
+class VerdictRecord(TypedDict):
+    """A Verdict as JSON holds it (`Verdict.to_dict`; the doctor's report)."""
+
+    kind: str
+    severity: str
+    share: float
+    summary: str
+    evidence: dict[str, Any]
+    also: list[VerdictRecord]
+
+
 @dataclass
 class Verdict:
     """One bottleneck: its kind, how bad, the share of step time it takes, and the evidence."""
@@ -69,8 +80,8 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)
     also: list[Verdict] = field(default_factory=list)  # further bottlenecks, worst first
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> VerdictRecord:
+        return VerdictRecord(**asdict(self))
 
 
 def phase_shares(profile: dict[str, Any]) -> tuple[dict[str, float], float]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.advise.environment import Environment
 from pitstop.advise.facts import DataFacts, ModelFacts
 from pitstop.advise.finding import Finding
 from pitstop.advise.setup import Setup
@@ -20,7 +21,7 @@ DEFAULT_LORA_R = 16
 class Context:
     setup: Setup
     device: DeviceInfo
-    env: dict[str, Any] = field(default_factory=dict)
+    env: Environment = field(default_factory=Environment)
     data: DataFacts | None = None
     model: ModelFacts | None = None
     profile: dict[str, Any] | None = None
