@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, pct, rule
@@ -106,17 +106,27 @@ def _usable_cores(ctx: Context) -> int | None:
     return None if cores <= 0 else max(1, cores - 1)
 
 
-def _load_evidence(a: LoadArithmetic | None) -> dict[str, Any]:
+class LoadEvidence(TypedDict, total=False):
+    """The load arithmetic a finding quotes (empty when the profile has none)."""
+
+    load_seconds_per_batch: float | None
+    batches_per_step: int | None
+    load_seconds_per_step: float
+    compute_seconds_per_step: float
+    workers_needed: int
+
+
+def _load_evidence(a: LoadArithmetic | None) -> LoadEvidence:
     if a is None:
-        return {}
+        return LoadEvidence()
     lb = a.load_s_per_batch
-    return {
-        "load_seconds_per_batch": None if lb is None else round(lb, 4),
-        "batches_per_step": a.batches_per_step,
-        "load_seconds_per_step": round(a.load_s_per_step, 4),
-        "compute_seconds_per_step": round(a.compute_s_per_step, 4),
-        "workers_needed": a.workers_needed,
-    }
+    return LoadEvidence(
+        load_seconds_per_batch=None if lb is None else round(lb, 4),
+        batches_per_step=a.batches_per_step,
+        load_seconds_per_step=round(a.load_s_per_step, 4),
+        compute_seconds_per_step=round(a.compute_s_per_step, 4),
+        workers_needed=a.workers_needed,
+    )
 
 
 def _effect(share: float, a: LoadArithmetic, k: int) -> str:

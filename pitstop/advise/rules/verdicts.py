@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, pct, rule
@@ -44,7 +44,20 @@ def optimizer_bound(ctx: Context) -> Finding | None:
 BUSY_LOAD_PER_CORE = BUSY_LOAD_PER_CORE
 
 
-def _noisy(ctx: Context) -> dict[str, Any] | None:
+class NoisyEvidence(TypedDict):
+    """The noisy-machine verdict's evidence as the rule reports it."""
+
+    step_spread: dict[str, float] | None  # cv, max_over_median, excess_share
+    host_share: float
+    load_average_1m: float | None
+    cpu_cores: int | None
+    busy: bool
+    shared: str | None  # "other processes used 1.0 of 2 cores" (measure.machine)
+    erratic: bool
+    share: float
+
+
+def _noisy(ctx: Context) -> NoisyEvidence | None:
     """The verdict's noisy-machine evidence: erratic steps that host time does not explain,
     or a machine whose load exceeded its cores (pitstop.measure.verdict decides it)."""
     v = ctx.verdict
@@ -52,16 +65,16 @@ def _noisy(ctx: Context) -> dict[str, Any] | None:
     if not found:
         return None
     ev = found[0].evidence
-    return {
-        "step_spread": ev["step_spread"],
-        "host_share": ev["host_share"],
-        "load_average_1m": ev.get("load_average_1m"),
-        "cpu_cores": ev.get("cpu_cores"),
-        "busy": ev["busy"],
-        "shared": ev.get("shared"),
-        "erratic": ev.get("erratic", True),
-        "share": found[0].share,
-    }
+    return NoisyEvidence(
+        step_spread=ev["step_spread"],
+        host_share=ev["host_share"],
+        load_average_1m=ev.get("load_average_1m"),
+        cpu_cores=ev.get("cpu_cores"),
+        busy=ev["busy"],
+        shared=ev.get("shared"),
+        erratic=ev.get("erratic", True),
+        share=found[0].share,
+    )
 
 
 @rule("noisy-machine")
