@@ -248,8 +248,10 @@ def hbars(name: str, title: str, items: list[tuple[str, float]], unit: str, w: i
     if not items:
         return _empty(name, title, w, h)
     top = max(v for _, v in items) or 1.0
-    out = [f'<svg class="chart" data-chart="{attr(name)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">',
-           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{text(title)}</text>']  # fmt: skip
+    out = [
+        f'<svg class="chart" data-chart="{attr(name)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">',
+        f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13" font-weight="600">{text(title)}</text>',
+    ]
     for i, (label, v) in enumerate(items):
         y = 34 + 26 * i
         bw = (w - 260) * v / top
