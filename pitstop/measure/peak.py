@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.atomic import write_cache_entry
 from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
@@ -37,10 +37,18 @@ def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
     return spec.peak(precision)
 
 
-def _cpu_key() -> dict[str, Any]:
+class CpuKey(TypedDict):
+    """What a CPU measurement depends on: its cache entries are keyed (and checked) by it."""
+
+    cpu: str
+    threads: int
+    torch: str
+
+
+def _cpu_key() -> CpuKey:
     import torch
 
-    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return CpuKey(cpu=cpu_name(), threads=torch.get_num_threads(), torch=str(torch.__version__))
 
 
 def measure_cpu_peak(size: int = 1024, repeats: int = 3, precision: str = "fp32") -> float:
