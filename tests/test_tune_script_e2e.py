@@ -1,0 +1,100 @@
+"""`pitstop tune -- CMD` end to end on real scripts (issue 31's "Done when"), on CPU.
+
+- the seed-002-shaped plain loop (examples/custom_loop.py: batch 1, `num_workers=0`, a slow
+  `__getitem__`): the loader fix is found, measured >= 1.5x outside the band, and printed as
+  DataLoader arguments;
+- a loop with nothing to fix from outside: "no change beats the noise";
+- a Trainer script (examples/hf_trainer_loop.py: fp32, checkpointing on, saves into its
+  --output-dir): the trials leave the user's output_dir, checkpoints and logs untouched, and
+  bf16 is not tried on a CPU without native bf16.
+
+Slow (each trial is a Python process that loads torch and a tiny model).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pitstop import cli
+from pitstop.probe import cpu_has_bf16
+from pitstop.tune.script import FASTER, TUNED
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+pytestmark = pytest.mark.slow
+
+
+def _tune(out: Path, script: str, *args: str, steps: int = 6, budget: int = 600) -> dict:
+    argv = ["tune", "--output", str(out), "--steps", str(steps), "--budget-seconds", str(budget)]
+    rc = cli.main([*argv, "--", sys.executable, str(EXAMPLES / script), *args])
+    assert rc == 0
+    return json.loads((out / TUNED).read_text())
+
+
+def test_plain_loop_loader_fix_measured(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    res = _tune(
+        tmp_path / "t", "custom_loop.py", str(tiny_model_dir), "--sleep", "0.4", "--steps", "1000"
+    )
+    out = capsys.readouterr().out
+    workers = [r for r in res["results"] if r["fix"].startswith("num_workers=")]
+    assert workers, res
+    best = max(workers, key=lambda r: (r["judgement"] or {}).get("ratio", 0))
+    assert best["verdict"] == FASTER, best
+    j = best["judgement"]
+    assert j["ratio"] >= 1.5 and j["low"] > 1.0, j  # the gain, outside the band
+    assert res["dataloader_kwargs"]["num_workers"] >= 1
+    assert "DataLoader(..., num_workers=" in out and "winning settings" in out
+    assert res["combined"] is not None and res["combined"]["verdict"] == FASTER
+    # Every trial is a run directory: the script stopped after warm-up + K steps.
+    for run in best["runs"]:
+        steps = (Path(run) / "metrics.jsonl").read_text().splitlines()
+        assert len(steps) == 6 + 2
+
+
+def test_nothing_to_fix_says_no_change_beats_the_noise(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Already one worker and a quick __getitem__: the doctor finds nothing to apply.
+    res = _tune(
+        tmp_path / "t", "custom_loop.py", str(tiny_model_dir), "--workers", "1", "--steps", "1000"
+    )
+    assert res["dataloader_kwargs"] == {}
+    assert "no change beats the noise" in capsys.readouterr().out
+
+
+def test_trainer_trials_leave_the_users_files_alone(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "keep.txt").write_text("the user's")
+    res = _tune(
+        tmp_path / "t",
+        "hf_trainer_loop.py",
+        str(tiny_model_dir),
+        "--output-dir",
+        str(user / "out"),
+        "--sleep",
+        "0.05",
+        budget=240,
+    )
+    # No checkpoint, no log, no saved model in the user's output_dir: nothing at all.
+    assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]
+    base = Path(res["baseline"])
+    applied = json.loads((base / "applied.json").read_text())
+    assert applied["trainer"] and applied["script_args"]["output_dir"] == str(user / "out")
+    assert Path(applied["training_args"]["output_dir"]).is_relative_to(base)
+    assert applied["training_args"]["save_strategy"] == "no"
+    assert applied["stopped_after_steps"] == 6 + 2
+    fixes = [r["fix"] for r in res["results"]]
+    assert "gradient_checkpointing=False" in fixes
+    if not cpu_has_bf16():
+        assert "bf16=True" not in fixes
+        assert any(n["fix"] == "bf16" for n in res["not_tried"])
+    assert "TrainingArguments(" in capsys.readouterr().out or not res["training_args"]
