@@ -15,9 +15,30 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
+
+
+class Stat(TypedDict):
+    mean: float
+    max: float
+
+
+class SamplerSummary(TypedDict, total=False):
+    """`summary()`: the interval, the sample count, the GPU status, and each sampled metric's
+    mean and maximum (the GPU ones only where NVML answered; empty when sampling is off)."""
+
+    interval_s: float
+    samples: int
+    gpu: str
+    cpu_percent: Stat
+    process_cpu_percent: Stat
+    rss_bytes: Stat
+    children_rss_bytes: Stat
+    gpu_util_percent: Stat
+    gpu_memory_bytes: Stat
+    gpu_power_watts: Stat
 
 
 class NullSampler:
@@ -31,8 +52,8 @@ class NullSampler:
     def stop(self) -> None:
         return None
 
-    def summary(self) -> dict[str, Any]:
-        return {}
+    def summary(self) -> SamplerSummary:
+        return SamplerSummary()
 
     def __enter__(self) -> NullSampler:
         return self
@@ -137,18 +158,16 @@ class Sampler:
                 self._nvml.nvmlShutdown()
             self._nvml = None
 
-    def summary(self) -> dict[str, Any]:
-        """{"interval_s", "samples", "gpu", metric: {"mean", "max"}} over the samples so far."""
-        out: dict[str, Any] = {
-            "interval_s": self.interval_s,
-            "samples": len(self.samples),
-            "gpu": self.gpu_status,
-        }
+    def summary(self) -> SamplerSummary:
+        """The interval, sample count, GPU status and each metric's mean and max so far."""
         keys = sorted({k for s in self.samples for k in s} - {"t"})
-        for k in keys:
+        stats: dict[str, Stat] = {}
+        for k in keys:  # the sample's own names (the class docstring), SamplerSummary's keys
             vals = [s[k] for s in self.samples if k in s]
-            out[k] = {"mean": sum(vals) / len(vals), "max": max(vals)}
-        return out
+            stats[k] = Stat(mean=sum(vals) / len(vals), max=max(vals))
+        return SamplerSummary(
+            interval_s=self.interval_s, samples=len(self.samples), gpu=self.gpu_status, **stats
+        )
 
     def __enter__(self) -> Sampler:
         return self.start()
