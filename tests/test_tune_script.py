@@ -187,6 +187,11 @@ def test_trainer_plan_bf16_only_with_native_bf16() -> None:
     assert any(n.fix == "group_by_length=True" for n in plan.not_tried)
     allowed = make_plan([padding], {}, script, CPU_BF16, allow_batch_changes=True)
     assert any(c.math == BATCH for c in allowed.candidates)
+    # TRL's SFTConfig: packing changes the step, so it is tried only when asked.
+    trl = {**script, "packing": False, "padding_free": False}
+    assert "packing=True" not in [c.name for c in make_plan([], {}, trl, CPU).candidates]
+    asked = make_plan([], {}, trl, CPU, allow_batch_changes=True)
+    assert [c.math for c in asked.candidates if c.name == "packing=True"] == [BATCH]
     # The same script on a CPU without native bf16 (faked flags): bf16 is not tried.
     plain = make_plan([], {}, script, CPU)
     assert "bf16=True" not in [c.name for c in plain.candidates]

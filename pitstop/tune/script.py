@@ -402,6 +402,21 @@ def make_plan(
             skip.append(
                 NotTried("group_by_length=True", f"{BATCH}: tried only with --allow-batch-changes")
             )
+    # TRL's SFTConfig: packing joins documents into full rows (other rows form each step);
+    # padding_free drops the pad tokens, which needs a varlen attention kernel (CUDA).
+    if trainer and script_args is not None and script_args.get("packing") is False:
+        if allow_batch_changes:
+            cands.append(
+                Candidate("packing=True", "packing", BATCH, training_args={"packing": True})
+            )
+        else:
+            skip.append(NotTried("packing=True", f"{BATCH}: tried only with --allow-batch-changes"))
+    if trainer and cuda and script_args is not None and script_args.get("padding_free") is False:
+        cands.append(
+            Candidate(
+                "padding_free=True", "padding_free", SAME, training_args={"padding_free": True}
+            )
+        )
     if not trainer and cands == [] and not findings:
         skip.append(NotTried("anything", "the doctor found nothing to change"))
     return Plan("trainer" if trainer else "loop", cands, skip)
