@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -384,11 +384,6 @@ class MemoryEstimate:
             "optimizer_temporary",
         )
         return {k: getattr(self, k) for k in keys}
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d = {f"{k}_bytes" if k in self.parts() or k == "peak" else k: v for k, v in d.items()}
-        return d
 
 
 @dataclass(frozen=True)
