@@ -30,6 +30,9 @@ class LoadedRun:
     path: Path
     summary: RunSummary
     steps: list[StepLine] = field(default_factory=list)
+    # findings.json as read (the JSON boundary): a findings.json of any writer or age only
+    # annotates the report, which reads each key with a default, so it is not validated into
+    # advise.finding.FindingRecord and stays a mapping.
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
