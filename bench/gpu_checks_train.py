@@ -123,7 +123,7 @@ def small_trainer(
         },
         None,
     )  # fmt: skip
-    return Trainer(cfg, save_final=False)
+    return Trainer.from_config(cfg, save_final=False)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from pitstop.report.html import write_report
 from pitstop.report.planned import estimate_planned_run
 from pitstop.run_record import RunSummary
 from pitstop.tiny import build_model_dir
-from pitstop.train import run
+from pitstop.train import fit
 
 
 def _say(msg: str) -> None:
@@ -80,7 +80,7 @@ def run_demo(output: str = "demo-out", max_steps: int = 80) -> int:
         command="train",
     )
     _say(f"training {max_steps} optimizer steps into {run_dir}")
-    summary = RunSummary.from_json(run(cfg), str(run_dir / run_record.SUMMARY))
+    summary = fit(cfg)
     print()
     print(format_breakdown(summary))
 

@@ -21,7 +21,6 @@ for a large model).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import shutil
 import tempfile
 import time
@@ -29,15 +28,22 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pitstop import run_record
 from pitstop.config import RunConfig
+from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.memory import peak_memory, reset_peak_memory
+from pitstop.measure.sampler import Sampler
+from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
+from pitstop.measure.verdict import Verdict, format_verdict, verdict
 from pitstop.run_record import RunSummary, read_steps
+
+if TYPE_CHECKING:  # the trainer imports torch; this module is read without it
+    from pitstop.train.trainer import Trainer
 
 # At most this many measured steps go into a Chrome trace: a trace of a real model
 # grows by tens of MB per step, and a few steps show the pattern.
@@ -72,17 +78,12 @@ class StepClock:
         if self.on_step_end is not None:
             self.on_step_end(step)
 
-    def durations(self) -> list[float]:
-        """Wall seconds of each completed step (start to next start, the last to `end`)."""
-        marks = [*self.starts, self.end] if self.end is not None else list(self.starts)
-        return [b - a for a, b in itertools.pairwise(marks)]
 
-
-def measured_trainer(cfg: RunConfig, clock: StepClock, **kwargs: Any) -> Any:
+def measured_trainer(cfg: RunConfig, clock: StepClock, **kwargs: Any) -> Trainer:
     """A `Trainer` that reports step boundaries to `clock` and writes no final model."""
     from pitstop.train.trainer import Trainer
 
-    return Trainer(cfg, hooks=clock, save_final=False, **kwargs)
+    return Trainer.from_config(cfg, hooks=clock, save_final=False, **kwargs)
 
 
 def measurement_config(cfg: RunConfig, out_dir: Path, total_steps: int) -> RunConfig:
@@ -177,10 +178,6 @@ def run_profile(
         raise ValueError("steps must be at least 1")
     if warmup < 0:
         raise ValueError("warmup must be 0 or more")
-    from pitstop.measure.flops import mfu as mfu_of
-    from pitstop.measure.sampler import Sampler
-    from pitstop.measure.schema import make_profile
-    from pitstop.measure.verdict import verdict
 
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-profile-"))
     try:
@@ -192,18 +189,18 @@ def run_profile(
             kwargs["device"] = device
         clock = StepClock()
         trainer = measured_trainer(run_cfg, clock, **kwargs)
-        cuda = trainer.device.type == "cuda"
+        cuda = trainer.run.device.type == "cuda"
         prof = _trace_context(Path(trace_dir) if trace_dir else None, warmup, steps, cuda)
         if prof is not None:
             clock.on_step_end = lambda _step: prof.step()
-        gpu_index = (trainer.device.index or 0) if cuda else None
+        gpu_index = (trainer.run.device.index or 0) if cuda else None
         sampler = Sampler(sample_interval_s, gpu_index=gpu_index)
-        reset_peak_memory(trainer.device.type)
+        reset_peak_memory(trainer.run.device.type)
         ctx: AbstractContextManager[Any] = prof if prof is not None else nullcontext()
         t_sampler0 = time.perf_counter()  # the sampler's samples count from (about) here
         with sampler, ctx:
-            summary = RunSummary.from_json(trainer.fit())
-        peak = peak_memory(trainer.device.type)
+            summary = trainer.fit()
+        peak = peak_memory(trainer.run.device.type)
         lines = read_steps(tmp / "run" / run_record.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -276,7 +273,6 @@ def _gib(n: float) -> str:
 
 def format_profile(profile: dict[str, Any]) -> str:
     """The breakdown a user reads: phases, throughput, spread, MFU, memory, utilisation, verdict."""
-    from pitstop.measure.verdict import Verdict, format_verdict, verdict
 
     p = profile
     k = int(p["steps"])

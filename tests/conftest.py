@@ -45,3 +45,15 @@ def cache_dir(tmp_path: Path) -> Path:
     d = tmp_path / "cache"
     d.mkdir()
     return d
+
+
+@pytest.fixture(scope="module")
+def store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer
+) -> Path:
+    """A token store of the bundled corpus for a test module's training runs: 60 chapters,
+    or the module's `STORE_DOCS` (fewer chapters: a shorter epoch for its runs)."""
+    from _train_util import make_store
+
+    n_docs = getattr(request.module, "STORE_DOCS", 60)
+    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=n_docs)

@@ -171,11 +171,11 @@ def test_a_training_run_stages_once_and_its_checkpoints_hold_each_steps_weights(
 
     cfg = train_config(tiny_model_dir, store, tmp_path / "out", max_steps=3, save_steps=1,
                        save_total_limit=5)  # fmt: skip
-    trainer = Trainer(cfg, run=build_run(cfg))
-    summary = trainer.fit()
-    st = trainer.writer.staging
-    n_tensors = len(trainer.model.state_dict()) + sum(
-        len(v) for v in trainer.optimizer.state_dict()["state"].values()
+    trainer = Trainer(build_run(cfg))
+    summary = trainer.fit().to_json()
+    st = trainer.run.writer.staging
+    n_tensors = len(trainer.run.model.state_dict()) + sum(
+        len(v) for v in trainer.run.optimizer.state_dict()["state"].values()
     )
     assert st.allocations <= n_tensors  # allocated once, not once per checkpoint
     assert summary["checkpoint_host_buffer_bytes"] == st.nbytes > 0
@@ -187,8 +187,8 @@ def test_a_training_run_stages_once_and_its_checkpoints_hold_each_steps_weights(
     assert torch.equal(w[2][name].to(final[name].dtype), final[name])
     opt = ckpt.read_checkpoint(root / "step-3")["optimizer"]["optimizer"]
     assert opt["state"] and all("exp_avg" in s for s in opt["state"].values())
-    assert "pinned" not in trainer.choices["checkpoints"].reason  # CPU: plain host memory
-    assert "GB of host memory" in trainer.choices["checkpoints"].reason
+    assert "pinned" not in trainer.run.choices["checkpoints"].reason  # CPU: plain host memory
+    assert "GB of host memory" in trainer.run.choices["checkpoints"].reason
 
 
 @pytest.fixture(scope="module")
@@ -232,10 +232,10 @@ def test_cuda_run_checkpoints_match_the_model(tiny_model_dir, store, tmp_path):
 
     cfg = train_config(tiny_model_dir, store, tmp_path / "out", max_steps=3, save_steps=1,
                        save_total_limit=5, device="cuda", precision="bf16")  # fmt: skip
-    trainer = Trainer(cfg, run=build_run(cfg))
+    trainer = Trainer(build_run(cfg))
     trainer.fit()
     root = tmp_path / "out" / "checkpoints"
     last = load_file(root / "step-3" / "model.safetensors")
-    live = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    live = {k: v.detach().cpu() for k, v in trainer.run.model.state_dict().items()}
     assert all(torch.equal(last[k], live[k]) for k in last)
-    assert "pinned host memory" in trainer.choices["checkpoints"].reason
+    assert "pinned host memory" in trainer.run.choices["checkpoints"].reason

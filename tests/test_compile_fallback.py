@@ -87,11 +87,8 @@ def test_the_failed_attempt_is_released_before_the_eager_retry() -> None:
     assert seen == [True]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 @pytest.mark.slow
@@ -119,7 +116,7 @@ def test_an_oom_in_compile_backs_off_and_keeps_compile(
     monkeypatch.setattr("pitstop.train.build.compile_module", fake_compile)
     # The back-off applies to CUDA OOMs only; the fake's is one (torch.OutOfMemoryError).
     cfg = train_config(tiny_model_dir, store, tmp_path / "out", compile="on", max_steps=2)
-    s = Trainer(cfg).fit()
+    s = Trainer.from_config(cfg).fit().to_json()
     assert s["choices"]["compile"]["value"] is True
     assert "backed off" in s["choices"]["micro_batch"]["reason"]
 

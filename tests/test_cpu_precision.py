@@ -22,13 +22,6 @@ BF16_CPU = DeviceInfo(type="cpu", name="cpu with avx512_bf16", bf16=True, cpu_co
 SHAPES = ((64, 64, 128),)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 def test_the_cpu_flags_decide_whether_bf16_is_a_candidate():
     assert probe.cpu_has_bf16(frozenset({"avx2", "avx512f", "avx512_bf16"}))
     assert probe.cpu_has_bf16(frozenset({"amx_bf16", "amx_tile"}))

@@ -23,11 +23,8 @@ pytestmark = pytest.mark.slow
 STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 @pytest.fixture(scope="module")

@@ -124,11 +124,8 @@ def test_fsdp2_load_full_state_reads_on_rank_0_only_and_resumes_exactly(tmp_path
     assert r0["bit_identical"] and r1["bit_identical"]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 @pytest.mark.slow

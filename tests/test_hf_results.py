@@ -15,13 +15,6 @@ from pitstop.config import build_config
 from pitstop.errors import ConfigError
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 def _cfg(model, store, out, **over):
     from _train_util import train_config
 

@@ -53,11 +53,8 @@ class FailAtStep2:
         pass
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 def test_the_real_error_comes_out_and_summary_is_written(
@@ -72,6 +69,6 @@ def test_the_real_error_comes_out_and_summary_is_written(
     out = tmp_path / "out"
     cfg = train_config(tiny_model_dir, store, out, max_steps=3, log_steps=1)
     with pytest.raises(Boom, match="the real error"):
-        trainer_mod.Trainer(cfg, hooks=FailAtStep2()).fit()
+        trainer_mod.Trainer.from_config(cfg, hooks=FailAtStep2()).fit()
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "failed" and s["optimizer_steps"] == 1

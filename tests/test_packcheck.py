@@ -96,13 +96,6 @@ def test_leak_error_names_the_ways_out() -> None:
     assert err.exit_code == 2
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 @pytest.mark.slow
 def test_a_run_with_a_planted_leak_is_refused_before_step_1(
     tiny_model_dir, store, tmp_path, monkeypatch
@@ -115,14 +108,14 @@ def test_a_run_with_a_planted_leak_is_refused_before_step_1(
     out = tmp_path / "out"
     cfg = train_config(tiny_model_dir, store, out, attention="sdpa", max_steps=1, device="cpu")
     with pytest.raises(packcheck.PackedAttentionLeak, match="--batching bucket"):
-        Trainer(cfg).fit()
+        Trainer.from_config(cfg).fit()
     assert not (out / "metrics.jsonl").exists()
     # A bucket run packs nothing: it is not affected, and trains (with a warning).
     cfg = train_config(
         tiny_model_dir, store, tmp_path / "b", attention="sdpa", max_steps=1, device="cpu",
         batching="bucket",
     )  # fmt: skip
-    s = Trainer(cfg).fit()
+    s = Trainer.from_config(cfg).fit().to_json()
     assert s["choices"]["packed_attention"]["value"] == "leaks (unused)"
 
 
@@ -134,7 +127,7 @@ def test_a_normal_run_announces_the_check(tiny_model_dir, store, tmp_path, capsy
 
     out = tmp_path / "out"
     cfg = train_config(tiny_model_dir, store, out, max_steps=1, device="cpu")
-    Trainer(cfg).fit()
+    Trainer.from_config(cfg).fit()
     choice = json.loads((out / "summary.json").read_text())["choices"]["packed_attention"]
     assert choice["value"] == "checked" and "equal" in choice["reason"]
     assert "packed_attention" in capsys.readouterr().err

@@ -61,4 +61,4 @@ def test_train_refuses_before_loading_the_model(tmp_path: Path) -> None:
         command="train",
     )  # fmt: skip
     with pytest.raises(ConfigError, match="learned position table"):
-        Trainer(cfg)
+        Trainer.from_config(cfg)

@@ -38,13 +38,6 @@ def test_format_profile_reads_a_constructed_profile():
 # --- end to end on the tiny model ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 def _flags(model: Path, store: Path, cache: Path) -> list[str]:
     return [
         "--model", str(model), "--data", str(store), "--max-seq-len", "64",

@@ -31,11 +31,8 @@ HOST_ONLY = str(Path(PITSTOP) / "batching")
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 def test_only_the_documented_host_reads_happen_in_a_step(
@@ -74,7 +71,7 @@ def test_only_the_documented_host_reads_happen_in_a_step(
 
     monkeypatch.setattr(Trainer, "_train_step", step)
     cfg = train_config(tiny_model_dir, store, tmp_path / "out", max_steps=3, log_steps=100)
-    Trainer(cfg).fit()
+    Trainer.from_config(cfg).fit()
     assert seen <= ALLOWED, f"host reads of tensors in the step path: {sorted(seen - ALLOWED)}"
     assert seen  # the spy works: the CPU's skip flag read was seen
 

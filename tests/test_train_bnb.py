@@ -15,13 +15,6 @@ from pitstop.errors import MissingDependencyError
 bnb = pytest.importorskip("bitsandbytes")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 def _cfg(model, store, out, **over):
     from _train_util import train_config
 
@@ -35,13 +28,14 @@ def _losses(out: Path) -> list[float]:
 def test_8bit_adamw_trains_with_8bit_moments(tiny_model_dir, store, tmp_path):
     from pitstop.train.trainer import Trainer
 
-    tr = Trainer(_cfg(tiny_model_dir, store, tmp_path / "o", optimizer="adamw_8bit",
+    tr = Trainer.from_config(_cfg(tiny_model_dir, store, tmp_path / "o", optimizer="adamw_8bit",
                       adam_betas="0.9,0.99", max_steps=8))  # fmt: skip
-    s = tr.fit()
+    s = tr.fit().to_json()
     assert s["choices"]["optimizer"]["value"] == "adamw_8bit"
-    assert isinstance(tr.optimizer, bnb.optim.AdamW8bit)
-    assert all(g["betas"] == (0.9, 0.99) for g in tr.optimizer.param_groups)
-    states = [t for st in tr.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+    assert isinstance(tr.run.optimizer, bnb.optim.AdamW8bit)
+    assert all(g["betas"] == (0.9, 0.99) for g in tr.run.optimizer.param_groups)
+    opt = tr.run.optimizer
+    states = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
     assert any(t.dtype == torch.uint8 for t in states)  # the moments really are 8-bit
     losses = _losses(tmp_path / "o")
     assert sum(losses[-2:]) < sum(losses[:2])
@@ -72,8 +66,8 @@ def test_qlora_trains_resumes_exactly_and_saves_the_adapter(
 
     kw = {"lora_r": 8, "load_in_4bit": True, "lr": 5e-3, "max_steps": 6}
     ref = tmp_path / "ref"
-    tr = Trainer(_cfg(tiny_model_dir, store, ref, **kw))
-    assert any(isinstance(m, bnb.nn.Linear4bit) for m in tr.model.modules())
+    tr = Trainer.from_config(_cfg(tiny_model_dir, store, ref, **kw))
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in tr.run.model.modules())
     tr.fit()
     losses = _losses(ref)
     assert sum(losses[-2:]) < sum(losses[:2])

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pitstop.probe import DeviceInfo
 
 CPU = DeviceInfo(type="cpu", name="test cpu", cpu_count=2)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
 
 
 def test_build_run_writes_nothing_and_the_trainer_receives_its_parts(
@@ -32,6 +23,6 @@ def test_build_run_writes_nothing_and_the_trainer_receives_its_parts(
         run.choices
     )
     assert run.precision == "fp32" and run.scaler is None and not run.compiled
-    tr = Trainer(run.cfg, run=run)
-    assert tr.model is run.model and tr.optimizer is run.optimizer and tr.loader is run.loader
-    assert tr.writer is run.writer and tr.state.step == 0
+    tr = Trainer(run)
+    assert tr.run is run and tr.cadence.last_step == run.total_steps
+    assert not hasattr(tr, "model") and tr.state.step == 0  # parts are read as tr.run.X

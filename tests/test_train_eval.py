@@ -19,11 +19,8 @@ from pitstop.probe import DeviceInfo
 CPU = DeviceInfo(type="cpu", name="test cpu", cpu_count=2)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer, n_docs=12)
+# The shared `store` fixture (tests/conftest.py) builds a 12-chapter store here.
+STORE_DOCS = 12
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +45,21 @@ def test_eval_loss_equals_a_hand_computation(tiny_model_dir, store, eval_store, 
     from pitstop.train.trainer import Trainer
 
     cfg = _cfg(tiny_model_dir, store, tmp_path / "out", eval_data=str(eval_store), eval_steps=2)
-    tr = Trainer(cfg, device=CPU)
+    tr = Trainer.from_config(cfg, device=CPU)
     res = tr.evaluate()
-    assert tr.model.training  # evaluation puts the model back in training mode
+    assert tr.run.model.training  # evaluation puts the model back in training mode
     # By hand: every eval sequence alone (batch of one, positions from 0), CE summed over its
     # targets (the store's mask, never the first token), divided by all targets.
     es = TokenStore(eval_store)
     total, n = 0.0, 0
-    tr.model.eval()
+    tr.run.model.eval()
     with torch.no_grad():
         for i in range(len(es.lengths)):
             a, b = int(es.offsets[i]), int(es.offsets[i + 1])
             ids = torch.as_tensor(np.asarray(es.tokens[a:b], dtype=np.int64))[None]
             target = torch.as_tensor(np.asarray(es.mask[a:b], dtype=bool))
             target[0] = False
-            logits = tr.model(input_ids=ids).logits[0, :-1].float()
+            logits = tr.run.model(input_ids=ids).logits[0, :-1].float()
             ce = F.cross_entropy(logits, ids[0, 1:], reduction="none")
             total += float(ce[target[1:]].sum())
             n += int(target[1:].sum())

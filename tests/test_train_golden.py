@@ -33,13 +33,6 @@ GOLDEN: dict[str, list[float]] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 @pytest.mark.parametrize("batching", ["pack", "bucket"])
 def test_fixed_seed_losses_match_the_recorded_values(tiny_model_dir, store, tmp_path, batching):
     from _train_util import train_config

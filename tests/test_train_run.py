@@ -15,16 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from pitstop.errors import ConfigError
+from pitstop.run_record import RunSummary
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
 
 
 def _cfg(model, store, out, **over):
@@ -47,9 +41,14 @@ def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys
     from pitstop.train.trainer import Trainer
 
     out = tmp_path / "out"
-    tr = Trainer(_cfg(tiny_model_dir, store, out, save_steps=2, save_total_limit=2,
+    tr = Trainer.from_config(_cfg(tiny_model_dir, store, out, save_steps=2, save_total_limit=2,
                       report_to=["tensorboard"]))  # fmt: skip
-    s = tr.fit()
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    summary = tr.fit()
+    # The loop's handlers (finish the step, save) are the run's only: restored by its `with`.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+    assert isinstance(summary, RunSummary) and summary.status == "completed"
+    s = summary.to_json()
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["trained_tokens"] == s["trained_tokens"]
     for key in ("trained_tokens", "seen_tokens", "padded_tokens", "optimizer_steps", "train_seconds",
@@ -80,9 +79,9 @@ def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys
     # final/ loads with from_pretrained and gives the in-memory model's logits
     loaded = AutoModelForCausalLM.from_pretrained(out / "final").eval()
     ids = torch.randint(3, 4000, (2, 16), generator=torch.Generator().manual_seed(1))
-    tr.model.eval()
+    tr.run.model.eval()
     with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, tr.model(ids).logits)
+        assert torch.equal(loaded(ids).logits, tr.run.model(ids).logits)
     assert (out / "final" / "tokenizer.json").is_file()
     # the banner names every choice with its reason
     err = capsys.readouterr().err

@@ -16,13 +16,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
-@pytest.fixture(scope="module")
 def short_store(tmp_path_factory, tiny_tokenizer):
     """Sequences of at most 24 tokens (and shorter tails) for rows of 64: layouts differ."""
     from _train_util import make_store
@@ -35,7 +28,7 @@ def _fit(model: Path, store: Path, out: Path, **over) -> dict:
 
     from pitstop.train.trainer import Trainer
 
-    return Trainer(train_config(model, store, out, **over)).fit()
+    return Trainer.from_config(train_config(model, store, out, **over)).fit().to_json()
 
 
 def _metrics(out: Path) -> list[dict]:

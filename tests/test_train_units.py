@@ -32,13 +32,6 @@ V100 = DeviceInfo(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), b
 A100 = DeviceInfo(type="cuda", name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 class _Loader:
     """A minimal loader honouring the contract (pitstop.batching.loader.Loader): fixed
     micro-batches, resumable; no settings, so it is never re-split."""
@@ -90,16 +83,16 @@ def test_grad_accum_of_four_micro_batches_equals_one_big_batch(tiny_model_dir, t
     micro = _micro_batches(4, 2, 32, 4000)
     targets = sum(int((m["labels"][:, 1:] != -100).sum()) for m in micro)
     cfg = train_config(tiny_model_dir, tmp_path / "none", tmp_path / "out")
-    tr = Trainer(cfg, device=CPU, loader=_Loader(micro))
+    tr = Trainer.from_config(cfg, device=CPU, loader=_Loader(micro))
     tl = Timeline()
     tl.start_step()
     loss_acc = sum(tr.forward_backward(m, targets, tl) for m in micro)
-    accum = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
-    tr.model.zero_grad(set_to_none=True)
+    accum = {n: p.grad.clone() for n, p in tr.run.model.named_parameters()}
+    tr.run.model.zero_grad(set_to_none=True)
     big = {k: torch.cat([m[k] for m in micro]) for k in micro[0]}  # [8, 32]
     loss_big = tr.forward_backward(big, targets, tl)
     assert torch.allclose(loss_acc, loss_big, rtol=1e-6, atol=1e-6)
-    for n, p in tr.model.named_parameters():
+    for n, p in tr.run.model.named_parameters():
         assert torch.allclose(accum[n], p.grad, rtol=1e-5, atol=1e-7), n
 
 

@@ -13,13 +13,6 @@ from pitstop.tune.space import resolved_tokens_per_step
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    from _train_util import make_store
-
-    return make_store(tmp_path_factory.mktemp("store") / "s", tiny_tokenizer)
-
-
 def test_tune_end_to_end_writes_a_train_config(tiny_model_dir, store, cache_dir, tmp_path, capsys):
     from pitstop.commands.tune import register
 

@@ -1,7 +1,7 @@
 """`pitstop train`: the optimized training run (`--resume` continues exactly).
 
 At the end of a completed run the command also writes OUT_DIR/report.html (what
-`pitstop report OUT_DIR` writes); `pitstop.train.run(cfg)` from Python trains only.
+`pitstop report OUT_DIR` writes); `pitstop.train.fit(cfg)` from Python trains only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pitstop import log, run_record
 from pitstop.commands.flags import add_config_flags, config_from_args
 from pitstop.errors import PitstopError
 from pitstop.report.html import write_report
-from pitstop.train import run as train_run
+from pitstop.train import fit
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, "train")
-    train_run(cfg)
+    fit(cfg)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
         _write_report(cfg.output)
     return 0

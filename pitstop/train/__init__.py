@@ -1,4 +1,6 @@
-"""The training run: `run(cfg)` trains, writes OUT_DIR and returns the summary.
+"""The training run: `fit(cfg)` trains, writes OUT_DIR and returns the `RunSummary`.
+
+`run(cfg)` is the same run returning the summary as summary.json's dict.
 
 OUT_DIR receives summary.json, metrics.jsonl (one line per optimizer step),
 TensorBoard events (when installed and asked for), checkpoints/step-N/ and final/
@@ -12,19 +14,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from pitstop import runlock
 from pitstop.config import RunConfig
+from pitstop.run_record import RunSummary
+from pitstop.stopping import stop_on_signals
 
-__all__ = ["run"]
+__all__ = ["fit", "run"]
 
 
 def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """`fit(cfg, **kwargs)`'s summary as summary.json holds it (`RunSummary.to_json()`)."""
+    return fit(cfg, **kwargs).to_json()
+
+
+def fit(cfg: RunConfig, **kwargs: Any) -> RunSummary:
     """Train as `cfg` says and return the summary (also written to OUT_DIR/summary.json).
 
     Raises ConfigError (exit 2) before writing anything when the request is impossible,
     RunInterrupted (exit 130/143) after saving a checkpoint on SIGINT/SIGTERM,
     TrainingDiverged after cfg.max_bad_steps non-finite steps in a row, and
     CheckpointError when a checkpoint cannot be written. Keyword arguments go to
-    `Trainer` (device=..., loader=..., rank=..., world_size=...).
+    `Trainer.from_config` (device=..., loader=..., rank=..., world_size=...).
 
     Several processes: under torchrun (WORLD_SIZE set) every process calls this and
     trains its share; with `cfg.nproc > 1` outside torchrun, this process relaunches
@@ -37,17 +47,13 @@ def run(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
     from pitstop.train.trainer import Trainer
 
     if cfg.nproc > 1 and distributed.env_world() == 1 and not kwargs:
-        from pitstop import runlock as lock
-
-        with lock.acquire(str(cfg.output)):  # the ranks it launches write under this lock
+        with runlock.acquire(str(cfg.output)):  # the ranks it launches write under this lock
             return distributed.launch(cfg)
-    from pitstop.stopping import stop_on_signals
-
     # Until the loop installs its own handlers (finish the step, save, say how to resume),
     # SIGTERM ends the start-up (model load, first-step measurements) through its cleanup
     # with one line, not silently at once.
     with stop_on_signals("the run before its first step", "nothing was trained; run it again"):
-        trainer = Trainer(cfg, **kwargs)
+        trainer = Trainer.from_config(cfg, **kwargs)
     try:
         return trainer.fit()
     finally:

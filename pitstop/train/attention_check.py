@@ -18,9 +18,12 @@ from pitstop.train.forward import forward_kwargs, to_device
 
 
 def packed_attention_check(
-    model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None,
+    model: Any,
+    device: torch.device,
+    attention: str,
+    autocast_dtype: torch.dtype | None,
     precision: str,
-) -> tuple[packcheck.PackCheck, Choice | None]:  # fmt: skip
+) -> tuple[packcheck.PackCheck, Choice | None]:
     """The start-up attention self-check (train/packcheck.py), and the attention choice to
     use instead when `attention` could not even run it (None: keep it).
 
@@ -35,11 +38,15 @@ def packed_attention_check(
 
     def check(kernel: str) -> packcheck.PackCheck:
         return packcheck.check_packed_attention(
-            model, forward_kwargs=forward_kwargs,
+            model,
+            forward_kwargs=forward_kwargs,
             to_device=lambda mb, k: to_device(mb, device, k),
-            device_type=device.type, autocast_dtype=autocast_dtype, precision=precision,
-            attention=kernel, vocab_size=vocab,
-        )  # fmt: skip
+            device_type=device.type,
+            autocast_dtype=autocast_dtype,
+            precision=precision,
+            attention=kernel,
+            vocab_size=vocab,
+        )
 
     failures: list[str] = []
     chain = [attention] + [k for k in ("sdpa", "eager") if k != attention]

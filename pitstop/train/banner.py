@@ -14,6 +14,9 @@ def run_banner(run: Run, *, total_steps: int, resumed_from: str | None) -> str:
     """The banner of a training run: the model, the data, the plan, then every choice."""
     g, cfg = run.geometry, run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
+    peak = run.peak_source
+    if run.peak_flops:
+        peak = f"{run.peak_flops / 1e12:.3f} TFLOP/s ({run.peak_source})"
     facts = {
         "model": f"{cfg.model} ({n_params / 1e6:.1f}M parameters)",
         "data": f"{run.steps_per_epoch} optimizer steps per epoch",
@@ -22,9 +25,8 @@ def run_banner(run: Run, *, total_steps: int, resumed_from: str | None) -> str:
         "lr": f"{cfg.lr:g}, {run.warmup} warm-up steps, {cfg.schedule} to "
         f"{cfg.min_lr_ratio:g}x; clip {cfg.max_grad_norm:g}",
         "output": str(run.out) + (f" (resuming from {resumed_from})" if resumed_from else ""),
-        "peak": f"{run.peak_flops / 1e12:.3f} TFLOP/s ({run.peak_source})"
-        if run.peak_flops else run.peak_source,
-    }  # fmt: skip
+        "peak": peak,
+    }
     return format_banner(run.dev.name, facts, run.choices)
 
 

@@ -13,13 +13,11 @@ sharded DTensors); then the optimizer, the loss scaler and the checkpoint writer
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pitstop import log, probe, run_record, versions
@@ -45,10 +43,11 @@ from pitstop.train import (
     optim,
     packcheck,
     precision_record,
+    startup,
 )
 from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
-from pitstop.train.forward import to_device, token_loss_sum
+from pitstop.train.forward import TimedMicroBatch, loss_choice
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
 
@@ -95,20 +94,6 @@ class Run:
         return self.env.distributed and self.cfg.strategy == "fsdp"
 
 
-def check_output_dir(cfg: RunConfig) -> Path:
-    """Refuse to touch a directory holding a run unless --resume or --overwrite. Writes nothing."""
-    problem = probe.output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
-    if problem:
-        raise ConfigError(problem)
-    return Path(cfg.output)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
 @dataclass(frozen=True)
 class _Machine:
     """Where the run executes and the kernels it uses (decided before anything loads)."""
@@ -141,12 +126,12 @@ def build_run(
     `rank` / `world_size` place the run in a process group the caller made (else
     torchrun's, if any). Its steps follow the order the module docstring explains.
     """
-    t_process, cpu_start = _process_start(), cpu_snapshot()
+    t_process, cpu_start = startup.process_start(), cpu_snapshot()
     faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
     faults.reached("startup")
-    out = check_output_dir(cfg)
-    seed_everything(cfg.seed)
-    _quiet_transformers()
+    out = startup.check_output_dir(cfg)
+    startup.seed_everything(cfg.seed)
+    startup.quiet_transformers()
     choices: dict[str, Choice] = {}  # each decision and why, in the banner's order
     m = place_run(cfg, device, rank, world_size, choices, out)
     tokenizer, model, autocast_dtype, packed = load_model(cfg, m, choices)
@@ -169,22 +154,49 @@ def build_run(
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
     writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
     return Run(
-        cfg=cfg, out=out, t_process=t_process, cpu_start=cpu_start, env=m.env, dev=m.dev,
-        device=m.device, choices=choices, precision=m.precision, autocast_dtype=autocast_dtype,
-        tokenizer=tokenizer, model=model, wrapped=wrapped, forward_model=forward_model,
-        compiled=bool(choices["compile"].value), loader=loader, geometry=geometry,
-        eval_set=eval_set, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-        warmup=warmup, flops=flops, flops_per_token=flops.per_token(geometry.flops_seq_len),
-        peak_flops=peak_flops, peak_source=peak_source, params=params, optimizer=optimizer,
-        scaler=scaler, sync_free_skip=sync_free_skip, writer=writer, data_key=data_key,
+        cfg=cfg,
+        out=out,
+        t_process=t_process,
+        cpu_start=cpu_start,
+        env=m.env,
+        dev=m.dev,
+        device=m.device,
+        choices=choices,
+        precision=m.precision,
+        autocast_dtype=autocast_dtype,
+        tokenizer=tokenizer,
+        model=model,
+        wrapped=wrapped,
+        forward_model=forward_model,
+        compiled=bool(choices["compile"].value),
+        loader=loader,
+        geometry=geometry,
+        eval_set=eval_set,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        warmup=warmup,
+        flops=flops,
+        flops_per_token=flops.per_token(geometry.flops_seq_len),
+        peak_flops=peak_flops,
+        peak_source=peak_source,
+        params=params,
+        optimizer=optimizer,
+        scaler=scaler,
+        sync_free_skip=sync_free_skip,
+        writer=writer,
+        data_key=data_key,
         faults=faults,
-    )  # fmt: skip
+    )
 
 
 def place_run(
-    cfg: RunConfig, device: DeviceInfo | None, rank: int | None, world_size: int | None,
-    choices: dict[str, Choice], out: Path | None = None,
-) -> _Machine:  # fmt: skip
+    cfg: RunConfig,
+    device: DeviceInfo | None,
+    rank: int | None,
+    world_size: int | None,
+    choices: dict[str, Choice],
+    out: Path | None = None,
+) -> _Machine:
     """Choices that need only the machine: device, process group, precision, TF32,
     attention, optimizer kind. May raise ConfigError (nothing is written yet)."""
     if device is None:
@@ -261,28 +273,20 @@ def load_model(
 
 
 def build_data(
-    cfg: RunConfig, out: Path, m: _Machine, model: Any, autocast_dtype: torch.dtype | None,
-    choices: dict[str, Choice], loader: Loader | None,
-) -> tuple[Loader, data.Geometry, EvalSet | None, str | None]:  # fmt: skip
+    cfg: RunConfig,
+    out: Path,
+    m: _Machine,
+    model: Any,
+    autocast_dtype: torch.dtype | None,
+    choices: dict[str, Choice],
+    loader: Loader | None,
+) -> tuple[Loader, data.Geometry, EvalSet | None, str | None]:
     """(loader, geometry, eval set, the store's content key). After the model: `batching:
     auto` times each strategy on it, and a GPU run sizes its micro-batch with it."""
     env, device, tdev, fsdp = m.env, m.dev, m.device, m.fsdp
     attention = choices["attention"]
 
-    def timing_micro_batch(mb: dict[str, Any]) -> float:
-        """One forward+backward for `batching: auto`'s timing; gradients are thrown away."""
-        batch = to_device(mb, tdev, attention.value)
-        loss = token_loss_sum(model, batch, tdev.type, autocast_dtype)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(loss.item())  # the sync makes the timing cover the device work
-
-    # The kernel it runs, and where: with per-document attention, `batching: auto` decides
-    # pack vs bucket from a cost model instead of timing them (batching.auto, which
-    # still times sdpa_docs on a GPU: launches per document are not positions).
-    timing_micro_batch.attention = attention.value  # type: ignore[attr-defined]
-    timing_micro_batch.device_type = tdev.type  # type: ignore[attr-defined]
-
+    timing_micro_batch = TimedMicroBatch(model, tdev, attention.value, autocast_dtype)
     eval_set: EvalSet | None = None
     data_key: str | None = None
     if loader is None:
@@ -313,16 +317,23 @@ def build_data(
         loader, geometry = data.build_loader(request)
         if held is not None:
             eval_set = EvalSet(
-                held.store, loader.settings, indices=held.indices, rank=env.rank,
-                seed=cfg.seed, lockstep=fsdp, source=held.source,
-            )  # fmt: skip
+                held.store,
+                loader.settings,
+                indices=held.indices,
+                rank=env.rank,
+                seed=cfg.seed,
+                lockstep=fsdp,
+                source=held.source,
+            )
     else:
         given = loader.settings
         geometry = data.Geometry(
-            "custom", given.max_seq_len if given else cfg.max_seq_len,
-            given.tokens_per_step if given else 0, "given by the caller",
+            "custom",
+            given.max_seq_len if given else cfg.max_seq_len,
+            given.tokens_per_step if given else 0,
+            "given by the caller",
             {"batching": Choice("custom", "a loader object was passed to the Trainer")},
-        )  # fmt: skip
+        )
         if cfg.eval_data:
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
@@ -330,9 +341,14 @@ def build_data(
 
 
 def plan_compute(
-    cfg: RunConfig, m: _Machine, model: Any, geometry: data.Geometry, total_steps: int,
-    choices: dict[str, Choice], faults: Faults = NO_FAULTS,
-) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any]:  # fmt: skip
+    cfg: RunConfig,
+    m: _Machine,
+    model: Any,
+    geometry: data.Geometry,
+    total_steps: int,
+    choices: dict[str, Choice],
+    faults: Faults = NO_FAULTS,
+) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any]:
     """(FLOPs model, device peak, its source, the wrapped model, what the forward calls).
     FLOPs of the whole model, before any sharding; the distributed wrapper after `auto`'s
     timing (it times the plain model); compile decided from the estimated run time."""
@@ -361,34 +377,33 @@ def build_optimizer_parts(
     After the wrapper: FSDP2 replaces the parameters by sharded DTensors."""
     env, tdev, precision = m.env, m.device, m.precision
     optimizer = build_optimizer(
-        model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=choices["optimizer"],
+        model,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        choice=choices["optimizer"],
         betas=parse_betas(cfg.adam_betas),
-    )  # fmt: skip
+    )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     # Fused AdamW takes a device-side found_inf flag: a non-finite step is skipped by
     # the kernel itself, without a host-device sync.
     sync_free_skip = (
         tdev.type == "cuda" and choices["optimizer"].value == "adamw_fused" and scaler is None
     )
-    choices["loss"] = Choice(
-        "fp32 token CE / step_targets",
-        "computed by pitstop from the logits in fp32, summed over targets and divided by the "
-        "step's target count (all ranks), so accumulated micro-batches give exactly one big "
-        "batch's gradient"
-        + ("; on a CPU a block of rows at a time, without an fp32 copy of the logits"
-           if tdev.type == "cpu" else "")
-        + (f"; x{env.world_size} to undo the gradient averaging across ranks"
-           if env.distributed else ""),
-    )  # fmt: skip
-
+    choices["loss"] = loss_choice(tdev.type, env.world_size)
     return optimizer, scaler, sync_free_skip
 
 
 def build_writer(
-    cfg: RunConfig, out: Path, m: _Machine, model: Any, tokenizer: Any,
-    params: list[torch.nn.Parameter], eval_set: EvalSet | None, faults: Faults,
+    cfg: RunConfig,
+    out: Path,
+    m: _Machine,
+    model: Any,
+    tokenizer: Any,
+    params: list[torch.nn.Parameter],
+    eval_set: EvalSet | None,
+    faults: Faults,
     choices: dict[str, Choice],
-) -> checkpoint.CheckpointWriter:  # fmt: skip
+) -> checkpoint.CheckpointWriter:
     """The background checkpoint writer (rank 0 writes) and its policy for the banner."""
     env, tdev, fsdp = m.env, m.device, m.fsdp
     writer = checkpoint.CheckpointWriter(
@@ -404,13 +419,7 @@ def build_writer(
         memory_plan.checkpoint_reason(model, params, choices["optimizer"], tdev, fsdp),
     )
     if eval_set is not None:
-        every = f"every {cfg.eval_steps} steps and " if cfg.eval_steps else ""
-        choices["eval"] = Choice(
-            eval_set.source,
-            f"held-out loss and perplexity {every}at the end, over {eval_set.n_targets:,} "
-            "targets, batched like training; the checkpoint with the lowest eval loss is kept "
-            "beside the newest (checkpoints/best.json)",
-        )
+        choices["eval"] = eval_set.choice(cfg.eval_steps)
     return writer
 
 
@@ -428,24 +437,12 @@ def _custom_eval_set(
         raise ConfigError("--eval-data auto needs pitstop's own loader (it splits the store)")
     held = data.eval_data(cfg, None)
     assert held is not None
-    return EvalSet(held.store, settings, indices=None, rank=rank, seed=cfg.seed,
-                   lockstep=fsdp, source=held.source)  # fmt: skip
-
-
-def _quiet_transformers() -> None:
-    """save_pretrained's per-shard progress bars would interleave with the run's own bar."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def _process_start() -> float:
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # psutil is a dependency, but a missing /proc must not stop a run
-        return time.time()
+    return EvalSet(
+        held.store,
+        settings,
+        indices=None,
+        rank=rank,
+        seed=cfg.seed,
+        lockstep=fsdp,
+        source=held.source,
+    )

@@ -141,9 +141,13 @@ def tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
     if t.device.type == "meta":
         return ("meta", id(t))
     return (
-        t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(),
-        tuple(t.shape), tuple(t.stride()),
-    )  # fmt: skip
+        t.device,
+        t.dtype,
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        tuple(t.stride()),
+    )
 
 
 def to_host(obj: Any, memo: dict[Any, torch.Tensor] | None = None) -> Any:

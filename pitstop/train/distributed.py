@@ -50,6 +50,7 @@ from pitstop import log, run_record
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, PitstopError
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
+from pitstop.runlock import HELD_ENV
 from pitstop.train.checkpoint import CheckpointError
 from pitstop.train.model_io import is_peft
 
@@ -402,20 +403,17 @@ def optimizer_state_by_name(
 
 def launch_argv(config_file: Path, nproc: int) -> list[str]:
     """The torchrun command line of `--nproc N` (an argv list, never a shell string)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(nproc), "-m", "pitstop", "train", "--config", str(config_file),
-    ]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    train = ["-m", "pitstop", "train", "--config", str(config_file)]
+    return [*torchrun, "--nproc-per-node", str(nproc), *train]
 
 
-def launch(cfg: RunConfig) -> dict[str, Any]:
+def launch(cfg: RunConfig) -> run_record.RunSummary:
     """Run `cfg` as `cfg.nproc` processes on this machine; returns rank 0's summary.
 
     The config travels as a YAML file rather than re-quoted flags, so a run started from
     Python (`pitstop.train.run(cfg)`) relaunches exactly like one started from the CLI.
     """
-
-    from pitstop.runlock import HELD_ENV
 
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         n = torch.cuda.device_count()
@@ -446,4 +444,4 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             f"the {cfg.nproc} training processes stopped with exit code {rc} (their messages are above)",
             exit_code=rc if 0 < rc < 256 else 1,
         )
-    return run_record.read_summary(out).to_json()  # rank 0's, validated
+    return run_record.read_summary(out)  # rank 0's, validated

@@ -15,13 +15,27 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from pitstop.batching.plan import build_plan, step_micro_batches
 from pitstop.errors import ConfigError
+from pitstop.probe import Choice
 
-__all__ = ["EvalSet"]
+__all__ = ["EvalResult", "EvalSet"]
+
+
+class EvalResult(TypedDict):
+    """One held-out evaluation: on its step's metrics.jsonl line (all but `step`), in
+    summary.json's `eval` and in trainer_state.json's `last_eval`."""
+
+    step: int
+    eval_loss: float  # mean CE per eval target token, over all ranks
+    eval_ppl: float  # exp(eval_loss); inf above exp(700)
+    eval_targets: int
+    eval_sequences: int
+    eval_seconds: float
 
 
 class EvalSet:
@@ -39,7 +53,6 @@ class EvalSet:
         source: str,
     ) -> None:
         from pitstop.batching.loader import sequence_targets
-        from pitstop.batching.plan import build_plan, step_micro_batches
 
         self.store = store
         self.source = source
@@ -54,9 +67,14 @@ class EvalSet:
                 f"{settings.max_seq_len}; prepare it with --max-seq-len {settings.max_seq_len}"
             )
         plan = build_plan(
-            lengths, strategy=settings.strategy, max_seq_len=settings.max_seq_len,
-            tokens_per_step=settings.tokens_per_step, seed=seed, epoch=0, indices=indices,
-        )  # fmt: skip
+            lengths,
+            strategy=settings.strategy,
+            max_seq_len=settings.max_seq_len,
+            tokens_per_step=settings.tokens_per_step,
+            seed=seed,
+            epoch=0,
+            indices=indices,
+        )
         self.specs = [
             spec
             for step in range(plan.n_steps)
@@ -68,6 +86,16 @@ class EvalSet:
             raise ConfigError(f"--eval-data {source}: its sequences hold no loss targets")
         self.pad_id = store.pad_id
 
+    def choice(self, eval_steps: int | None) -> Choice:
+        """The banner's and summary's account of the run's evaluation."""
+        every = f"every {eval_steps} steps and " if eval_steps else ""
+        return Choice(
+            self.source,
+            f"held-out loss and perplexity {every}at the end, over {self.n_targets:,} "
+            "targets, batched like training; the checkpoint with the lowest eval loss is kept "
+            "beside the newest (checkpoints/best.json)",
+        )
+
     def batches(self) -> Iterator[dict[str, Any]]:
         """Micro-batch dicts (CPU tensors), as the training loader collates them."""
         from pitstop.batching.collate import collate
@@ -76,23 +104,28 @@ class EvalSet:
         for spec in self.specs:
             yield collate(s.tokens, s.mask, s.offsets, spec, self.pad_id)
 
-    def result(self, loss_sum: float, step: int, seconds: float) -> dict[str, Any]:
+    def result(self, loss_sum: float, step: int, seconds: float) -> EvalResult:
         """The eval record: `eval_loss` (mean CE per target), `eval_ppl` = exp(eval_loss)."""
         loss = loss_sum / self.n_targets
-        return {
-            "step": step,
-            "eval_loss": loss,
-            "eval_ppl": math.exp(loss) if loss < 700 else float("inf"),
-            "eval_targets": self.n_targets,
-            "eval_sequences": self.n_sequences,
-            "eval_seconds": seconds,
-        }
+        return EvalResult(
+            step=step,
+            eval_loss=loss,
+            eval_ppl=math.exp(loss) if loss < 700 else float("inf"),
+            eval_targets=self.n_targets,
+            eval_sequences=self.n_sequences,
+            eval_seconds=seconds,
+        )
 
 
 def held_out_loss(
-    eval_set: EvalSet, model: Any, loss_sum: Callable[[dict[str, Any]], Any], *, step: int,
-    device: Any, all_reduce: Callable[[Any], Any],
-) -> dict[str, Any]:  # fmt: skip
+    eval_set: EvalSet,
+    model: Any,
+    loss_sum: Callable[[dict[str, Any]], Any],
+    *,
+    step: int,
+    device: Any,
+    all_reduce: Callable[[Any], Any],
+) -> EvalResult:
     """Evaluate `model` on `eval_set` now: `loss_sum(micro_batch)` is a device scalar.
 
     In eval mode (no dropout), without gradients; all ranks take part (`all_reduce`

@@ -122,9 +122,14 @@ def partial_dir(dest: Path) -> Path:
 
 
 def write_final(
-    model: Any, tokenizer: Any, out: Path, state: dict[str, Any] | None, cfg: RunConfig, *,
+    model: Any,
+    tokenizer: Any,
+    out: Path,
+    state: dict[str, Any] | None,
+    cfg: RunConfig,
+    *,
     before_publish: Callable[[], None],
-) -> None:  # fmt: skip
+) -> None:
     """OUT/final/ (HF-loadable; a PEFT adapter for LoRA), written aside and published
     atomically; OUT/merged/ too with --merge-lora. `before_publish` runs between the two
     (the trainer waits there for its last checkpoint: final/ is never published by a

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from pitstop.probe import Choice
 from pitstop.train.attention import FORWARD_KEYS, attention_kwargs
 from pitstop.train.token_loss import shifted_targets, token_ce_sum
 
@@ -54,10 +55,46 @@ def token_loss_sum(
     """
     kwargs = forward_kwargs(batch)
     with torch.autocast(
-        device_type, dtype=autocast_dtype or torch.float32,
+        device_type,
+        dtype=autocast_dtype or torch.float32,
         enabled=autocast_dtype is not None,
-    ):  # fmt: skip
+    ):
         out = forward(**kwargs)
     # [B*T, V] logits and [B*T] targets (the model convention: position t predicts
     # labels[t+1]); the sum in fp32, without an fp32 copy of the logits on a CPU.
     return token_ce_sum(out.logits.flatten(0, 1), shifted_targets(batch["labels"]))
+
+
+def loss_choice(device_type: str, world_size: int) -> Choice:
+    """The banner's and summary's account of how `token_loss_sum` makes one step's loss."""
+    how = [
+        "computed by pitstop from the logits in fp32, summed over targets and divided by the "
+        "step's target count (all ranks), so accumulated micro-batches give exactly one big "
+        "batch's gradient"
+    ]
+    if device_type == "cpu":
+        how.append("on a CPU a block of rows at a time, without an fp32 copy of the logits")
+    if world_size > 1:
+        how.append(f"x{world_size} to undo the gradient averaging across ranks")
+    return Choice("fp32 token CE / step_targets", "; ".join(how))
+
+
+class TimedMicroBatch:
+    """One forward+backward of a micro-batch for `batching: auto`'s timing (gradients are
+    thrown away). `attention` and `device_type` say what kernel it runs, and where: with
+    per-document attention, `batching: auto` decides pack vs bucket from a cost model
+    instead of timing them (batching.auto, which still times sdpa_docs on a GPU: launches
+    per document are not positions)."""
+
+    def __init__(
+        self, model: Any, device: torch.device, attention: str, autocast_dtype: torch.dtype | None
+    ) -> None:
+        self.model, self.device, self.attention = model, device, attention
+        self.device_type, self.autocast_dtype = device.type, autocast_dtype
+
+    def __call__(self, mb: dict[str, Any]) -> float:
+        batch = to_device(mb, self.device, self.attention)
+        loss = token_loss_sum(self.model, batch, self.device_type, self.autocast_dtype)
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return float(loss.item())  # the sync makes the timing cover the device work

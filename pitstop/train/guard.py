@@ -49,9 +49,17 @@ class TrainingDiverged(PitstopError):
 
 
 def diverged(
-    *, step: int, lr: float, loss: float, norm: float, weights: bool, bad_run: int,
-    last_checkpoint: Any, precision: str, max_grad_norm: float,
-) -> TrainingDiverged:  # fmt: skip
+    *,
+    step: int,
+    lr: float,
+    loss: float,
+    norm: float,
+    weights: bool,
+    bad_run: int,
+    last_checkpoint: Any,
+    precision: str,
+    max_grad_norm: float,
+) -> TrainingDiverged:
     """The error that stops a run at optimizer step `step`, naming its last good checkpoint."""
     what = (
         f"the update of optimizer step {step} made weights non-finite (NaN/Inf; loss "

@@ -82,15 +82,20 @@ def cuda_sizer(
     capacity = free + torch.cuda.memory_reserved(device)  # what this process can reach
     params = [p for p in model.parameters() if p.requires_grad]
     return MicroSizer(
-        measure, capacity, sizer_reserved_bytes(params, optimizer, ddp=ddp),
+        measure,
+        capacity,
+        sizer_reserved_bytes(params, optimizer, ddp=ddp),
         start_peak_window=lambda: torch.cuda.reset_peak_memory_stats(device),
-    )  # fmt: skip
+    )
 
 
 def sizer_reserved_bytes(
-    params: list[torch.nn.Parameter], optimizer: Choice, *, ddp: bool,
+    params: list[torch.nn.Parameter],
+    optimizer: Choice,
+    *,
+    ddp: bool,
     bucket_view: bool = distributed.GRADIENT_AS_BUCKET_VIEW,
-) -> int:  # fmt: skip
+) -> int:
     """Device bytes the run will hold that a one-process forward+backward of the bare model
     does not show: the optimizer's moments, and under DDP any gradient copy in its buckets."""
     extra = distributed.ddp_gradient_copy_bytes(params, bucket_view=bucket_view) if ddp else 0
@@ -98,9 +103,12 @@ def sizer_reserved_bytes(
 
 
 def checkpoint_reason(
-    model: Any, params: list[torch.nn.Parameter], optimizer: Choice, device: torch.device,
+    model: Any,
+    params: list[torch.nn.Parameter],
+    optimizer: Choice,
+    device: torch.device,
     fsdp: bool,
-) -> str:  # fmt: skip
+) -> str:
     writes = "a background thread writes atomically (partial dir, marker, rename)"
     if fsdp:
         return f"asynchronous: the loop pauses to gather full state to host memory; {writes}"

@@ -310,9 +310,11 @@ def save_model_dir(
         # adapter names its base by Hub id: an offline machine waits for time-outs. pitstop
         # never resizes the embeddings, so they are saved exactly when LoRA trains them.
         model.save_pretrained(
-            dest, state_dict=state, safe_serialization=True,
+            dest,
+            state_dict=state,
+            safe_serialization=True,
             save_embedding_layers=_lora_on_embeddings(model),
-        )  # fmt: skip
+        )
     else:
         model.save_pretrained(dest, state_dict=state, safe_serialization=True)
     if tokenizer is not None:

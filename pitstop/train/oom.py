@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from pitstop import log
 from pitstop.errors import PitstopError
 from pitstop.probe import Choice
@@ -72,7 +74,6 @@ def device_bytes(device_type: str) -> int | None:
             import torch
 
             return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        import psutil
 
         return int(psutil.virtual_memory().total)
     except Exception:  # no device query: the message goes without sized options
@@ -96,9 +97,14 @@ def fitting_options(*, rows: int | None, checkpointing: bool, seq_len: int) -> l
 
 
 def oom_error(
-    exc: BaseException, *, step: int, micro: tuple[int, int, tuple[int, ...]] | None,
-    device_type: str, last_checkpoint: Any, **estimate: Any,
-) -> TrainingOutOfMemory:  # fmt: skip
+    exc: BaseException,
+    *,
+    step: int,
+    micro: tuple[int, int, tuple[int, ...]] | None,
+    device_type: str,
+    last_checkpoint: Any,
+    **estimate: Any,
+) -> TrainingOutOfMemory:
     """The error for an OOM in optimizer step `step` (1-based) at micro-batch `micro`."""
     where = f"optimizer step {step}"
     if micro is not None:
@@ -137,9 +143,16 @@ def halved(
 
 
 def back_off(
-    loader: Loader, batches: Any, settings: Any, rows: str, *, step: int,
-    choices: dict[str, Choice], device_type: str, announce: bool,
-) -> Any:  # fmt: skip
+    loader: Loader,
+    batches: Any,
+    settings: Any,
+    rows: str,
+    *,
+    step: int,
+    choices: dict[str, Choice],
+    device_type: str,
+    announce: bool,
+) -> Any:
     """Re-split `loader` into micro-batches of `settings` after a CUDA out-of-memory in
     step `step` (1-based); returns the new batch iterator. The caller has dropped the
     step's partial gradients."""
@@ -154,9 +167,10 @@ def back_off(
     was = choices.get("micro_batch")
     before = f"{was.value}; " if was is not None else ""
     choices["micro_batch"] = Choice(
-        rows, f"{before}backed off to half after a CUDA out-of-memory in step {step}; "
+        rows,
+        f"{before}backed off to half after a CUDA out-of-memory in step {step}; "
         "tokens per optimizer step unchanged",
-    )  # fmt: skip
+    )
     if announce:
         log.warning(
             f"pitstop: warning: CUDA out of memory in step {step}: continuing with "
@@ -167,9 +181,13 @@ def back_off(
 
 
 def run_step(
-    step_fn: Callable[[], None], run: Any, *, step: int, retryable: Callable[[], bool],
+    step_fn: Callable[[], None],
+    run: Any,
+    *,
+    step: int,
+    retryable: Callable[[], bool],
     micro: Callable[[], tuple[int, int, tuple[int, ...]] | None],
-) -> tuple[Any, str] | None:  # fmt: skip
+) -> tuple[Any, str] | None:
     """Run one optimizer step (`step_fn`); None when it trained, else the halved settings
     for `back_off` after a CUDA out-of-memory in a forward/backward of one process. Any
     other out-of-memory error stops the run (`stop_error`); other errors pass through.
@@ -202,9 +220,15 @@ def stop_error(
     except PitstopError as err:  # the write failed (CheckpointError): the OOM is the news
         log.warning(f"pitstop: {err}")
     return oom_error(
-        exc, step=step, micro=micro, device_type=run.device.type,
-        last_checkpoint=run.writer.last_written, model_dir=str(run.cfg.model),
-        seq_len=run.geometry.max_seq_len, precision=run.precision,
+        exc,
+        step=step,
+        micro=micro,
+        device_type=run.device.type,
+        last_checkpoint=run.writer.last_written,
+        model_dir=str(run.cfg.model),
+        seq_len=run.geometry.max_seq_len,
+        precision=run.precision,
         attention=str(run.choices["attention"].value),
-        checkpointing=bool(run.cfg.gradient_checkpointing), lora_r=run.cfg.lora_r,
-    )  # fmt: skip
+        checkpointing=bool(run.cfg.gradient_checkpointing),
+        lora_r=run.cfg.lora_r,
+    )

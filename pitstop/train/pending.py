@@ -23,7 +23,7 @@ memory/peak_gib: train/run_log.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,36 +45,101 @@ class Broken:
     weights: bool
 
 
+@dataclass
+class PendingStep:
+    """One optimizer step not yet logged: its values stay device tensors until `device_values`.
+
+    `counts` are this rank's (trained, seen, positions) tokens; `record` is the step's
+    timeline (set when the step ends); `eval` the held-out result the step ran, if any.
+    """
+
+    step: int
+    epoch: float
+    lr: float
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    bad: torch.Tensor  # 0-dim bool: the update was skipped
+    bad_run: torch.Tensor  # non-finite steps in a row, this one included
+    weights_bad: torch.Tensor  # the update left non-finite weights on this rank
+    counts: tuple[int, int, int]
+    record: StepRecord | None = None
+    eval: dict[str, float] = field(default_factory=dict)  # EvalResult's fields but `step`
+
+
 def device_values(
-    pending: list[dict[str, Any]], env: distributed.DistEnv, device: torch.device
+    pending: list[PendingStep], env: distributed.DistEnv, device: torch.device
 ) -> list[list[float]]:
     """Per pending step: loss share, targets, seen, positions, ranks whose weights went
     non-finite (summed over ranks), then grad norm, bad, bad run (the same on every
     rank). One collective, one transfer."""
+
+    def summed_row(p: PendingStep) -> torch.Tensor:
+        counts = torch.tensor(p.counts, dtype=torch.float64).to(device)
+        return torch.cat(
+            [p.loss.double().reshape(1), counts, p.weights_bad.double().reshape(1).to(device)]
+        )
+
     # float64 so the counts stay exact
-    summed = torch.stack([
-        torch.cat([p["loss"].double().reshape(1),
-                   torch.tensor(p["counts"], dtype=torch.float64).to(device),
-                   p["weights_bad"].double().reshape(1).to(device)])
-        for p in pending
-    ])  # fmt: skip
+    summed = torch.stack([summed_row(p) for p in pending])
     distributed.all_reduce_sum(summed, env)
-    same = torch.stack([
-        torch.stack([p["grad_norm"].double(), p["bad"].double(), p["bad_run"].double()])
-        for p in pending
-    ])  # fmt: skip
+    same = torch.stack(
+        [torch.stack([p.grad_norm.double(), p.bad.double(), p.bad_run.double()]) for p in pending]
+    )
     return torch.cat([summed, same], dim=1).tolist()
 
 
+def _line(
+    p: PendingStep,
+    rec: StepRecord,
+    phases: dict[str, float],
+    state: RunState,
+    *,
+    loss: float,
+    norm: float,
+    skipped: bool,
+    n_t: int,
+    n_p: int,
+    flops_per_token: float,
+    peak_flops: float | None,
+) -> dict[str, Any]:
+    """The metrics.jsonl line of one step (the module docstring lists its fields)."""
+    secs = rec.step_seconds
+    # of the positions computed (padding included), as the summary's MFU
+    mfu = flops_mod.mfu(n_p / secs, flops_per_token, peak_flops) if secs > 0 else None
+    return {
+        "step": p.step,
+        "epoch": p.epoch,
+        "lr": p.lr,
+        **p.eval,
+        "loss": None if skipped else loss,
+        "grad_norm": norm,
+        "skipped": skipped,
+        "trained_tokens": state.trained_tokens,
+        "seen_tokens": state.seen_tokens,
+        "padded_tokens": state.padded_tokens,
+        "step_trained_tokens": n_t,
+        "tokens_per_second": n_t / secs if secs > 0 else None,
+        "step_seconds": secs,
+        "mfu": mfu,
+        **{f"{k}_s": v for k, v in phases.items()},
+    }
+
+
 def account(
-    pending: list[dict[str, Any]], vals: list[list[float]], state: RunState, *,
-    flops_per_token: float, peak_flops: float | None, max_bad_steps: int,
-) -> tuple[list[dict[str, Any]], Broken | None]:  # fmt: skip
+    pending: list[PendingStep],
+    vals: list[list[float]],
+    state: RunState,
+    *,
+    flops_per_token: float,
+    peak_flops: float | None,
+    max_bad_steps: int,
+) -> tuple[list[dict[str, Any]], Broken | None]:
     """Count the pending steps into `state`; their metrics.jsonl lines. With a `Broken`,
     the lines end at the step that broke the run (what it wrote, nothing after)."""
     lines = []
     for p, (loss, n_t, n_s, n_p, w_bad, norm, bad, bad_run) in zip(pending, vals):
-        rec: StepRecord = p.pop("record")
+        rec = p.record
+        assert rec is not None  # the loop sets it when the step ends, before any logging
         phases = rec.resolve()
         for k, v in phases.items():
             state.phase_totals[k] += v
@@ -82,29 +147,29 @@ def account(
         state.trained_tokens += int(n_t)
         state.seen_tokens += int(n_s)
         state.padded_tokens += int(n_p)
-        drop = ("loss", "grad_norm", "bad", "bad_run", "counts", "weights_bad")
-        line = {k: v for k, v in p.items() if k not in drop}
-        line.update({
-            "loss": None if skipped else loss, "grad_norm": norm, "skipped": skipped,
-            "trained_tokens": state.trained_tokens, "seen_tokens": state.seen_tokens,
-            "padded_tokens": state.padded_tokens, "step_trained_tokens": int(n_t),
-            "tokens_per_second": int(n_t) / rec.step_seconds if rec.step_seconds > 0 else None,
-            "step_seconds": rec.step_seconds,
-            # of the positions computed (padding included), as the summary's MFU
-            "mfu": flops_mod.mfu(n_p / rec.step_seconds, flops_per_token, peak_flops)
-            if rec.step_seconds > 0 else None,
-            **{f"{k}_s": v for k, v in phases.items()},
-        })  # fmt: skip
+        line = _line(
+            p,
+            rec,
+            phases,
+            state,
+            loss=loss,
+            norm=norm,
+            skipped=skipped,
+            n_t=int(n_t),
+            n_p=int(n_p),
+            flops_per_token=flops_per_token,
+            peak_flops=peak_flops,
+        )
         lines.append(line)
         if w_bad:  # this update broke the weights: stop before anything saves them
             line["weights_finite"] = False
-            return lines, Broken(p["step"], p["lr"], loss, norm, weights=True)
+            return lines, Broken(p.step, p.lr, loss, norm, weights=True)
         if skipped:
             state.skipped_steps += 1
             state.bad_run = int(bad_run)
             if state.bad_run >= max_bad_steps:
-                return lines, Broken(p["step"], p["lr"], loss, norm, weights=False)
+                return lines, Broken(p.step, p.lr, loss, norm, weights=False)
         else:
             state.bad_run = 0
-            state.last_loss, state.last_loss_step = loss, p["step"]
+            state.last_loss, state.last_loss_step = loss, p.step
     return lines, None

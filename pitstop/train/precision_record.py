@@ -1,15 +1,17 @@
 """The run's precision record: the one a resumed run keeps, the one a measured choice adds
-to choices.json, and the CPU measurement that decides bf16 against fp32."""
+to choices.json, and the CPU measurement that decides bf16 against fp32.
+
+Precision is a run's choice, not a batching one: it is read from and added to the run's
+`run_record.ChoiceRecord` here, without going through batching's choices module.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from pitstop import probe
-from pitstop.batching.choices import read_run_choices
+from pitstop import probe, run_record
 from pitstop.cache_layout import cache_root
 from pitstop.config import RunConfig
 from pitstop.measure.peak import model_precision_speed
@@ -21,7 +23,9 @@ def kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choi
     """On --resume with precision auto: the precision the run's choices.json recorded."""
     if not (cfg.resume and cfg.precision == "auto" and out is not None):
         return None
-    record = read_run_choices(out)  # a damaged file is refused, naming the field
+    path = out / run_record.CHOICES
+    # A damaged file is refused, naming the field: a resumed run keeps what it started with.
+    record = run_record.read_choices(path) if path.exists() else None
     value = record.values.get("precision") if record is not None else None
     if value is None:
         return None
@@ -30,16 +34,18 @@ def kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choi
     )
 
 
-def record_precision(record: ChoiceRecord | None, precision: Choice, dev: DeviceInfo) -> Any:
+def record_precision(
+    record: ChoiceRecord | None, precision: Choice, dev: DeviceInfo
+) -> ChoiceRecord | None:
     """The run's measured choices with a measured precision added (written to choices.json
     before step 1, so --resume keeps it); unchanged when precision was not measured."""
     if precision.measured is None or (record is not None and "precision" in record.values):
         return record
     if record is None:
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         record = ChoiceRecord(
-            key="run", key_fields={"device": dev.name},
-            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), values={},
-        )  # fmt: skip
+            key="run", key_fields={"device": dev.name}, measured_at=now, values={}
+        )
     return dataclasses.replace(
         record,
         values={**record.values, "precision": precision.value},

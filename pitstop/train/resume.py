@@ -28,10 +28,11 @@ from pitstop.train import checkpoint
 # optimizer's trajectory or the schedule). Layout settings (batching, micro-batch
 # size, workers) only arrange the same steps and are free to change.
 MATH_SETTINGS = (
-    "model", "max_seq_len", "tokens_per_step", "lr", "schedule", "min_lr_ratio",
-    "warmup_steps", "weight_decay", "max_grad_norm", "max_steps", "epochs", "total_steps",
-    "seed", "lora_r", "lora_alpha",
-)  # fmt: skip
+    *("model", "max_seq_len", "tokens_per_step"),  # what is trained on, in what shape
+    *("lr", "schedule", "min_lr_ratio", "warmup_steps", "weight_decay", "max_grad_norm"),
+    *("max_steps", "epochs", "total_steps"),  # the run's length (the schedule stretches)
+    *("seed", "lora_r", "lora_alpha"),
+)
 
 
 def identity(
@@ -47,10 +48,13 @@ def identity(
     fields = cfg.to_dict()
     out: dict[str, Any] = {k: fields.get(k) for k in MATH_SETTINGS}
     out.update(
-        data=data_key, model=str(Path(cfg.model).resolve()) if cfg.model else None,
-        max_seq_len=max_seq_len, tokens_per_step=tokens_per_step, total_steps=total_steps,
+        data=data_key,
+        model=str(Path(cfg.model).resolve()) if cfg.model else None,
+        max_seq_len=max_seq_len,
+        tokens_per_step=tokens_per_step,
+        total_steps=total_steps,
         warmup_steps=warmup_steps,
-    )  # fmt: skip
+    )
     return out
 
 

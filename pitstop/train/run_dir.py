@@ -44,10 +44,13 @@ def clear_run(out: Path) -> None:
 def identity(run: Run, total_steps: int) -> dict[str, Any]:
     """What a checkpoint records of its run, and --resume checks (train/resume.py)."""
     return resume.identity(
-        run.cfg, data_key=run.data_key, max_seq_len=run.geometry.max_seq_len,
-        tokens_per_step=run.geometry.tokens_per_step, total_steps=total_steps,
+        run.cfg,
+        data_key=run.data_key,
+        max_seq_len=run.geometry.max_seq_len,
+        tokens_per_step=run.geometry.tokens_per_step,
+        total_steps=total_steps,
         warmup_steps=run.warmup,
-    )  # fmt: skip
+    )
 
 
 def prepare_output(run: Run, *, total_steps: int) -> Restored | None:
@@ -68,10 +71,9 @@ def prepare_output(run: Run, *, total_steps: int) -> Restored | None:
     step = restored.state.step if restored is not None else 0
     if is_main:
         truncate_metrics(out / run_record.METRICS, step)
-        saved = RunConfig(**{
-            **cfg.to_dict(), "resume": False, "overwrite": False,
-            "resume_with_changes": False,
-        }).to_yaml()  # fmt: skip
+        # What `--config OUT/config.yaml --resume` reads back: the run, not this start of it.
+        fresh = {**cfg.to_dict(), "resume": False, "overwrite": False, "resume_with_changes": False}
+        saved = RunConfig(**fresh).to_yaml()
         kept = resume.keep_previous_config(out, saved, step) if latest else None
         if kept is not None:
             log.info(
@@ -92,9 +94,11 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
     # cache (load_full_state), the other ranks take only the small scaler state beside them.
     st = checkpoint.read_checkpoint(path, mmap=run.fsdp)
     changed = resume.check_same_run(
-        st["trainer_state"].get("identity"), identity(run, total_steps),
-        allow=run.cfg.resume_with_changes, path=path,
-    )  # fmt: skip
+        st["trainer_state"].get("identity"),
+        identity(run, total_steps),
+        allow=run.cfg.resume_with_changes,
+        path=path,
+    )
     if changed and run.env.rank == 0:
         log.warning(
             "pitstop: warning: --resume-with-changes: continuing with changed settings: "
@@ -104,9 +108,11 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
         # Saved as full (unsharded) state by name; rank 0 reads it, each rank keeps its shard.
         optim = st["optimizer"].pop("optimizer")
         distributed.load_full_state(
-            run.model, run.optimizer, lambda: (model_io.read_weights(path, run.model), optim),
+            run.model,
+            run.optimizer,
+            lambda: (model_io.read_weights(path, run.model), optim),
             run.env,
-        )  # fmt: skip
+        )
         del optim
     else:
         model_io.load_weights(run.model, path)

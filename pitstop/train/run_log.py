@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from pitstop import log, run_record
 from pitstop.atomic import write_text_atomic
 from pitstop.config import RunConfig
@@ -91,9 +93,13 @@ def open_wandb(cfg: RunConfig, out: Path, enabled: bool) -> tuple[Any, str]:
     run_id = wandb_run_id(out)
     try:
         run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "pitstop"), name=out.name, dir=str(out),
-            config=cfg.to_dict(), id=run_id, resume="allow",
-        )  # fmt: skip
+            project=os.environ.get("WANDB_PROJECT", "pitstop"),
+            name=out.name,
+            dir=str(out),
+            config=cfg.to_dict(),
+            id=run_id,
+            resume="allow",
+        )
     except Exception as e:  # no login, no network in online mode...: the run goes on
         log.warning(
             f"pitstop: wandb logging skipped: wandb.init failed ({type(e).__name__}: {e}); "
@@ -120,16 +126,20 @@ def wandb_run_id(out: Path) -> str:
 
 def open_progress(total: int, initial: int) -> Any:
     """A tqdm bar on a terminal (PITSTOP_PROGRESS=1/0 forces it on/off)."""
-    from tqdm.auto import tqdm
 
     force = os.environ.get("PITSTOP_PROGRESS")
     disable = None if force is None else force == "0"  # None: only on a terminal
     if not log.progress_enabled():  # --quiet / --log-level warning
         disable = True
     return tqdm(
-        total=total, initial=initial, unit="step", file=sys.stderr, disable=disable,
-        dynamic_ncols=True, desc="train",
-    )  # fmt: skip
+        total=total,
+        initial=initial,
+        unit="step",
+        file=sys.stderr,
+        disable=disable,
+        dynamic_ncols=True,
+        desc="train",
+    )
 
 
 def eta(step: int, total_steps: int, train_seconds: float) -> str:
@@ -217,8 +227,11 @@ class RunLog:
         if bar is None:
             return
         if not bar.disable:
-            bar.set_postfix(loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
-                            tok_s=f"{tps:,.0f}", refresh=False)  # fmt: skip
+            bar.set_postfix(
+                loss=f"{last['loss']:.4f}" if last["loss"] is not None else "skip",
+                tok_s=f"{tps:,.0f}",
+                refresh=False,
+            )
         else:
             loss_s = f"{last['loss']:.4f}" if last["loss"] is not None else "skipped"
             log.info(

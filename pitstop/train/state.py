@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.measure.timeline import PHASES
+from pitstop.train.evaluate import EvalResult
 
 # field -> trainer_state.json key (the file's names predate the fields' names)
 _KEYS = {
@@ -60,7 +61,7 @@ class RunState:
     phase_totals: dict[str, float] = field(default_factory=_zero_phases)
     last_loss: float | None = None
     last_loss_step: int | None = None  # the step of last_loss (later ones were skipped)
-    last_eval: dict[str, Any] | None = None
+    last_eval: EvalResult | None = None  # as trainer_state.json holds it (a plain dict)
 
     def to_trainer_state(
         self, *, total_steps: int, train_seconds: float, wall_seconds: float

@@ -135,7 +135,7 @@ def trainer_summary(
         final_loss_step=state.last_loss_step,
         eval_loss=ev["eval_loss"] if ev else None,
         eval_ppl=ev["eval_ppl"] if ev else None,
-        eval=ev,
+        eval=dict(ev) if ev else None,
         best_checkpoint=checkpoints.best,
         world_size=world_size,
         time_breakdown=dict(state.phase_totals),

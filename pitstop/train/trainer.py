@@ -37,11 +37,12 @@ from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
 from pitstop.train.cadence import Cadence
 from pitstop.train.compile import GuardedForward
-from pitstop.train.evaluate import held_out_loss
+from pitstop.train.evaluate import EvalResult, held_out_loss
 from pitstop.train.export import write_final
 from pitstop.train.forward import to_device, token_loss_sum
 from pitstop.train.guard import TrainingDiverged
 from pitstop.train.hooks import NoHooks, StepHooks
+from pitstop.train.pending import PendingStep
 from pitstop.train.run_log import RunLog
 from pitstop.train.schedule import lr_at
 from pitstop.train.signals import RunInterrupted, StopSignals, interrupted
@@ -52,40 +53,30 @@ __all__ = ["RunInterrupted", "Trainer", "TrainingDiverged"]
 
 
 class Trainer:
-    """One training run's loop. `fit()` returns the summary.
+    """One training run's loop. `fit()` returns the run's `RunSummary`.
 
-    It receives what `pitstop.train.build.build_run` assembled (`run=`); given only a
-    validated RunConfig it builds that itself, passing `device` (overrides the probe:
-    tests pretend machines with it), `loader` (replaces the batching loader: any object
-    honouring `pitstop.batching.loader.Loader`), `rank` and `world_size` on.
-    `hooks` are called at each step's start and end (train/hooks.py); `save_final=False`
-    skips final/ (a measurement run: writing it can take minutes for a large model).
-    The run's parts are read as `self.run.X` (`trainer.X` reads them too, for callers).
+    It receives what `pitstop.train.build.build_run` assembled (`Trainer(run)`);
+    `Trainer.from_config(cfg, ...)` builds that first. The run's parts are read as
+    `trainer.run.X`. `hooks` are called at each step's start and end (train/hooks.py);
+    `save_final=False` skips final/ (a measurement run: writing it can take minutes for a
+    large model).
     """
 
     def __init__(
-        self,
-        cfg: RunConfig,
-        *,
-        device: DeviceInfo | None = None,
-        loader: Loader | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        hooks: StepHooks | None = None,
-        save_final: bool = True,
-        run: Run | None = None,
+        self, run: Run, *, hooks: StepHooks | None = None, save_final: bool = True
     ) -> None:
-        if run is None:
-            run = build_run(cfg, device=device, loader=loader, rank=rank, world_size=world_size)
         self.run = run
         self.hooks: StepHooks = hooks if hooks is not None else NoHooks()
         self.save_final = save_final  # False: a measurement run keeps no final model
         self.is_main, self.world_size = run.env.rank == 0, run.env.world_size
+        agree = partial(distributed.any_rank, device=run.device) if run.env.distributed else None
         self.cadence = Cadence(
-            run.cfg, total_steps=run.total_steps, has_eval=run.eval_set is not None,
+            run.cfg,
+            total_steps=run.total_steps,
+            has_eval=run.eval_set is not None,
             faults=run.faults,
-            agree=partial(distributed.any_rank, device=run.device) if run.env.distributed else None,
-        )  # fmt: skip
+            agree=agree,
+        )
         # --compile on falls back to the wrapped module (DDP/FSDP), never the bare model;
         # the ranks agree on it at logging steps (train/cadence.py).
         self._guard = GuardedForward(run.wrapped, run.forward_model if run.compiled else None)
@@ -99,17 +90,28 @@ class Trainer:
         self._final_state: tuple[int, dict[str, torch.Tensor]] | None = None
         self.resumed_from: str | None = None
         self._bad_run_t = torch.zeros((), device=run.device)
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[PendingStep] = []
         self.train_seconds_now = 0.0
         self._micro: tuple[int, int, tuple[int, ...]] | None = None  # for an OOM message
         self._oom_retryable = False  # the OOM came from a forward/backward (a backoff may help)
 
-    def __getattr__(self, name: str) -> Any:
-        """`trainer.model`, `.cfg`, `.device`...: the run's parts (a view, not a copy)."""
-        run = self.__dict__.get("run")
-        if run is None or name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(run, name)
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RunConfig,
+        *,
+        device: DeviceInfo | None = None,
+        loader: Loader | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        hooks: StepHooks | None = None,
+        save_final: bool = True,
+    ) -> Trainer:
+        """`build_run(cfg, ...)`, then the Trainer of it. `device` overrides the probe (tests
+        pretend machines with it); `loader` replaces the batching loader (any object
+        honouring `pitstop.batching.loader.Loader`)."""
+        run = build_run(cfg, device=device, loader=loader, rank=rank, world_size=world_size)
+        return cls(run, hooks=hooks, save_final=save_final)
 
     @property
     def total_steps(self) -> int:
@@ -166,9 +168,14 @@ class Trainer:
     def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Clip, skip if non-finite, step. Returns (grad norm, skipped flag tensor, lr)."""
         run, cfg = self.run, self.run.cfg
-        lr = lr_at(self.state.step, peak_lr=cfg.lr, total_steps=self.total_steps,
-                   warmup_steps=run.warmup, schedule=cfg.schedule,
-                   min_lr_ratio=cfg.min_lr_ratio)  # fmt: skip
+        lr = lr_at(
+            self.state.step,
+            peak_lr=cfg.lr,
+            total_steps=self.total_steps,
+            warmup_steps=run.warmup,
+            schedule=cfg.schedule,
+            min_lr_ratio=cfg.min_lr_ratio,
+        )
         for g in run.optimizer.param_groups:
             g["lr"] = lr
         if self._ckpt_copy is not None:
@@ -204,8 +211,9 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------
 
-    def fit(self) -> dict[str, Any]:
-        """Train; OUT_DIR is locked against a second writer for the whole run (pitstop/runlock.py)."""
+    def fit(self) -> RunSummary:
+        """Train and return the run's summary (also written to OUT_DIR/summary.json, on
+        rank 0); OUT_DIR is locked against a second writer for the whole run (pitstop/runlock.py)."""
         held = runlock.acquire(self.run.out) if self.is_main else None
         try:
             return self._fit()
@@ -230,56 +238,27 @@ class Trainer:
             )
         self._batches = iter(run.loader)
 
-    def _fit(self) -> dict[str, Any]:
+    def _fit(self) -> RunSummary:
         self._start()
-        signals = StopSignals(
-            self.cadence, announce=self.is_main, next_step=lambda: self.state.step + 1
-        ).__enter__()
         self.run_log.start_progress(self.state.step)
         tl = Timeline(use_cuda_events=self.run.device.type == "cuda")
         t_train0 = time.perf_counter()
         status = "failed"
         ok = False
         try:
-            tl.start_step()
-            while self.cadence.running(self.state.step):
-                if not self._step_or_back_off(tl):
-                    continue  # the same step again, from its first micro-batch
-                rec = tl.end_step()
-                tl.start_step()  # logging, eval and checkpoint below count toward the next step
-                self._pending[-1]["record"] = rec
-                self.run_log.step_done()
-                due = self.cadence.due(self.state.step)
-                if due.compile_failed and self.run.compiled:  # one rank's compile failed: all eager
-                    self._compile_fell_back()
-                self.train_seconds_now = self.state.train_seconds + time.perf_counter() - t_train0
-                if due.eval:  # before logging: the result goes on this step's metrics line
-                    with tl.phase("eval"):
-                        self.evaluate()
-                if due.log:
-                    with tl.phase("logging"):
-                        self.log(progress=True)
-                if due.save:
-                    with tl.phase("checkpoint"):
-                        self.checkpoint(t_train0)
-                    self.cadence.saved()
-                if due.stop:
-                    self.run.writer.wait()
-                    status = "interrupted"
-                    raise interrupted(
-                        self.cadence.signal, out=self.run.out, step=self.state.step,
-                        total_steps=self.total_steps, checkpoint=self.run.writer.last_written,
-                    )  # fmt: skip
+            with StopSignals(
+                self.cadence, announce=self.is_main, next_step=lambda: self.state.step + 1
+            ):
+                self._loop(tl, t_train0)
             ok = True
-        except TrainingDiverged:
-            status = "diverged"
+        except (TrainingDiverged, RunInterrupted) as e:
+            status = "diverged" if isinstance(e, TrainingDiverged) else "interrupted"
             raise
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a save
             status = "interrupted"
             raise
         finally:
             self.run_log.stop_progress()
-            signals.__exit__()
             train_end = time.perf_counter()
             leftover, lost = tl.end_step_seconds()  # after the last step (its logging): counted
             if lost:
@@ -304,20 +283,63 @@ class Trainer:
         # Ranks leave together: a rank that tears down gloo while rank 0 still writes the
         # final model was seen to abort ("terminate called without an active exception").
         distributed.barrier(self.run.env)
-        return summary.to_json()
+        return summary
+
+    def _loop(self, tl: Timeline, t_train0: float) -> None:
+        """Steps until the cadence says the run is done; raises RunInterrupted on a signal."""
+        tl.start_step()
+        while self.cadence.running(self.state.step):
+            if not self._step_or_back_off(tl):
+                continue  # the same step again, from its first micro-batch
+            rec = tl.end_step()
+            tl.start_step()  # logging, eval and checkpoint below count toward the next step
+            self._pending[-1].record = rec
+            self.run_log.step_done()
+            due = self.cadence.due(self.state.step)
+            if due.compile_failed and self.run.compiled:  # one rank's compile failed: all eager
+                self._compile_fell_back()
+            self.train_seconds_now = self.state.train_seconds + time.perf_counter() - t_train0
+            if due.eval:  # before logging: the result goes on this step's metrics line
+                with tl.phase("eval"):
+                    self.evaluate()
+            if due.log:
+                with tl.phase("logging"):
+                    self.log(progress=True)
+            if due.save:
+                with tl.phase("checkpoint"):
+                    self.checkpoint(t_train0)
+                self.cadence.saved()
+            if due.stop:
+                self.run.writer.wait()
+                raise interrupted(
+                    self.cadence.signal,
+                    out=self.run.out,
+                    step=self.state.step,
+                    total_steps=self.total_steps,
+                    checkpoint=self.run.writer.last_written,
+                )
 
     def _step_or_back_off(self, tl: Timeline) -> bool:
         """One optimizer step; False when a CUDA out-of-memory made the loader re-split
         and the step must run again (train/oom.py). Other out-of-memory errors stop the run."""
+        run, step = self.run, self.state.step + 1
         retry = oom.run_step(
-            lambda: self._train_step(tl), self.run, step=self.state.step + 1,
-            retryable=lambda: self._oom_retryable, micro=lambda: self._micro,
-        )  # fmt: skip
+            lambda: self._train_step(tl),
+            run,
+            step=step,
+            retryable=lambda: self._oom_retryable,
+            micro=lambda: self._micro,
+        )
         if retry is not None:
             self._batches = oom.back_off(
-                self.run.loader, self._batches, *retry, step=self.state.step + 1,
-                choices=self.run.choices, device_type=self.run.device.type, announce=self.is_main,
-            )  # fmt: skip
+                run.loader,
+                self._batches,
+                *retry,
+                step=step,
+                choices=run.choices,
+                device_type=run.device.type,
+                announce=self.is_main,
+            )
         return retry is None
 
     def close(self) -> None:
@@ -370,11 +392,19 @@ class Trainer:
         # Device-side bad-step bookkeeping: read only at logging steps.
         self._bad_run_t = (self._bad_run_t + 1) * bad
         # Token counts are this rank's; log() sums them over ranks with the loss.
-        self._pending.append({
-            "step": self.state.step, "epoch": round(self.state.epoch_float, 6), "loss": loss_acc, "lr": lr,
-            "grad_norm": norm, "bad": bad, "counts": (n_targets, n_seen, n_pos),
-            "bad_run": self._bad_run_t, "weights_bad": weights_bad,
-        })  # fmt: skip
+        self._pending.append(
+            PendingStep(
+                step=self.state.step,
+                epoch=round(self.state.epoch_float, 6),
+                lr=lr,
+                loss=loss_acc,
+                grad_norm=norm,
+                bad=bad,
+                bad_run=self._bad_run_t,
+                weights_bad=weights_bad,
+                counts=(n_targets, n_seen, n_pos),
+            )
+        )
 
     def log(self, progress: bool = False) -> None:
         """The logging step: the one place the loop reads device values (a sync).
@@ -387,35 +417,49 @@ class Trainer:
         run = self.run
         vals = pending.device_values(self._pending, run.env, run.device)
         lines, broken = pending.account(
-            self._pending, vals, self.state, flops_per_token=run.flops_per_token,
-            peak_flops=run.peak_flops, max_bad_steps=run.cfg.max_bad_steps,
-        )  # fmt: skip
+            self._pending,
+            vals,
+            self.state,
+            flops_per_token=run.flops_per_token,
+            peak_flops=run.peak_flops,
+            max_bad_steps=run.cfg.max_bad_steps,
+        )
         self._pending = []
         if broken is not None:  # the lines up to the broken step, then stop
             self.run_log.append_metrics(lines)
             run.writer.wait()  # a checkpoint on its way to disk: let it land before naming it
             raise guard.diverged(
-                **vars(broken), bad_run=self.state.bad_run, last_checkpoint=run.writer.last_written,
-                precision=run.precision, max_grad_norm=run.cfg.max_grad_norm,
-            )  # fmt: skip
+                **vars(broken),
+                bad_run=self.state.bad_run,
+                last_checkpoint=run.writer.last_written,
+                precision=run.precision,
+                max_grad_norm=run.cfg.max_grad_norm,
+            )
         if lines:  # the process's peak so far (CUDA: tensors; CPU: resident set)
             lines[-1]["peak_memory_gib"] = peak_memory(self.run.device.type) / 2**30
-        self.run_log.write(lines, trained_tokens=self.state.trained_tokens,
-                           train_seconds=self.train_seconds_now, progress=progress)  # fmt: skip
+        self.run_log.write(
+            lines,
+            trained_tokens=self.state.trained_tokens,
+            train_seconds=self.train_seconds_now,
+            progress=progress,
+        )
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self) -> EvalResult:
         """Held-out loss and perplexity now (train/evaluate.py), on the unwrapped model (no
         DDP hooks; FSDP2's module gathers its shards); attached to the newest pending line."""
         run = self.run
         assert run.eval_set is not None
         res = held_out_loss(
-            run.eval_set, run.model, lambda mb: self._loss(self.to_device(mb), model=run.model),
-            step=self.state.step, device=run.device,
+            run.eval_set,
+            run.model,
+            lambda mb: self._loss(self.to_device(mb), model=run.model),
+            step=self.state.step,
+            device=run.device,
             all_reduce=partial(distributed.all_reduce_sum, env=run.env),
-        )  # fmt: skip
+        )
         self.state.last_eval = res
-        if self._pending and self._pending[-1]["step"] == self.state.step:
-            self._pending[-1].update({k: v for k, v in res.items() if k != "step"})
+        if self._pending and self._pending[-1].step == self.state.step:
+            self._pending[-1].eval = {k: v for k, v in res.items() if k != "step"}
         return res
 
     # --- checkpoints ----------------------------------------------------------------
@@ -459,10 +503,14 @@ class Trainer:
         # What --resume checks (train/resume.py).
         trainer_state["identity"] = run_dir.identity(run, self.total_steps)
         snap = checkpoint.Snapshot(
-            step=self.state.step, model_state=model_state,
-            optimizer={"optimizer": optim_state, "scaler": scaler}, trainer_state=trainer_state,
-            rng=checkpoint.rng_state(), loader_state=run.loader.state_dict(), ready=ready,
-        )  # fmt: skip
+            step=self.state.step,
+            model_state=model_state,
+            optimizer={"optimizer": optim_state, "scaler": scaler},
+            trainer_state=trainer_state,
+            rng=checkpoint.rng_state(),
+            loader_state=run.loader.state_dict(),
+            ready=ready,
+        )
         run.writer.submit(snap, blocking=blocking)
         self.state.ckpt_pause += time.perf_counter() - t0
 
@@ -507,10 +555,22 @@ class Trainer:
         """The run's summary.json so far (built in pitstop.train.summary)."""
         run = self.run
         return trainer_summary(
-            status, state=self.state, total_steps=self.total_steps, world_size=self.world_size,
-            device=run.dev, device_type=run.device.type, choices=run.choices,
-            measured=run.geometry.measured, planned_efficiency=run.geometry.efficiency,
-            flops_per_token=run.flops_per_token, peak_flops=run.peak_flops,
-            peak_source=run.peak_source, checkpoints=run.writer, t_process=run.t_process,
-            cpu_start=run.cpu_start, out=run.out, config=run.cfg.to_dict(), resumed_from=self.resumed_from,
-        )  # fmt: skip
+            status,
+            state=self.state,
+            total_steps=self.total_steps,
+            world_size=self.world_size,
+            device=run.dev,
+            device_type=run.device.type,
+            choices=run.choices,
+            measured=run.geometry.measured,
+            planned_efficiency=run.geometry.efficiency,
+            flops_per_token=run.flops_per_token,
+            peak_flops=run.peak_flops,
+            peak_source=run.peak_source,
+            checkpoints=run.writer,
+            t_process=run.t_process,
+            cpu_start=run.cpu_start,
+            out=run.out,
+            config=run.cfg.to_dict(),
+            resumed_from=self.resumed_from,
+        )

@@ -44,7 +44,7 @@ from pitstop.atomic import read_regular_text, write_cache_entry
 from pitstop.config import RunConfig
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.profiling import StepClock, measured_trainer, measurement_config
-from pitstop.run_record import RunSummary, read_steps
+from pitstop.run_record import read_steps
 from pitstop.runlock import pid_alive
 from pitstop.train.signals import RunInterrupted
 from pitstop.tune.search import (
@@ -146,15 +146,15 @@ class TrialRunner:
                 clock = StepClock(on_step_start=self._stop_when_stable)
                 trainer = measured_trainer(run_cfg, clock, **kwargs)
                 try:
-                    summary = RunSummary.from_json(trainer.fit())
+                    summary = trainer.fit()
                 except RunInterrupted as e:
                     # The trial's trainer caught the user's SIGINT/SIGTERM (its handlers
                     # replace tune's while it runs): the tune stops, not just this trial.
                     raise TuneInterrupted(e.exit_code - 128) from None
-            peak = peak_memory(trainer.device.type)
+            peak = peak_memory(trainer.run.device.type)
             setup = clock.starts[0] - t_start if clock.starts else 0.0
-            tps_math = int(trainer.geometry.tokens_per_step)
-            steps_per_epoch = int(trainer.steps_per_epoch)
+            tps_math = int(trainer.run.geometry.tokens_per_step)
+            steps_per_epoch = int(trainer.run.steps_per_epoch)
 
             lines = sorted(read_steps(tmp / "run" / run_record.METRICS), key=lambda r: r.step)
         finally:
