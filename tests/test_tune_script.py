@@ -336,3 +336,15 @@ def test_cli_dry_run_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None
     assert cli.main(["tune", "--dry-run", "--", "python", "train.py"]) == 0
     out = capsys.readouterr().out
     assert "dry run" in out and "save_strategy='no'" in out and "guard them" in out
+
+
+def test_cli_refuses_mixed_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    from pitstop import cli
+
+    # Training flags belong to the command after --; --steps belongs to the script form.
+    assert cli.main(["tune", "--lr", "1e-3", "--", "python", "train.py"]) == 2
+    assert "training flags configure a pitstop run" in capsys.readouterr().err
+    assert cli.main(["tune", "--steps", "5"]) == 2
+    assert "only with -- COMMAND" in capsys.readouterr().err
+    assert cli.main(["tune", "--steps", "2", "--", "python", "train.py"]) == 2
+    assert "at least 4" in capsys.readouterr().err

@@ -241,7 +241,7 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
             f"{flags}: training flags configure a pitstop run; a tuned command brings its own "
             "settings (give them to the command after --)"
         )
-    if args.unknown:
+    if getattr(args, "unknown", None):
         problems.append(f"unrecognized arguments before --: {' '.join(args.unknown)}")
     if not command:
         problems.append(
