@@ -217,9 +217,10 @@ class MicroBatchLoader:
             raise ValueError(f"rank {rank} outside world size {self.settings.world_size}")
         self.rank = rank
         self.seed = opts.seed
+        # The store's uint32 facts, memory-mapped: no int64 copy held for the run (16 bytes
+        # per document), and ranks on one machine share the pages.
         facts = sequence_facts(self.store)
-        self.lengths = np.asarray(facts.lengths, dtype=np.int64)
-        self.targets = np.asarray(facts.trained, dtype=np.int64)
+        self.lengths, self.targets = facts.lengths, facts.trained
         used = self.lengths if self.indices is None else self.lengths[self.indices]
         problems = []
         if len(used) == 0:
