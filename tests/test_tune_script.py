@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.advise.finding import Finding
 from pitstop.probe import DeviceInfo, cpu_has_bf16
 from pitstop.tune import script_settings
 from pitstop.tune.script import (
@@ -43,14 +44,18 @@ CPU_BF16 = DeviceInfo(
     type="cpu", name="Xeon", bf16=cpu_has_bf16(frozenset({"avx512_bf16"})), cpu_count=2
 )
 
-INPUT_BOUND = {
-    "id": "input-bound",
-    "effect": "up to 65.1% shorter steps",
-    "gain": 0.651,
-    "evidence": {"workers_needed": 3},
-    "fix": "DataLoader(..., num_workers=1, pin_memory=True, persistent_workers=True); "
+INPUT_BOUND = Finding(
+    id="input-bound",
+    severity="high",
+    title="steps wait for data 65.1% of the time",
+    evidence={"workers_needed": 3},
+    effect="up to 65.1% shorter steps",
+    basis="measured in this profile",
+    fix="DataLoader(..., num_workers=1, pin_memory=True, persistent_workers=True); "
     "cheaper batches still: tokenize/pre-process before training",
-}
+    gain=0.651,
+    gain_measured=True,
+)
 
 
 # --- settings applied from outside -----------------------------------------------------------
@@ -175,7 +180,7 @@ def test_trainer_plan_bf16_only_with_native_bf16() -> None:
         "bf16": False,
         "fp16": False,
     }
-    padding = {"id": "padding-waste", "effect": "x", "gain": 0.3}
+    padding = Finding("padding-waste", "medium", "padding", {}, "x", "computed from the data", "y")
     plan = make_plan([INPUT_BOUND, padding], {}, script, CPU_BF16)
     by = {c.name: c for c in plan.candidates}
     assert by["bf16=True"].math == PRECISION
@@ -237,7 +242,7 @@ def test_a_busy_round_never_flips_the_verdict(true_ratio: float) -> None:
 # --- the search, with a fake runner -------------------------------------------------------------
 
 
-def _write_run(run_dir: Path, step_s: float, findings: list[dict], config: dict) -> None:
+def _write_run(run_dir: Path, step_s: float, findings: list[Finding], config: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     lines, cum = [], 0
     for i in range(1, 13):
@@ -265,7 +270,9 @@ def _write_run(run_dir: Path, step_s: float, findings: list[dict], config: dict)
     (run_dir / "summary.json").write_text(json.dumps(summary))
     profile = {"config": config, "device": CPU.to_dict()}
     (run_dir / "pitstop_profile.json").write_text(json.dumps(profile))
-    (run_dir / "findings.json").write_text(json.dumps({"findings": findings}))
+    (run_dir / "findings.json").write_text(
+        json.dumps({"findings": [f.to_dict() for f in findings]})
+    )
 
 
 def _fake_runner(speed: dict[int, float], fail: set[int] = frozenset()) -> object:

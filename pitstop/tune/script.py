@@ -32,13 +32,15 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pitstop.advise.finding import Finding
 from pitstop.atomic import write_json_atomic
+from pitstop.errors import DataError
 from pitstop.probe import DeviceInfo
-from pitstop.tune.script_settings import APPLIED, TrialSettings, Value
+from pitstop.tune.script_settings import APPLIED, Applied, TrialSettings, Value
 
 DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose step is <= 1 s
 DEFAULT_STEPS = 12  # measured optimizer steps per trial (after warm-up)
@@ -89,8 +91,8 @@ class Plan:
 
 @dataclass
 class Round:
-    """One baseline/candidate pair: throughputs (tokens/s, else steps/s), their band's half
-    width in log space, and whether either run was flagged noisy."""
+    """One baseline/candidate pair: throughputs (tokens/s, else steps/s) and the half-width
+    of the pair's band in log space (wider when either run was flagged noisy)."""
 
     base_rate: float
     cand_rate: float
@@ -181,7 +183,6 @@ def judge(rounds: list[Round], floor: float, min_rounds: int = MIN_ROUNDS) -> Ju
 
 def pair(base_dir: Path, cand_dir: Path) -> Round:
     """The round of two run directories (steady throughput and `compare`'s band)."""
-    from pitstop.errors import DataError
     from pitstop.report.runs import load_run
     from pitstop.report.steady import band, steady
 
@@ -210,9 +211,9 @@ def _short(effect: str, gain: float) -> str:
 
 
 def make_plan(
-    findings: list[dict[str, Any]],
-    observed: dict[str, Any],
-    script_args: dict[str, Any] | None,
+    findings: list[Finding],
+    observed: dict[str, Value],
+    script_args: dict[str, Value] | None,
     device: DeviceInfo,
     *,
     allow_batch_changes: bool = False,
@@ -226,7 +227,7 @@ def make_plan(
     """
     trainer = script_args is not None
     cur = dict(observed) | dict(script_args or {})
-    by_id = {f.get("id"): f for f in findings}
+    by_id = {f.id: f for f in findings}
     cands: list[Candidate] = []
     skip: list[NotTried] = []
     cuda = device.type == "cuda"
@@ -236,16 +237,16 @@ def make_plan(
         f = by_id.get(fid)
         if f is None:
             return None, "-"
-        return fid, _short(str(f.get("effect") or ""), float(f.get("gain") or 0.0))
+        return fid, _short(f.effect, f.gain)
 
     # Loader workers: the doctor's count, and the count that would hide the load when the
     # doctor held back for want of cores (a loader that waits, not computes, still gains).
     loader_f = by_id.get("input-bound") or by_id.get("loader-main-process")
     workers = int(cur.get("dataloader_num_workers") or 0)
     if loader_f is not None:
-        fid, pred = predicted(str(loader_f["id"]))
-        counts = [int(k) for k in re.findall(r"num_workers[= ](\d+)", str(loader_f.get("fix")))]
-        need = (loader_f.get("evidence") or {}).get("workers_needed")
+        fid, pred = predicted(loader_f.id)
+        counts = [int(k) for k in re.findall(r"num_workers[= ](\d+)", loader_f.fix)]
+        need = loader_f.evidence.get("workers_needed")
         if isinstance(need, int):
             counts.append(need)
         counts = sorted({k for k in counts if k > workers} or {max(1, workers + 1)})
@@ -278,7 +279,7 @@ def make_plan(
                 )
             if k >= cores:
                 cands[-1].predicted += f" ({k} workers on {cores} cores)"
-        if "tokeniz" in str(loader_f.get("fix")):
+        if "tokeniz" in loader_f.fix:
             skip.append(
                 NotTried(
                     "tokenize / pre-process before training",
@@ -384,9 +385,9 @@ def make_plan(
                 predicted="fewer, larger micro-batches",
             )
         )
-    padding = [f for f in findings if str(f.get("id", "")).startswith("padding")]
+    padding = [f for f in findings if f.id.startswith("padding")]
     if trainer and padding and not cur.get("group_by_length"):
-        fid, pred = predicted(str(padding[0]["id"]))
+        fid, pred = predicted(padding[0].id)
         if allow_batch_changes:
             cands.append(
                 Candidate(
@@ -446,7 +447,7 @@ class _Search:
         self.n = 0
         self.trial_seconds: list[float] = []
 
-    def run(self, name: str, cand: Candidate | None) -> tuple[Path, int, dict[str, Any]]:
+    def run(self, name: str, cand: Candidate | None) -> tuple[Path, int, Applied]:
         """One trial: its run directory, exit status and applied.json."""
         self.n += 1
         slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)[:60]
@@ -462,9 +463,9 @@ class _Search:
         t = time.monotonic()
         rc = self.runner(self.command, run_dir, settings, self.warmup)
         self.trial_seconds.append(time.monotonic() - t)
-        applied: dict[str, Any] = {}
+        applied = Applied()
         if (run_dir / APPLIED).is_file():
-            applied = json.loads((run_dir / APPLIED).read_text(encoding="utf-8"))
+            applied = Applied(**json.loads((run_dir / APPLIED).read_text(encoding="utf-8")))
         return run_dir, rc, applied
 
     def fits(self, trials: int) -> bool:
@@ -486,7 +487,7 @@ class _Search:
                 break
             cand_dir, rc, applied = self.run(cand.name, cand)
             res.runs += [str(base_dir), str(cand_dir)]
-            res.refused = dict(applied.get("refused") or {})
+            res.refused = dict(applied.refused)
             res.applied = _user_fields(applied, cand)
             if rc != 0 or not (cand_dir / "summary.json").is_file():
                 res.error = f"the trial exited with status {rc} (see {cand_dir})"
@@ -506,11 +507,17 @@ class _Search:
         return res
 
 
-def _user_fields(applied: dict[str, Any], cand: Candidate) -> dict[str, Value]:
+def _finding(d: dict[str, object]) -> Finding:
+    """A finding as findings.json keeps it (Finding.to_dict), back as a Finding."""
+    names = {f.name for f in fields(Finding)}
+    return Finding(**{k: v for k, v in d.items() if k in names})  # type: ignore[arg-type]
+
+
+def _user_fields(applied: Applied, cand: Candidate) -> dict[str, Value]:
     """What the trial set that the user would write (the safety fields left out)."""
     if cand.loader:
         return {k: v for k, v in cand.loader.items()}
-    args = applied.get("training_args") or {}
+    args = applied.training_args
     keys = set(cand.training_args)
     if "per_device_train_batch_size" in keys:
         keys.add("gradient_accumulation_steps")
@@ -533,7 +540,6 @@ def tune_script(
 ) -> ScriptTuneReport:
     """Baseline, plan, candidates measured against the baseline, winners combined."""
     from pitstop.advise.doctor import device_from_dict
-    from pitstop.errors import DataError
     from pitstop.report.steady import NOISE_FLOOR
 
     out = Path(output)
@@ -563,9 +569,9 @@ def tune_script(
     dev = device or device_from_dict(profile.get("device")) or DeviceInfo(type="cpu", name="cpu")
     search.bf16_native = bool(dev.bf16)
     plan = make_plan(
-        list(report.get("findings") or []),
+        [_finding(f) for f in report.get("findings") or []],
         dict(profile.get("config") or {}),
-        applied.get("script_args") if applied.get("trainer") else None,
+        applied.script_args if applied.trainer else None,
         dev,
         allow_batch_changes=allow_batch_changes,
     )
@@ -626,37 +632,76 @@ def settings_code(rep: ScriptTuneReport) -> str:
     return f"{what}(..., {args})"
 
 
-def report_json(rep: ScriptTuneReport) -> dict[str, Any]:
-    """tuned_settings.json: the recommendation and every result."""
+@dataclass
+class ResultRecord:
+    """One candidate's line in tuned_settings.json."""
 
-    def res(r: Result) -> dict[str, Any]:
-        return {
-            "fix": r.candidate.name,
-            "math": r.candidate.math,
-            "finding": r.candidate.finding,
-            "predicted": r.candidate.predicted,
-            "verdict": r.verdict,
-            "judgement": asdict(r.judgement) if r.judgement else None,
-            "rounds": len(r.rounds),
-            "runs": r.runs,
-            "error": r.error,
-            "refused": r.refused,
-        }
+    fix: str
+    math: str
+    finding: str | None
+    predicted: str
+    verdict: str
+    judgement: Judgement | None
+    rounds: int
+    runs: list[str]
+    error: str | None
+    refused: dict[str, str]
 
-    key = "dataloader_kwargs" if rep.plan.kind == "loop" else "training_args"
-    return {
-        "schema": "pitstop.tune-script/1",
-        "command": rep.command,
-        "kind": rep.plan.kind,
-        "baseline": rep.baseline,
-        key: rep.recommended(),
-        "code": settings_code(rep),
-        "results": [res(r) for r in rep.results],
-        "combined": res(rep.combined) if rep.combined else None,
-        "held_back": [r.candidate.name for r in rep.held_back],
-        "not_tried": [asdict(n) for n in rep.plan.not_tried],
-        "seconds": round(rep.seconds, 1),
-    }
+    @classmethod
+    def of(cls, r: Result) -> ResultRecord:
+        c = r.candidate
+        return cls(
+            c.name,
+            c.math,
+            c.finding,
+            c.predicted,
+            r.verdict,
+            r.judgement,
+            len(r.rounds),
+            r.runs,
+            r.error,
+            r.refused,
+        )
+
+
+@dataclass
+class TunedSettings:
+    """tuned_settings.json: the recommendation (as DataLoader or TrainingArguments arguments,
+    and as code) and every result."""
+
+    command: list[str]
+    kind: str
+    baseline: str
+    dataloader_kwargs: dict[str, Value]  # a plain loop's recommendation (else empty)
+    training_args: dict[str, Value]  # a Trainer script's recommendation (else empty)
+    code: str
+    results: list[ResultRecord]
+    combined: ResultRecord | None
+    held_back: list[str]
+    not_tried: list[NotTried]
+    seconds: float
+    schema: str = "pitstop.tune-script/1"
+
+
+def report_json(rep: ScriptTuneReport) -> dict[str, object]:
+    """tuned_settings.json's content (TunedSettings as JSON)."""
+    rec = rep.recommended()
+    loop = rep.plan.kind == "loop"
+    return asdict(
+        TunedSettings(
+            command=rep.command,
+            kind=rep.plan.kind,
+            baseline=rep.baseline,
+            dataloader_kwargs=rec if loop else {},
+            training_args={} if loop else rec,
+            code=settings_code(rep),
+            results=[ResultRecord.of(r) for r in rep.results],
+            combined=ResultRecord.of(rep.combined) if rep.combined else None,
+            held_back=[r.candidate.name for r in rep.held_back],
+            not_tried=rep.plan.not_tried,
+            seconds=round(rep.seconds, 1),
+        )
+    )
 
 
 def format_script_report(rep: ScriptTuneReport) -> str:

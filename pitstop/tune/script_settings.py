@@ -34,7 +34,8 @@ from typing import Any
 ENV_SETTINGS = "PITSTOP_TRIAL_SETTINGS"
 APPLIED = "applied.json"  # in the trial directory: what the patches did
 
-Value = bool | int | str | None
+# A setting's value as JSON keeps it: what a trial sets and what a script had.
+Value = bool | int | float | str | None
 LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 # TrainingArguments fields a trial may set; anything else in a settings file is refused.
 ARGS_FIELDS = (
@@ -109,7 +110,7 @@ class TrialStop(SystemExit):
         super().__init__(0)
 
 
-def loader_kwargs(given: dict[str, Any], overrides: dict[str, Value]) -> dict[str, Any]:
+def loader_kwargs(given: dict[str, object], overrides: dict[str, Value]) -> dict[str, object]:
     """The DataLoader keyword arguments with the overrides applied; without workers the
     worker-only arguments go back to their defaults (DataLoader rejects them otherwise)."""
     out = dict(given)
@@ -130,11 +131,11 @@ def split_batch(micro: int, accum: int, new_micro: int) -> tuple[int, int] | Non
 
 
 def training_args_overrides(
-    current: dict[str, Any], settings: TrialSettings, *, cuda: bool
-) -> tuple[dict[str, Any], dict[str, str]]:
+    current: dict[str, Value], settings: TrialSettings, *, cuda: bool
+) -> tuple[dict[str, Value], dict[str, str]]:
     """(fields to set, refused field -> reason) for a TrainingArguments whose values are
     `current`: the trial's fields where this device allows them, then the safety fields."""
-    out: dict[str, Any] = {}
+    out: dict[str, Value] = {}
     refused: dict[str, str] = {}
     for key, value in settings.training_args.items():
         if key not in ARGS_FIELDS:
@@ -227,7 +228,7 @@ def _patch_training_args(settings: TrialSettings, applied: Applied) -> None:
     def __post_init__(self: Any) -> None:
         import torch
 
-        current = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        current = {k: _plain(v) for k, v in vars(self).items() if not k.startswith("_")}
         fields, refused = training_args_overrides(current, settings, cuda=torch.cuda.is_available())
         applied.trainer = True
         applied.script_args = {
@@ -275,4 +276,4 @@ def _stop_after(settings: TrialSettings, applied: Applied) -> None:
 def _plain(v: Any) -> Value:
     """A value as JSON keeps it (enums by their value, lists as text)."""
     v = getattr(v, "value", v)
-    return v if isinstance(v, (bool, int, str)) or v is None else str(v)
+    return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
