@@ -10,18 +10,25 @@ The batch shape is decided in pitstop.batching.resolve.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record
+import numpy as np
+
+from pitstop import log, run_record
 from pitstop.batching.loader import MicroBatchLoader
 from pitstop.batching.resolve import (
     BatchRequest,
     loader_options,
     resolve_batch_shape,
 )
+from pitstop.batching.split import holdout_split
 from pitstop.config import RunConfig
+from pitstop.data.prepare import open_store
+from pitstop.data.stats import eos_only_message
+from pitstop.data.store import check_vocab
 from pitstop.errors import ConfigError
 from pitstop.probe import Choice
 
@@ -52,8 +59,6 @@ class Geometry:
 
 
 def open_training_store(cfg: RunConfig) -> Any:
-    from pitstop.data.prepare import open_store
-    from pitstop.data.store import check_vocab
 
     store = open_store(cfg)
     check_vocab(store, cfg.model)  # an id past the embedding fails mid-step otherwise
@@ -66,8 +71,6 @@ def check_targets(store: Any, cfg: RunConfig) -> None:
     token (a run would "complete" having learnt only to stop: typically role names or a
     field option that do not match the data); warn when a share of them do
     (pitstop.data.stats.EOS_ONLY_WARN_SHARE). Before the output directory is written."""
-    from pitstop import log
-    from pitstop.data.stats import eos_only_message
 
     stats = store.manifest.get("stats") or {}
     info = store.eos_only_documents()
@@ -85,7 +88,6 @@ def check_targets(store: Any, cfg: RunConfig) -> None:
 
 def saved_strategy(out: Path) -> str | None:
     """The batching strategy of the newest checkpoint in `out` (a resumed `auto` run keeps it)."""
-    import pickle
 
     from pitstop.train.checkpoint import latest_checkpoint, read_loader_state
 
@@ -152,13 +154,8 @@ def eval_data(cfg: RunConfig, train_store: Any) -> EvalData | None:
     if not cfg.eval_data:
         return None
     if cfg.eval_data == "auto":
-        import numpy as np
-
-        from pitstop.batching.split import holdout_split
-
         split = holdout_split(np.asarray(train_store.doc_ids))
         return EvalData(train_store, split.eval, split.train, split.describe())
-    from pitstop.data.prepare import open_store
 
     store = open_store(cfg, data=[cfg.eval_data], progress=False)
     return EvalData(store, None, None, f"{cfg.eval_data} ({len(store.lengths)} sequences)")
