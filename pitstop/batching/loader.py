@@ -416,6 +416,9 @@ class MicroBatchLoader:
             "strategy": s.strategy.value,  # the name: a checkpoint holds plain JSON values
             "max_seq_len": s.max_seq_len,
             "tokens_per_step": s.tokens_per_step,
+            # Steps of the epochs before this one, so a resume need not plan them again to
+            # find its place (each plan is a pass over every document).
+            "epoch_steps": [self.steps_in_epoch(e) for e in range(epoch)],
             **self._data_identity(),
         }
 
@@ -449,4 +452,14 @@ class MicroBatchLoader:
                 "new run):",
             )
         epoch, step = int(state["epoch"]), int(state["step"])
+        known = state.get("epoch_steps")
+        if (
+            not self._epoch_steps
+            and isinstance(known, list)
+            and len(known) == epoch
+            and all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in known)
+        ):
+            # The same plan inputs (checked above) give the same steps per epoch: taken from
+            # the state, a resume in epoch e plans epoch e only, as a start plans epoch 0.
+            self._epoch_steps = list(known)
         self._next_step = sum(self.steps_in_epoch(e) for e in range(epoch)) + step
