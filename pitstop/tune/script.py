@@ -158,7 +158,7 @@ def judge(rounds: list[Round], floor: float, min_rounds: int = MIN_ROUNDS) -> Ju
 
     The band's half-width is the largest of: the pairs' own bands pooled (each pair's band
     already holds its block spread and the noise floor), the spread between rounds (with two
-    or more), and `floor`. "faster" / "slower" need the band to exclude 1 and every round to
+    or more: Student's t times its standard error), and `floor`. "faster" / "slower" need the band to exclude 1 and every round to
     point the same way, over `min_rounds` pairs at least: one round slowed by a busy machine
     makes the verdict "no measurable difference", never the opposite one.
     """
@@ -167,9 +167,7 @@ def judge(rounds: list[Round], floor: float, min_rounds: int = MIN_ROUNDS) -> Ju
     mean = statistics.fmean(logs)
     half = math.sqrt(sum(r.half**2 for r in rounds)) / n
     if n >= 2:
-        from pitstop.report.steady import Z
-
-        half = max(half, Z * statistics.stdev(logs) / math.sqrt(n))
+        half = max(half, _t95(n - 1) * statistics.stdev(logs) / math.sqrt(n))
     half = max(half, math.log1p(floor))
     verdict = SAME_SPEED
     if n < min_rounds:
@@ -179,6 +177,16 @@ def judge(rounds: list[Round], floor: float, min_rounds: int = MIN_ROUNDS) -> Ju
     elif mean + half < 0 and all(x < 0 for x in logs):
         verdict = SLOWER
     return Judgement(math.exp(mean), math.exp(mean - half), math.exp(mean + half), verdict)
+
+
+# Student's t, 97.5% quantile, by degrees of freedom: the spread of two or three pairs is a
+# poor estimate of the noise, and a normal quantile (2) read it as far too certain (two
+# pairs both caught in bursts of another process's load gave a false "slower" at 0.51x).
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57}
+
+
+def _t95(dof: int) -> float:
+    return _T95.get(dof, 2.0 if dof > 30 else 2.45)
 
 
 def pair(base_dir: Path, cand_dir: Path) -> Round:
@@ -249,7 +257,8 @@ def make_plan(
         need = loader_f.evidence.get("workers_needed")
         if isinstance(need, int):
             counts.append(need)
-        counts = sorted({k for k in counts if k > workers} or {max(1, workers + 1)})
+        # More workers than twice the cores is a guess no profile supports: capped there.
+        counts = sorted({min(k, 2 * cores) for k in counts if k > workers} or {max(1, workers + 1)})
         for k in counts[:2]:
             if trainer:
                 args: dict[str, Value] = {
