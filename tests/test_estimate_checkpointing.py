@@ -100,3 +100,24 @@ def test_a_plan_that_does_not_fit_lists_the_memory_options_that_do() -> None:
     assert est.to_dict()["memory_options"] == est.memory_options
     small = estimate(SHAPE, EstimateRequest(**kw))  # fits: nothing to suggest
     assert small.memory_options == [] and "memory options" not in format_estimate(small)
+
+
+def test_memory_options_keep_the_plans_gradient_accumulation() -> None:
+    """An option is priced for the run it describes: with accumulation, the gradients kept
+    across micro-batches count (priced at grad_accum=1 they were left out, and an option
+    could say it fits when that run would not)."""
+    from dataclasses import replace
+
+    from pitstop.measure.cost_model import Plan, estimate_memory, shape_from_params
+    from pitstop.report.estimate import memory_options
+
+    shape = shape_from_params(8e9)
+    plan = Plan(micro_batch_size=1, seq_len=2048, grad_accum=8)
+    rows = {r["flags"]: r for r in memory_options(shape, plan, usable=80 * 2**30)}
+    for flags, changes in (
+        ("--optimizer adamw_8bit", {"optimizer": "adamw_8bit"}),
+        ("--lora-r 16", {"lora_r": 16}),
+    ):
+        kept = estimate_memory(shape, replace(plan, **changes)).peak
+        dropped = estimate_memory(shape, replace(plan, grad_accum=1, **changes)).peak
+        assert rows[flags]["peak_bytes"] == kept > dropped

@@ -916,9 +916,10 @@ def memory_options(shape: ModelShape, plan: Plan, *, usable: int) -> list[Memory
             continue  # already the plan
         if plan.lora_r is not None and "lora_r" in opt.change:
             continue  # the plan's own rank stands
-        # Without accumulation, as the options have always been priced: the gradients kept
-        # across micro-batches are left out of each option's peak.
-        option = replace(plan, grad_accum=1, **opt.change)  # type: ignore[arg-type]
+        # With the plan's own accumulation: the gradients kept across micro-batches count
+        # in each option's peak (priced without them, an option could say it fits when the
+        # run it describes would not).
+        option = replace(plan, **opt.change)  # type: ignore[arg-type]
         peak = estimate_memory(shape, option).peak
         rows.append(
             MemoryOption(flags=opt.flags, changes=opt.what, peak_bytes=peak, fits=peak <= usable)
