@@ -23,6 +23,7 @@ from pathlib import Path
 from pitstop import run_record
 from pitstop.anyloop.timer import Watch, install_excepthook
 from pitstop.errors import ConfigError, DataError
+from pitstop.measure.schema import load_profile
 
 ENV_OUTPUT = "PITSTOP_WATCH_OUTPUT"
 ENV_WARMUP = "PITSTOP_WATCH_WARMUP"
@@ -112,8 +113,6 @@ def load_results(output: str | os.PathLike[str]) -> tuple[dict, dict | None]:
             "the Python processes the command starts; a loop without a torch optimizer, or a "
             "process that ends with os._exit or a signal, cannot be timed"
         )
-    from pitstop.measure.schema import load_profile
-
     report = None
     findings = out / run_record.FINDINGS
     if findings.is_file():

@@ -23,6 +23,7 @@ import torch
 from pitstop import log, probe, run_record, versions
 from pitstop.batching.loader import Loader
 from pitstop.batching.resolve import BatchRequest
+from pitstop.batching.settings import BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.catalog.layouts import Layout
 from pitstop.config import RunConfig, parse_betas
@@ -427,8 +428,6 @@ def _custom_eval_set(
     cfg: RunConfig, loader: Loader, rank: int, world_size: int, fsdp: bool
 ) -> EvalSet:
     """Eval batches for a caller-given loader: its settings if it has them, else the config's."""
-    from pitstop.batching.settings import BatchSettings
-
     settings = loader.settings or BatchSettings.from_config(
         cfg, world_size=world_size,
         strategy=Layout.PACK if cfg.batching == "auto" else cfg.batching,

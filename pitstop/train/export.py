@@ -22,6 +22,7 @@ import torch
 from pitstop import faults, run_record
 from pitstop.config import RunConfig
 from pitstop.errors import ConfigError, MissingDependencyError
+from pitstop.hub import missing_hint, resolve_model
 from pitstop.runlock import pid_alive
 from pitstop.train.model_io import (
     _DTYPES,
@@ -60,8 +61,6 @@ def merge_adapter(run_or_adapter: Path, dest: Path | None = None, dtype: str = "
             "merging a LoRA adapter needs the peft package: pip install 'pitstop[lora]'"
         ) from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pitstop.hub import missing_hint, resolve_model
 
     src = adapter_dir(Path(run_or_adapter))
     if dest is None:
