@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.catalog.layouts import LAYOUT_NAMES, choices_text
@@ -117,6 +117,33 @@ def _specs(cls: type) -> list[tuple[str, bool, str, tuple[type, ...], Any]]:
             for f in fields(cls) if "kind" in f.metadata
         ]  # fmt: skip
     return _SPECS[cls]
+
+
+class BestCheckpoint(TypedDict):
+    """The complete checkpoint with the lowest eval loss (summary.json's `best_checkpoint`)."""
+
+    step: int
+    path: str
+    eval_loss: float
+
+
+class EvalRecord(TypedDict):
+    """One held-out evaluation: on its step's metrics.jsonl line (all but `step`), in
+    summary.json's `eval` and in trainer_state.json's `last_eval`."""
+
+    step: int
+    eval_loss: float  # mean CE per eval target token, over all ranks
+    eval_ppl: float  # exp(eval_loss); inf above exp(700)
+    eval_targets: int
+    eval_sequences: int
+    eval_seconds: float
+
+
+class PlannedEfficiency(TypedDict):
+    """The epoch-0 plan's efficiency, before running (summary.json's `planned_efficiency`)."""
+
+    packing_efficiency: float
+    padding_waste: float
 
 
 def _check(cls: type, data: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -225,8 +252,8 @@ class RunSummary:
     final_loss_step: int | None = _kind("int")
     eval_loss: float | None = _kind("num")
     eval_ppl: float | None = _kind("num")
-    eval: dict[str, Any] | None = _kind("dict")
-    best_checkpoint: dict[str, Any] | None = _kind("dict")
+    eval: EvalRecord | None = _kind("dict")
+    best_checkpoint: BestCheckpoint | None = _kind("dict")
     world_size: int | None = _kind("int")
     time_breakdown: dict[str, float] = _kind("num_map", {})  # seconds per phase
     checkpoint_pause_seconds: float | None = _kind("num")
@@ -235,7 +262,7 @@ class RunSummary:
     skipped_steps: int | None = _kind("int")
     packing_efficiency: float | None = _kind("num")
     padding_waste: float | None = _kind("num")
-    planned_efficiency: dict[str, Any] | None = _kind("dict")  # the epoch-0 plan
+    planned_efficiency: PlannedEfficiency | None = _kind("dict")  # the epoch-0 plan
     device: dict[str, Any] | str | None = _kind("dict_or_str")
     machine: dict[str, Any] | None = _kind("dict")  # the load the figures were measured under
     choices: dict[str, Any] = _kind("dict", {})  # name: {"value", "reason"}

@@ -76,9 +76,9 @@ def test_checkpoint_through_buffers_is_identical_to_a_cloned_one(tmp_path):
     a, b = tmp_path / "a" / "step-1", tmp_path / "b" / "step-1"
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     ra, rb = ckpt.read_checkpoint(a), ckpt.read_checkpoint(b)
-    sa, sb = ra["optimizer"]["optimizer"]["state"][0], rb["optimizer"]["optimizer"]["state"][0]
+    sa, sb = ra.optimizer["optimizer"]["state"][0], rb.optimizer["optimizer"]["state"][0]
     assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "step"))
-    assert ra["trainer_state"] == rb["trainer_state"]
+    assert ra.trainer_state == rb.trainer_state
 
 
 def _slow_writer(
@@ -185,7 +185,7 @@ def test_a_training_run_stages_once_and_its_checkpoints_hold_each_steps_weights(
     name = next(k for k in w[2] if k.endswith("q_proj.weight"))
     assert not torch.equal(w[0][name], w[1][name]) and not torch.equal(w[1][name], w[2][name])
     assert torch.equal(w[2][name].to(final[name].dtype), final[name])
-    opt = ckpt.read_checkpoint(root / "step-3")["optimizer"]["optimizer"]
+    opt = ckpt.read_checkpoint(root / "step-3").optimizer["optimizer"]
     assert opt["state"] and all("exp_avg" in s for s in opt["state"].values())
     assert "pinned" not in trainer.run.choices["checkpoints"].reason  # CPU: plain host memory
     assert "GB of host memory" in trainer.run.choices["checkpoints"].reason

@@ -218,7 +218,7 @@ def test_checkpoint_writer_is_atomic_and_keeps_the_newest(tmp_path):
     assert [s for s, _ in ckpt.complete_checkpoints(root)] == [2, 3]
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
     state = ckpt.read_checkpoint(root / "step-3")
-    assert state["loader_state"] == {"pos": 3} and state["trainer_state"]["step"] == 3
+    assert state.loader_state == {"pos": 3} and state.trainer_state["step"] == 3
 
 
 def test_rng_state_round_trips():

@@ -50,7 +50,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -59,6 +59,7 @@ from pitstop import log
 from pitstop.atomic import fsync_dir, write_json_atomic
 from pitstop.errors import PitstopError
 from pitstop.faults import NO_FAULTS, Faults
+from pitstop.run_record import BestCheckpoint
 
 # The loader state beside the weights: JSON when it is plain values, else tensors.
 LOADER_STATE_JSON, LOADER_STATE_PT = "loader_state.json", "loader_state.pt"
@@ -170,10 +171,19 @@ def to_host(obj: Any, memo: dict[Any, torch.Tensor] | None = None) -> Any:
     return obj
 
 
-def rng_state() -> dict[str, Any]:
+class RngState(TypedDict):
+    """Every RNG the run uses, as rng.json holds them (JSON lists, not tensors)."""
+
+    torch_cpu: list[int]
+    numpy: list[Any]  # numpy's get_state() tuple: name, keys, pos, has_gauss, cached
+    python: list[Any]  # random.getstate(): version, state, gauss_next
+    torch_cuda: NotRequired[list[list[int]]]  # one per CUDA device, when CUDA was used
+
+
+def rng_state() -> RngState:
     """Every RNG the run uses, as JSON-able values."""
     np_state = np.random.get_state()
-    st: dict[str, Any] = {
+    st: RngState = {
         "torch_cpu": torch.get_rng_state().tolist(),
         "numpy": [
             np_state[0],
@@ -189,7 +199,7 @@ def rng_state() -> dict[str, Any]:
     return st
 
 
-def set_rng_state(st: dict[str, Any]) -> None:
+def set_rng_state(st: RngState) -> None:
     torch.set_rng_state(torch.tensor(st["torch_cpu"], dtype=torch.uint8))
     n = st["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
@@ -369,7 +379,7 @@ class Snapshot:
     model_state: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     trainer_state: dict[str, Any]
-    rng: dict[str, Any]
+    rng: RngState
     loader_state: Any
     extra: dict[str, Any] = field(default_factory=dict)
     ready: Any = None
@@ -409,7 +419,7 @@ class CheckpointWriter:
         self.save_model = save_model
         self.enabled = enabled  # False on ranks other than 0
         self.keep_best = keep_best
-        self.best: dict[str, Any] | None = None  # the lowest-eval-loss checkpoint, when kept
+        self.best: BestCheckpoint | None = None  # the lowest-eval-loss checkpoint, when kept
         self._thread: threading.Thread | None = None
         self._done = threading.Event()  # set by the write thread as its last act
         self._error: BaseException | None = None
@@ -570,9 +580,9 @@ def _one_line(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _best_by_eval(found: list[tuple[int, Path]]) -> dict[str, Any] | None:
+def _best_by_eval(found: list[tuple[int, Path]]) -> BestCheckpoint | None:
     """The complete checkpoint with the lowest recorded eval loss (the earliest on a tie)."""
-    best: dict[str, Any] | None = None
+    best: BestCheckpoint | None = None
     for step, path in found:
         try:
             ts = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
@@ -603,7 +613,17 @@ def read_loader_state(path: Path) -> Any:
     return None
 
 
-def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+@dataclass
+class CheckpointContents:
+    """What `read_checkpoint` returns: everything in a checkpoint but the model weights."""
+
+    optimizer: dict[str, Any]  # optimizer.pt: {"optimizer": state dict, "scaler": ...}
+    trainer_state: dict[str, Any]  # trainer_state.json, read by RunState.from_trainer_state
+    rng: RngState
+    loader_state: Any  # the loader's own state_dict (batching/loader.py)
+
+
+def read_checkpoint(path: Path, *, mmap: bool = False) -> CheckpointContents:
     """Everything but the model weights: optimizer, trainer state, RNG, loader state.
 
     `mmap`: optimizer.pt's tensors are mapped from the file, not read: host memory only
@@ -611,14 +631,12 @@ def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     """
     current = path / "optimizer.pt"
     try:
-        out: dict[str, Any] = {
-            "optimizer": torch.load(current, weights_only=True, map_location="cpu", mmap=mmap),
-            "trainer_state": json.loads((path / "trainer_state.json").read_text(encoding="utf-8")),
-            "rng": json.loads((path / "rng.json").read_text(encoding="utf-8")),
-        }
+        optimizer = torch.load(current, weights_only=True, map_location="cpu", mmap=mmap)
+        trainer_state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        rng = json.loads((path / "rng.json").read_text(encoding="utf-8"))
         current = path / LOADER_STATE_PT
-        out["loader_state"] = read_loader_state(path)
-        if out["loader_state"] is None:  # neither file: the error below names the checkpoint
+        loader_state = read_loader_state(path)
+        if loader_state is None:  # neither file: the error below names the checkpoint
             raise FileNotFoundError(f"{current} (nor {LOADER_STATE_JSON}) does not exist")
     except pickle.UnpicklingError:
         raise CheckpointError(
@@ -631,4 +649,4 @@ def read_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} cannot be read ({e}); delete it to resume from an older one"
         ) from e
-    return out
+    return CheckpointContents(optimizer, trainer_state, rng, loader_state)

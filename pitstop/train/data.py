@@ -31,6 +31,7 @@ from pitstop.data.stats import eos_only_message
 from pitstop.data.store import check_vocab
 from pitstop.errors import ConfigError
 from pitstop.probe import Choice
+from pitstop.run_record import PlannedEfficiency
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Geometry:
     tokens_per_step: int
     micro: str  # how a step is split into micro-batches, in words
     choices: dict[str, Choice] = field(default_factory=dict)
-    efficiency: dict[str, float] = field(default_factory=dict)
+    efficiency: PlannedEfficiency | None = None
     measured: Any = None  # pitstop.batching.choices.MeasuredChoices of `auto`, else None
     # Epoch 0's mean attention span per position (plan.Efficiency.attention_span): None
     # where the documents' lengths are unknown (a loader given by the caller).
@@ -123,10 +124,9 @@ def build_loader(req: BatchRequest) -> tuple[MicroBatchLoader, Geometry]:
         else f"micro-batches of up to {s.tokens_per_micro_batch:,} positions"
     )
     eff = loader.efficiency(0)
-    efficiency = {
-        "packing_efficiency": float(eff.packing_efficiency),
-        "padding_waste": float(eff.padding_waste),
-    }
+    efficiency = PlannedEfficiency(
+        packing_efficiency=float(eff.packing_efficiency), padding_waste=float(eff.padding_waste)
+    )
     if "micro_batch" in shape.choices:
         choices["micro_batch"] = shape.choices["micro_batch"]
     geo = Geometry(s.strategy, s.max_seq_len, s.tokens_per_step, micro, choices, efficiency)

@@ -15,27 +15,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
 from pitstop.batching.plan import build_plan, step_micro_batches
 from pitstop.errors import ConfigError
 from pitstop.probe import Choice
+from pitstop.run_record import EvalRecord
 
 __all__ = ["EvalResult", "EvalSet"]
 
 
-class EvalResult(TypedDict):
-    """One held-out evaluation: on its step's metrics.jsonl line (all but `step`), in
-    summary.json's `eval` and in trainer_state.json's `last_eval`."""
-
-    step: int
-    eval_loss: float  # mean CE per eval target token, over all ranks
-    eval_ppl: float  # exp(eval_loss); inf above exp(700)
-    eval_targets: int
-    eval_sequences: int
-    eval_seconds: float
+EvalResult = EvalRecord  # its home is the run record (summary.json's `eval`)
 
 
 class EvalSet:

@@ -94,7 +94,7 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
     # cache (load_full_state), the other ranks take only the small scaler state beside them.
     st = checkpoint.read_checkpoint(path, mmap=run.fsdp)
     changed = resume.check_same_run(
-        st["trainer_state"].get("identity"),
+        st.trainer_state.get("identity"),
         identity(run, total_steps),
         allow=run.cfg.resume_with_changes,
         path=path,
@@ -106,7 +106,7 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
         )
     if run.fsdp:
         # Saved as full (unsharded) state by name; rank 0 reads it, each rank keeps its shard.
-        optim = st["optimizer"].pop("optimizer")
+        optim = st.optimizer.pop("optimizer")
         distributed.load_full_state(
             run.model,
             run.optimizer,
@@ -116,10 +116,10 @@ def restore(run: Run, path: Path, total_steps: int) -> Restored:
         del optim
     else:
         model_io.load_weights(run.model, path)
-        run.optimizer.load_state_dict(st["optimizer"]["optimizer"])
-    if run.scaler is not None and st["optimizer"].get("scaler"):
-        run.scaler.load_state_dict(st["optimizer"]["scaler"])
-    checkpoint.set_rng_state(st["rng"])
-    run.loader.load_state_dict(st["loader_state"])
+        run.optimizer.load_state_dict(st.optimizer["optimizer"])
+    if run.scaler is not None and st.optimizer.get("scaler"):
+        run.scaler.load_state_dict(st.optimizer["scaler"])
+    checkpoint.set_rng_state(st.rng)
+    run.loader.load_state_dict(st.loader_state)
     run.writer.last_written = path
-    return Restored(RunState.from_trainer_state(st["trainer_state"]), path)
+    return Restored(RunState.from_trainer_state(st.trainer_state), path)

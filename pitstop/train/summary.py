@@ -24,7 +24,7 @@ from pitstop.measure import flops as flops_mod
 from pitstop.measure.machine import CpuSnapshot, machine_load, shared_by_others
 from pitstop.measure.memory import peak_memory
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.run_record import FINAL, ChoiceRecord, RunSummary
+from pitstop.run_record import FINAL, ChoiceRecord, PlannedEfficiency, RunSummary
 from pitstop.train.state import RunState
 
 
@@ -92,7 +92,7 @@ def trainer_summary(
     device_type: str,
     choices: dict[str, Choice],
     measured: ChoiceRecord | None,
-    planned_efficiency: float | None,
+    planned_efficiency: PlannedEfficiency | None,
     flops_per_token: float | None,
     peak_flops: float | None,
     peak_source: str | None,

@@ -145,8 +145,8 @@ def check_accepted_checkpoints(out: Path) -> list[int]:
         w = weights(path)  # safetensors validates its header against the file length
         assert w and all(torch.isfinite(t).all() for t in w.values()), path
         st = read_checkpoint(path)
-        assert st["trainer_state"]["step"] == step, path
-        assert st["optimizer"]["optimizer"]["state"], path
+        assert st.trainer_state["step"] == step, path
+        assert st.optimizer["optimizer"]["state"], path
         steps.append(step)
     return steps
 
