@@ -23,12 +23,11 @@ off the packed-sequence path.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from pitstop.batching.plan import MicroBatchSpec
+from pitstop.batching.records import MicroBatch
 
 IGNORE_INDEX = -100
 
@@ -39,7 +38,7 @@ def collate(
     offsets: np.ndarray,
     spec: MicroBatchSpec,
     pad_id: int,
-) -> dict[str, Any]:
+) -> MicroBatch:
     """Build ``input_ids``, ``labels``, ``position_ids`` (Long [B, T]), ``cu_seqlens``, ``max_seqlen``.
 
     `tokens`, `mask`, `offsets` are the store's (memory-mapped) arrays. A filler spec
@@ -80,10 +79,10 @@ def collate(
             position_ids[b, u:] = np.arange(u - c, T - c)
         seg_starts = row_of_seq * T + col0
     cu = np.concatenate([seg_starts, [B * T]]).astype(np.int32)
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(position_ids),
-        "cu_seqlens": torch.from_numpy(cu),
-        "max_seqlen": int(np.diff(cu).max()),
-    }
+    return MicroBatch(
+        input_ids=torch.from_numpy(input_ids),
+        labels=torch.from_numpy(labels),
+        position_ids=torch.from_numpy(position_ids),
+        cu_seqlens=torch.from_numpy(cu),
+        max_seqlen=int(np.diff(cu).max()),
+    )

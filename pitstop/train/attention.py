@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from pitstop.batching.records import MicroBatch
+
 # Backends whose kernel reads document boundaries from the varlen kwargs: flash-attn's
 # varlen path, and pitstop's per-document SDPA (train/doc_attention.py).
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "sdpa_docs"})
@@ -73,7 +75,7 @@ def doc_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def attention_kwargs(
-    mb: dict[str, Any], attention: str, device: torch.device
+    mb: MicroBatch, attention: str, device: torch.device
 ) -> dict[str, torch.Tensor | int]:
     """The extra forward kwargs `attention` needs for micro-batch `mb`, on `device` ({} if none).
 

@@ -8,27 +8,45 @@ benchmarks, so what they measure is what the run computes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import torch
 
+from pitstop.batching.records import MicroBatch
 from pitstop.probe import Choice
 from pitstop.train.attention import FORWARD_KEYS, attention_kwargs
 from pitstop.train.token_loss import shifted_targets, token_ce_sum
 
 
-def to_device(mb: dict[str, Any], device: torch.device, attention: str) -> dict[str, Any]:
+class DeviceBatch(TypedDict, total=False):
+    """A micro-batch on the run's device, as `to_device` makes it: the three tensors and
+    the kwargs its attention kernel needs (train/attention.py FORWARD_KEYS; none for sdpa
+    and eager, which read the documents' boundaries from `position_ids`)."""
+
+    input_ids: Required[torch.Tensor]
+    labels: Required[torch.Tensor]
+    position_ids: Required[torch.Tensor]
+    cu_seq_lens_q: torch.Tensor
+    cu_seq_lens_k: torch.Tensor
+    max_length_q: int
+    max_length_k: int
+    attention_mask: torch.Tensor  # sdpa_docs' empty marker (attention.boundaries_only_mask)
+
+
+def to_device(mb: MicroBatch, device: torch.device, attention: str) -> DeviceBatch:
     """What the forward reads, on `device`: the tensors, and the kwargs `attention` needs
     to keep packed documents apart (train/attention.py)."""
     nb = device.type == "cuda"  # pinned host batches copy asynchronously
-    batch: dict[str, Any] = {
-        k: mb[k].to(device, non_blocking=nb) for k in ("input_ids", "labels", "position_ids")
-    }
-    batch.update(attention_kwargs(mb, attention, device))
+    batch = DeviceBatch(
+        input_ids=mb["input_ids"].to(device, non_blocking=nb),
+        labels=mb["labels"].to(device, non_blocking=nb),
+        position_ids=mb["position_ids"].to(device, non_blocking=nb),
+    )
+    batch.update(attention_kwargs(mb, attention, device))  # type: ignore[typeddict-item]
     return batch
 
 
-def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+def forward_kwargs(batch: DeviceBatch) -> dict[str, Any]:
     """What the training forward passes to the model for a `to_device` batch."""
     # No attention_mask: the model derives a block-diagonal causal mask from position_ids
     # (documents packed in one row never attend to each other); flash-attn and sdpa_docs
@@ -45,7 +63,7 @@ def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
 
 def token_loss_sum(
     forward: Callable[..., Any],
-    batch: dict[str, Any],
+    batch: DeviceBatch,
     device_type: str,
     autocast_dtype: torch.dtype | None,
 ) -> torch.Tensor:
@@ -92,7 +110,7 @@ class TimedMicroBatch:
         self.model, self.device, self.attention = model, device, attention
         self.device_type, self.autocast_dtype = device.type, autocast_dtype
 
-    def __call__(self, mb: dict[str, Any]) -> float:
+    def __call__(self, mb: MicroBatch) -> float:
         batch = to_device(mb, self.device, self.attention)
         loss = token_loss_sum(self.model, batch, self.device_type, self.autocast_dtype)
         loss.backward()

@@ -50,7 +50,9 @@ from typing import Any
 
 import torch
 
+from pitstop.batching.records import MicroBatch
 from pitstop.errors import ConfigError
+from pitstop.train.forward import DeviceBatch
 
 __all__ = [
     "PackCheck",
@@ -123,7 +125,7 @@ class PackCheck:
         )
 
 
-def packed_probe(vocab_size: int, *, seed: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def packed_probe(vocab_size: int, *, seed: int = 0) -> tuple[MicroBatch, list[MicroBatch]]:
     """(the packed micro-batch, each document alone) as host tensors, loader-shaped
     (input_ids, labels, position_ids; [B, T] int64)."""
     g = torch.Generator().manual_seed(seed)
@@ -143,8 +145,8 @@ def packed_probe(vocab_size: int, *, seed: int = 0) -> tuple[dict[str, Any], lis
     return _mb(torch.stack(ids), torch.stack(pos)), alone
 
 
-def _mb(ids: torch.Tensor, pos: torch.Tensor) -> dict[str, Any]:
-    return {"input_ids": ids, "labels": ids.clone(), "position_ids": pos}
+def _mb(ids: torch.Tensor, pos: torch.Tensor) -> MicroBatch:
+    return MicroBatch(input_ids=ids, labels=ids.clone(), position_ids=pos)
 
 
 def model_windows(model: torch.nn.Module) -> list[int]:
@@ -208,8 +210,8 @@ def _attention_set(model: torch.nn.Module, kernel: str, current: str) -> Iterato
 def check_packed_attention(
     model: torch.nn.Module,
     *,
-    forward_kwargs: Callable[[dict[str, Any]], dict[str, Any]],
-    to_device: Callable[[dict[str, Any], str], dict[str, Any]],
+    forward_kwargs: Callable[[DeviceBatch], dict[str, Any]],
+    to_device: Callable[[MicroBatch, str], DeviceBatch],
     device_type: str,
     autocast_dtype: torch.dtype | None,
     precision: str,
@@ -233,7 +235,7 @@ def check_packed_attention(
     model.eval()  # dropout would make the calls differ
     _keep_4bit_layout(model)
 
-    def logits(mb: dict[str, Any], kernel: str, **extra: Any) -> torch.Tensor:
+    def logits(mb: MicroBatch, kernel: str, **extra: Any) -> torch.Tensor:
         kwargs = forward_kwargs(to_device(mb, kernel))
         kwargs.update(extra)
         return _logits(model, kwargs, device_type, autocast_dtype)

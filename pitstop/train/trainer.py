@@ -26,7 +26,7 @@ import torch
 
 from pitstop import log, runlock
 from pitstop.batching.loader import Loader
-from pitstop.batching.records import MicroBatchMeta
+from pitstop.batching.records import MicroBatch, MicroBatchMeta
 from pitstop.config import RunConfig
 from pitstop.measure.memory import peak_memory
 from pitstop.measure.timeline import Timeline
@@ -39,7 +39,7 @@ from pitstop.train.cadence import Cadence
 from pitstop.train.compile import GuardedForward
 from pitstop.train.evaluate import EvalResult, held_out_loss
 from pitstop.train.export import write_final
-from pitstop.train.forward import to_device, token_loss_sum
+from pitstop.train.forward import DeviceBatch, to_device, token_loss_sum
 from pitstop.train.guard import TrainingDiverged
 from pitstop.train.hooks import NoHooks, StepHooks
 from pitstop.train.pending import PendingStep
@@ -120,13 +120,13 @@ class Trainer:
 
     # --- phases ---------------------------------------------------------------------
 
-    def fetch_batch(self) -> dict[str, Any]:
+    def fetch_batch(self) -> MicroBatch:
         return next(self._batches)
 
-    def to_device(self, mb: dict[str, Any]) -> dict[str, Any]:
+    def to_device(self, mb: MicroBatch) -> DeviceBatch:
         return to_device(mb, self.run.device, self.run.choices["attention"].value)
 
-    def _loss(self, batch: dict[str, Any], model: Any = None) -> torch.Tensor:
+    def _loss(self, batch: DeviceBatch, model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
 
         `model`: call this module instead of the training forward (evaluation).
@@ -144,7 +144,7 @@ class Trainer:
         self.run.forward_model, self.run.compiled = self._guard.to_eager(self.run.choices)
 
     def forward_backward(
-        self, batch: dict[str, Any], step_targets: int, tl: Timeline, *, last: bool = True
+        self, batch: DeviceBatch, step_targets: int, tl: Timeline, *, last: bool = True
     ) -> torch.Tensor:
         """One micro-batch; returns its share of the step's loss (sum CE / step targets).
 
