@@ -54,6 +54,7 @@ import numpy as np
 from pitstop.batching.collate import collate
 from pitstop.batching.loader import _seen_tokens, sequence_targets
 from pitstop.batching.plan import build_plan, step_micro_batches
+from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
 from pitstop.config import RunConfig
@@ -109,7 +110,7 @@ class AutoChoice:
 def choose_batching(
     store: TokenStore,
     cfg: RunConfig,
-    run_micro_batch: Callable[[dict[str, Any]], object],
+    run_micro_batch: Callable[[MicroBatch], object],
     *,
     rank: int = 0,
     world_size: int = 1,

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from pitstop.batching.plan import (
     plan_efficiency,
     step_micro_batches,
 )
-from pitstop.batching.records import MicroBatchMeta
+from pitstop.batching.records import MicroBatch, MicroBatchMeta
 from pitstop.batching.settings import BatchSettings
 from pitstop.data.facts import sequence_facts
 from pitstop.data.store import TokenStore
@@ -102,7 +102,7 @@ class _MicroBatchDataset(Dataset):
         # Never pickle memmaps into workers (that copies the data); each worker maps the files.
         return {**self.__dict__, "_store": None}
 
-    def __getitem__(self, key: _Key) -> dict[str, Any]:
+    def __getitem__(self, key: _Key) -> MicroBatch:
         if self._store is None:
             self._store = TokenStore(self.store_path)
         s = self._store
@@ -157,6 +157,22 @@ class LoaderOptions:
     prefetch_factor: int | None = None
 
 
+class LoaderState(TypedDict, total=False):
+    """`MicroBatchLoader.state_dict()`: a checkpoint's loader_state.json (plain JSON values).
+    A checkpoint of an older version may lack `epoch_steps` (the epochs are planned again)."""
+
+    global_step: int  # the next step to hand out
+    epoch: int
+    step: int  # within the epoch
+    seed: int
+    strategy: str  # the layout's name (a run may resume under another)
+    max_seq_len: int
+    tokens_per_step: int
+    epoch_steps: list[int]  # steps of each epoch before `epoch`
+    n_sequences: int  # which sequences the plans cover (the held-out split)
+    n_tokens: int
+
+
 class Loader(Protocol):
     """What the Trainer needs of a loader; MicroBatchLoader and the tests' loaders honour it.
 
@@ -167,7 +183,7 @@ class Loader(Protocol):
 
     settings: BatchSettings | None
 
-    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+    def __iter__(self) -> Iterator[MicroBatch]: ...
 
     @property
     def steps_per_epoch(self) -> int: ...
@@ -356,7 +372,7 @@ class MicroBatchLoader:
             persistent_workers=workers > 0,
         )
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[MicroBatch]:
         """Micro-batches from the current position to the end of the run."""
         if self._dataloader is None:
             self._dataloader = self._make_dataloader()
@@ -404,7 +420,7 @@ class MicroBatchLoader:
         self.settings = settings
 
     # --- resume -------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LoaderState:
         """Where the run stands: the next step to hand out (as global and as epoch, step)."""
         epoch, step = self.locate(self._next_step)
         s = self.settings
@@ -427,7 +443,7 @@ class MicroBatchLoader:
         used = self.lengths if self.indices is None else self.lengths[self.indices]
         return {"n_sequences": len(used), "n_tokens": int(used.sum())}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: LoaderState) -> None:
         """Continue from a `state_dict()`; refuses if the plan-defining inputs changed.
 
         The strategy is not one of them: it only lays each step's documents out in rows

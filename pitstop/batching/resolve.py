@@ -28,6 +28,7 @@ import numpy as np
 
 from pitstop import log
 from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
+from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.cache_layout import cache_root
 from pitstop.catalog.layouts import ANY_STEP_SIZE, Layout
@@ -61,7 +62,7 @@ class MicroSizer:
     (pitstop.measure.memory) is its steps' and not its largest trial's.
     """
 
-    measure: Callable[[dict[str, Any]], tuple[float, float]]
+    measure: Callable[[MicroBatch], tuple[float, float]]
     capacity_bytes: float
     reserved_bytes: float
     start_peak_window: Callable[[], None] | None = None
@@ -83,7 +84,7 @@ class BatchRequest:
     store: TokenStore
     rank: int = 0
     world_size: int = 1
-    run_micro_batch: Callable[[dict[str, Any]], object] | None = None
+    run_micro_batch: Callable[[MicroBatch], object] | None = None
     resume_strategy: str | None = None
     indices: np.ndarray | None = None
     lockstep: bool = False
