@@ -164,7 +164,7 @@ COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "doctor": ("nproc", "cpus", "lora_r"),
     "demo": ("max_steps",),
     "profile": ("steps", "warmup"),
-    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps"),
+    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps", "steps"),
 }  # fmt: skip
 
 

@@ -247,9 +247,10 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
         problems.append(
             "give the training command after --, e.g. `pitstop tune -- python train.py`"
         )
-    budget = _positive(args.budget_seconds or SCRIPT_BUDGET_SECONDS, "--budget-seconds", problems)
-    steps = int(_positive(args.steps or script.DEFAULT_STEPS, "--steps", problems) or 0)
-    if steps and steps < 4:
+    check_number_flags(args, "tune")  # NaN, infinities, out of range: refused first
+    budget = float(args.budget_seconds or SCRIPT_BUDGET_SECONDS)
+    steps = int(args.steps or script.DEFAULT_STEPS)
+    if steps < 4:
         problems.append("--steps: at least 4 (the noise band needs steady steps)")
     out_given = args.tuned_output if args.tuned_output != "tuned.yaml" else None
     if out_given is None and command:
@@ -285,17 +286,6 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     else:
         print(script.format_script_report(report))
     return 0
-
-
-def _positive(value: Any, flag: str, problems: list[str]) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        problems.append(f"{flag}: a number, got {value!r}")
-        return 0.0
-    if v <= 0:
-        problems.append(f"{flag}: more than 0, got {value}")
-    return v
 
 
 def _runner(command: list[str], run_dir: Any, settings: Any, warmup: int) -> int:

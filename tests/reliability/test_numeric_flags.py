@@ -48,7 +48,8 @@ NOT_NUMBERS = {
     "compare": {"run_a", "run_b", "rerun_output", "markdown", "json"},
     "report": {"runs", "output"},
     "profile": {"config", "profile_output", "trace", "json", "script_command"},
-    "tune": {"config", "tuned_output", "run_output", "knobs", "no_trial_cache", "json"},
+    "tune": {"config", "tuned_output", "run_output", "knobs", "no_trial_cache", "json",
+             "dry_run", "allow_batch_changes", "script_command"},
 }  # fmt: skip
 CONFIG_COMMANDS = {"prepare", "train", "profile", "tune"}
 RUNCONFIG_NUMBERS = [n for n in FIELDS if unwrap_optional(field_type(n))[0] in (int, float)]
