@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pitstop import log
 from pitstop.config import RunConfig
@@ -35,6 +35,28 @@ MATH_SETTINGS = (
 )
 
 
+class RunIdentity(TypedDict):
+    """What makes a run this run (MATH_SETTINGS and its data), as trainer_state.json's
+    `identity` holds it: resolved values, not defaults."""
+
+    model: str | None  # the model directory, resolved
+    max_seq_len: int
+    tokens_per_step: int
+    lr: float
+    schedule: str
+    min_lr_ratio: float
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    max_steps: int | None
+    epochs: float | None
+    total_steps: int
+    seed: int
+    lora_r: int | None
+    lora_alpha: float | None
+    data: str | None  # the token store's cache key
+
+
 def identity(
     cfg: RunConfig,
     *,
@@ -43,12 +65,12 @@ def identity(
     tokens_per_step: int,
     total_steps: int,
     warmup_steps: int,
-) -> dict[str, Any]:
+) -> RunIdentity:
     """The run's identity as a checkpoint records it (resolved values, not defaults)."""
     fields = cfg.to_dict()
-    out: dict[str, Any] = {k: fields.get(k) for k in MATH_SETTINGS}
+    math = {k: fields.get(k) for k in MATH_SETTINGS}
+    out = RunIdentity(**math, data=data_key)  # type: ignore[typeddict-item]
     out.update(
-        data=data_key,
         model=str(Path(cfg.model).resolve()) if cfg.model else None,
         max_seq_len=max_seq_len,
         tokens_per_step=tokens_per_step,
@@ -93,7 +115,7 @@ def choose_checkpoint(out: Path, *, announce: bool = True) -> Path | None:
 
 
 def check_same_run(
-    saved: dict[str, Any] | None, now: dict[str, Any], *, allow: bool, path: Path
+    saved: RunIdentity | None, now: RunIdentity, *, allow: bool, path: Path
 ) -> list[str]:
     """The math settings that differ from checkpoint `path`'s; ConfigError unless `allow`."""
     if not saved:  # a checkpoint from before identities were recorded: the loader checks

@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pitstop import log, run_record
 from pitstop.atomic import write_text_atomic
@@ -41,7 +40,7 @@ def clear_run(out: Path) -> None:
             shutil.rmtree(out / name)
 
 
-def identity(run: Run, total_steps: int) -> dict[str, Any]:
+def identity(run: Run, total_steps: int) -> resume.RunIdentity:
     """What a checkpoint records of its run, and --resume checks (train/resume.py)."""
     return resume.identity(
         run.cfg,
