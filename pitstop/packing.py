@@ -19,7 +19,7 @@ from bisect import bisect_left, insort
 
 import numpy as np
 
-__all__ = ["best_fit_decreasing", "bfd_arrays"]
+__all__ = ["best_fit_decreasing", "bfd_arrays", "bfd_bin_count"]
 
 
 def _check(lengths: np.ndarray, capacity: int) -> None:
@@ -120,3 +120,58 @@ def best_fit_decreasing(lengths: list[int] | np.ndarray, capacity: int) -> list[
     flat = items.tolist()
     b = bounds.tolist()
     return [flat[b[i] : b[i + 1]] for i in range(len(b) - 1)]
+
+
+def bfd_bin_count(values: np.ndarray, counts: np.ndarray, capacity: int) -> int:
+    """How many bins `bfd_arrays` opens for `counts[i]` items of length `values[i]`, in
+    memory of the distinct lengths, not the items (prepare's statistics at any size).
+
+    The same steps as `bfd_arrays` with each bucket holding a number of bins instead of
+    their ids: which bin an item lands in never changes how many bins there are.
+    """
+    values = np.asarray(values, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    _check(values, capacity)
+    buckets: dict[int, int] = {}  # remaining capacity -> open bins with it
+    keys: list[int] = []  # remaining capacities that have open bins, ascending
+    n_bins = 0
+
+    def add(r: int, k: int) -> None:
+        if r <= 0 or k <= 0:
+            return
+        if r not in buckets:
+            buckets[r] = 0
+            insort(keys, r)
+        buckets[r] += k
+
+    def take(r: int) -> int:
+        keys.remove(r)
+        return buckets.pop(r)
+
+    order = np.argsort(-values, kind="stable")
+    for s, left in zip(values[order].tolist(), counts[order].tolist()):
+        while left:
+            k = bisect_left(keys, s)
+            if k == len(keys):
+                break
+            r = keys[k]
+            bins = take(r)
+            q = r // s
+            full = min(bins, left // q)
+            if full:
+                left -= full * q
+                add(r - q * s, full)
+            rest = bins - full
+            if left and rest:
+                add(r - left * s, 1)
+                left, rest = 0, rest - 1
+            add(r, rest)
+        if left:
+            per_bin = capacity // s
+            m = -(-left // per_bin)
+            n_bins += m
+            add(capacity - per_bin * s, m - 1)
+            add(capacity - (left - (m - 1) * per_bin) * s, 1)
+    return n_bins

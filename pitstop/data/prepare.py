@@ -3,9 +3,9 @@
 The parent process streams raw record chunks from the readers to tokenizer
 processes through a bounded window of futures (multiprocessing.Pool.imap would
 read the whole input ahead; a window keeps only ~2 chunks per worker in flight),
-and writes the returned arrays to the store in input order. Only per-document
-and per-sequence lengths are kept for the statistics, so memory does not grow
-with the size of the input.
+and writes the returned arrays to the store in input order. The statistics keep
+how many documents and sequences have each length (`data.stats.LengthCounts`), so
+memory does not grow with the size of the input.
 
 The store is written to a temporary directory and renamed into place under its
 content key (see cache.py), so a killed prepare leaves nothing that opens as a
@@ -25,8 +25,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from pitstop import log
 from pitstop.cache_layout import STORES, cache_root
@@ -50,7 +48,7 @@ from pitstop.data.readers import (
     iter_chunks,
 )
 from pitstop.data.records import Fields
-from pitstop.data.stats import compute_stats, format_stats
+from pitstop.data.stats import LengthCounts, compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
 from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
 from pitstop.errors import ConfigError, DataError
@@ -276,8 +274,8 @@ def _write(
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
-    doc_lens: list[np.ndarray] = []
-    seq_lens: list[np.ndarray] = []
+    # Counts per length, not a length per document: memory flat in the number of documents.
+    doc_lens, seq_lens = LengthCounts(), LengthCounts()
     bad_examples: list[dict[str, str]] = []
     kinds: dict[str, int] = {}
     eos_only: dict[str, int] = {}
@@ -312,8 +310,8 @@ def _write(
                 )
             writer.append(res["tokens"], res["mask"], res["seq_len"], res["seq_doc"] + doc_base)
             doc_base += len(res["doc_len"])
-            doc_lens.append(res["doc_len"])
-            seq_lens.append(res["seq_len"])
+            doc_lens.add(res["doc_len"])
+            seq_lens.add(res["seq_len"])
             c["records"] += res["n_records"]
             c["bad"] += res["n_bad"]
             for k in (
@@ -373,8 +371,8 @@ def _write(
         "tokens_per_second": round(writer.n_tokens / max(seconds, 1e-9), 1),
     }
     return compute_stats(
-        np.concatenate(doc_lens),
-        np.concatenate(seq_lens),
+        doc_lens,
+        seq_lens,
         max_seq_len=cfg.max_seq_len,
         counts=counts,
         model_max_len=position_limit(cfg.model)[0] if cfg.model else None,

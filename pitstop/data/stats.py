@@ -1,10 +1,11 @@
 """Length statistics of a prepared dataset, and the table `pitstop prepare` prints.
 
-Everything is computed from the per-document and per-sequence length arrays, so
-it costs a few milliseconds even for millions of documents. `pack_efficiency`
-runs best-fit-decreasing packing by length *counts* rather than item by item:
-all equal-length items are placed together, which is exact (see the comments)
-and makes it O(distinct lengths x max_len) instead of O(n log n) Python steps.
+Everything is computed from `LengthCounts`: how many documents (or sequences) have each
+length. `prepare` adds each chunk's lengths as it writes them, so its memory holds the
+distinct lengths, never a number per document (issue 32: the same at 10M documents as at
+0.1M), and the statistics cost milliseconds at any size. `pack_efficiency` runs
+best-fit-decreasing packing by length counts (`pitstop.packing.bfd_bin_count`), exactly
+the bins item-by-item packing opens.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from pitstop.packing import bfd_arrays
+from pitstop.packing import bfd_bin_count
 
 CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 
@@ -25,27 +26,82 @@ CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 EOS_ONLY_WARN_SHARE = 0.01
 
 
-def pack_efficiency(lengths: np.ndarray | list[int], max_len: int) -> tuple[float, int]:
+class LengthCounts:
+    """How many items have each length: sorted distinct `values` and their `counts`
+    (int64). Memory grows with the distinct lengths, not the items."""
+
+    def __init__(self, values: np.ndarray | None = None, counts: np.ndarray | None = None) -> None:
+        self.values = np.zeros(0, np.int64) if values is None else np.asarray(values, np.int64)
+        self.counts = np.zeros(0, np.int64) if counts is None else np.asarray(counts, np.int64)
+
+    @classmethod
+    def of(cls, lengths: LengthCounts | np.ndarray | list[int]) -> LengthCounts:
+        """`lengths` counted (a LengthCounts is returned as it is)."""
+        if isinstance(lengths, LengthCounts):
+            return lengths
+        values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+        return cls(values, counts)
+
+    def add(self, lengths: np.ndarray) -> None:
+        """Count a chunk's lengths in as well."""
+        chunk = LengthCounts.of(lengths)
+        values = np.concatenate([self.values, chunk.values])
+        counts = np.concatenate([self.counts, chunk.counts])
+        self.values, inverse = np.unique(values, return_inverse=True)
+        self.counts = np.bincount(inverse, weights=counts).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def total(self) -> int:
+        return int((self.values * self.counts).sum())
+
+    def max(self) -> int:
+        return int(self.values[-1]) if len(self.values) else 0
+
+    def mean(self) -> float:
+        n = len(self)
+        return self.total / n if n else 0.0
+
+    def quantile(self, p: float) -> int:
+        """`np.quantile(lengths, p, method="inverted_cdf")`: the smallest length with at
+        least p of the items at or below it."""
+        n = len(self)
+        if n == 0:
+            return 0
+        at = np.cumsum(self.counts)
+        return int(self.values[min(int(np.searchsorted(at, p * n, side="left")), len(at) - 1)])
+
+    def share_at_most(self, limit: int) -> float:
+        n = len(self)
+        return float(self.counts[self.values <= limit].sum()) / n if n else 1.0
+
+    def count_above(self, limit: int) -> int:
+        return int(self.counts[self.values > limit].sum())
+
+
+def pack_efficiency(
+    lengths: LengthCounts | np.ndarray | list[int], max_len: int
+) -> tuple[float, int]:
     """(filled fraction, rows) of best-fit-decreasing packing of `lengths` into rows of `max_len`.
 
     Lengths above `max_len` are split into full rows plus a remainder first, as
     `--long-docs split` does. The packing is the trainer's own (`pitstop.packing`).
     """
-
-    a = np.asarray(lengths, dtype=np.int64)
-    a = a[a > 0]
-    if len(a) == 0:
+    lc = LengthCounts.of(lengths)
+    keep = lc.values > 0
+    values, counts = lc.values[keep], lc.counts[keep]
+    if counts.sum() == 0:
         return 1.0, 0
-    full = int((a // max_len).sum())
-    rest = a % max_len
-    rest = rest[rest > 0]
-    _, bounds = bfd_arrays(rest, max_len)
-    rows = full + len(bounds) - 1
-    return float(a.sum()) / (rows * max_len), rows
+    full = int(((values // max_len) * counts).sum())
+    rest = values % max_len
+    rows = full + bfd_bin_count(rest[rest > 0], counts[rest > 0], max_len)
+    return float((values * counts).sum()) / (rows * max_len), rows
 
 
-def _q(a: np.ndarray, p: float) -> int:
-    return int(np.quantile(a, p, method="inverted_cdf")) if len(a) else 0
+def _q(a: LengthCounts, p: float) -> int:
+    return a.quantile(p)
 
 
 class PaddingWaste(TypedDict):
@@ -67,33 +123,33 @@ class Recommendation(TypedDict):
     packing_efficiency: float
 
 
-def padding_waste(doc_lengths: np.ndarray, max_len: int) -> PaddingWaste:
+def padding_waste(doc_lengths: LengthCounts | np.ndarray, max_len: int) -> PaddingWaste:
     """Rows and padding if every document were padded to `max_len` (long ones split into rows)."""
-    rows = int(np.maximum(1, -(-doc_lengths // max_len)).sum()) if len(doc_lengths) else 0
-    tokens = int(doc_lengths.sum())
-    waste = 1 - tokens / (rows * max_len) if rows else 0.0
+    lc = LengthCounts.of(doc_lengths)
+    rows = int((np.maximum(1, -(-lc.values // max_len)) * lc.counts).sum())
+    waste = 1 - lc.total / (rows * max_len) if rows else 0.0
     return PaddingWaste(
         max_len=max_len,
         rows=rows,
         padding_fraction=round(waste, 4),
-        docs_split=int((doc_lengths > max_len).sum()),
+        docs_split=lc.count_above(max_len),
     )
 
 
 def compute_stats(
-    doc_lengths: np.ndarray,
-    seq_lengths: np.ndarray,
+    doc_lengths: LengthCounts | np.ndarray,
+    seq_lengths: LengthCounts | np.ndarray,
     *,
     max_seq_len: int,
     counts: dict[str, Any],
     model_max_len: int | None = None,
 ) -> dict[str, Any]:
     """The "stats" section of a store manifest (JSON-serialisable)."""
-    d = np.asarray(doc_lengths, dtype=np.int64)
+    d = LengthCounts.of(doc_lengths)
     dist = {
-        "mean": round(float(d.mean()), 1) if len(d) else 0.0,
+        "mean": round(d.mean(), 1),
         **{f"p{p}": _q(d, p / 100) for p in (50, 90, 95, 99)},
-        "max": int(d.max()) if len(d) else 0,
+        "max": d.max(),
     }
     lens = sorted({*CANDIDATES, max_seq_len})
     waste = [padding_waste(d, L) for L in lens]
@@ -115,7 +171,10 @@ def compute_stats(
 
 
 def recommend(
-    d: np.ndarray, p99: int, waste: list[PaddingWaste], model_max_len: int | None = None
+    d: LengthCounts | np.ndarray,
+    p99: int,
+    waste: list[PaddingWaste],
+    model_max_len: int | None = None,
 ) -> Recommendation:
     """The max length to use: the smallest candidate holding 99% of documents whole.
 
@@ -128,7 +187,8 @@ def recommend(
         allowed = [model_max_len]
     fits = [c for c in allowed if c >= p99]
     value = fits[0] if fits else allowed[-1]
-    whole = float((d <= value).mean()) if len(d) else 1.0
+    d = LengthCounts.of(d)
+    whole = d.share_at_most(value)
     eff, _ = pack_efficiency(d, value)
     pad = (
         by_len[value]["padding_fraction"]
