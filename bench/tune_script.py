@@ -14,7 +14,8 @@ Scripts (a tiny Llama built with `pitstop.tiny.build_model_dir`, CPU):
   checkpointing off and the batch split measured one by one, bf16 only on a CPU with native
   bf16, the search within the default budget.
 
-Each runs through the real CLI; the table lists every fix: the doctor's prediction, the
+Trials run with OMP_NUM_THREADS=1 (set it to another value to measure with threads). Each
+runs through the real CLI; the table lists every fix: the doctor's prediction, the
 measured ratio with its band, the pairs measured, the verdict; and the whole search's seconds.
 Writes bench/results/tune_script.md.
 """
@@ -31,6 +32,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per trial: on 2 shared cores the script's OpenMP threads and its loader
+# workers oversubscribe the cores and some trials' compute ran 10x slower (docs/tune.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from bench.common import markdown_table, write_result
 
