@@ -7,7 +7,7 @@ Scripts (a tiny Llama built with `pitstop.tiny.build_model_dir`, CPU):
 
 - `loader`: examples/custom_loop.py --sleep 0.4 (seed-002 shape: batch 1, num_workers=0,
   a slow __getitem__); expected: the loader fix, measured >= 1.5x outside the band;
-- `nothing`: examples/custom_loop.py --workers 1 (nothing to fix from outside); expected:
+- `nothing`: examples/custom_loop.py --workers 2 (nothing to fix from outside); expected:
   "no change beats the noise";
 - `trainer`: examples/hf_trainer_loop.py --sleep 0.05 (seed-000 shape: fp32, 0 workers,
   gradient checkpointing on, micro-batch 2 x accumulation 2); expected: workers,
@@ -41,7 +41,7 @@ from bench.common import markdown_table, write_result
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = {
     "loader": ("custom_loop.py", ["--sleep", "0.4", "--steps", "1000"]),
-    "nothing": ("custom_loop.py", ["--workers", "1", "--steps", "1000"]),
+    "nothing": ("custom_loop.py", ["--workers", "2", "--steps", "1000"]),
     "trainer": ("hf_trainer_loop.py", ["--sleep", "0.05", "--steps", "1000"]),
 }
 
