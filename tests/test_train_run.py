@@ -230,3 +230,17 @@ def test_lora_run_saves_a_peft_adapter(tiny_model_dir, store, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = peft.PeftModel.from_pretrained(base, out / "final")
     assert any("lora_" in n for n, _ in model.named_parameters())
+
+
+def test_a_measurement_run_keeps_no_final_model_and_says_so(tiny_model_dir, store, tmp_path):
+    """`Trainer(save_final=False)` (profile, tune, benchmarks) writes no final/: its summary
+    names none and its last line does not point at one."""
+    from pitstop.train.summary import result_line
+    from pitstop.train.trainer import Trainer
+
+    out = tmp_path / "out"
+    summary = Trainer.from_config(_cfg(tiny_model_dir, store, out), save_final=False).fit()
+    assert summary.status == "completed" and not (out / "final").exists()
+    assert summary.final_model is None
+    assert json.loads((out / "summary.json").read_text())["final_model"] is None
+    assert "no final model kept" in result_line(summary)

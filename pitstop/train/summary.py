@@ -102,11 +102,13 @@ def trainer_summary(
     out: Path,
     config: dict[str, Any],
     resumed_from: str | None,
+    final_saved: bool = True,
 ) -> RunSummary:
     """The `pitstop train` run's summary.json so far. `checkpoints` is the run's checkpoint
     writer (its best checkpoint, write seconds and host buffer); `t_process` the
     time.time() this process started (wall_seconds adds the runs before a resume); `cpu_start`
-    the CPU times other processes' share of the machine is measured from."""
+    the CPU times other processes' share of the machine is measured from; `final_saved` False:
+    a measurement run that keeps no final model (`Trainer(save_final=False)`)."""
     import torch  # the trainer has it loaded; torch-free readers never call this
 
     ts = state.train_seconds
@@ -151,7 +153,7 @@ def trainer_summary(
         choices={k: c.to_dict() for k, c in choices.items()},
         measured_choices=measured.to_dict() if measured else None,
         resumed_from=str(resumed_from) if resumed_from else None,
-        final_model=str(out / FINAL) if status == "completed" else None,
+        final_model=str(out / FINAL) if status == "completed" and final_saved else None,
         config=config,
     )
 
@@ -168,5 +170,6 @@ def result_line(s: RunSummary) -> str:
     return (
         f"pitstop: {s.optimizer_steps} steps, {s.trained_tokens or 0:,} trained tokens in "
         f"{s.train_seconds or 0:.1f} s ({(s.tokens_per_second or 0):,.0f} tokens/s{mfu}"
-        f"{shared}); final loss {loss}; model in {s.final_model}"
+        f"{shared}); final loss {loss}; "
+        + (f"model in {s.final_model}" if s.final_model else "no final model kept")
     )

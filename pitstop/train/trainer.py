@@ -573,4 +573,5 @@ class Trainer:
             out=run.out,
             config=run.cfg.to_dict(),
             resumed_from=self.resumed_from,
+            final_saved=self.save_final,
         )
