@@ -40,6 +40,7 @@ from pitstop.advise.finding import Finding
 from pitstop.atomic import write_json_atomic
 from pitstop.errors import DataError
 from pitstop.probe import DeviceInfo
+from pitstop.run_record import FINDINGS, HF_PROFILE, SUMMARY
 from pitstop.tune.script_settings import APPLIED, Applied, TrialSettings, Value
 
 DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose step is <= 1 s
@@ -498,7 +499,7 @@ class _Search:
             res.runs += [str(base_dir), str(cand_dir)]
             res.refused = dict(applied.refused)
             res.applied = _user_fields(applied, cand)
-            if rc != 0 or not (cand_dir / "summary.json").is_file():
+            if rc != 0 or not (cand_dir / SUMMARY).is_file():
                 res.error = f"the trial exited with status {rc} (see {cand_dir})"
                 return res
             if res.refused and not res.applied:
@@ -565,13 +566,13 @@ def tune_script(
         log=log,
     )
     base_dir, rc, applied = search.run("baseline", None)
-    if rc != 0 or not (base_dir / "summary.json").is_file():
+    if rc != 0 or not (base_dir / SUMMARY).is_file():
         raise DataError(
             f"the baseline run failed (exit status {rc}); nothing to compare against: run "
             f"`pitstop profile -- {' '.join(command)}` to see why"
         )
-    profile = json.loads((base_dir / "pitstop_profile.json").read_text(encoding="utf-8"))
-    findings_path = base_dir / "findings.json"
+    profile = json.loads((base_dir / HF_PROFILE).read_text(encoding="utf-8"))
+    findings_path = base_dir / FINDINGS
     report = (
         json.loads(findings_path.read_text(encoding="utf-8")) if findings_path.is_file() else {}
     )
