@@ -35,7 +35,7 @@ from bench.common import fmt, markdown_table, median, write_result
 from pitstop import probe
 from pitstop.batching.collate import collate
 from pitstop.batching.plan import MicroBatchSpec
-from pitstop.packing import best_fit_decreasing
+from pitstop.core.packing import best_fit_decreasing
 from pitstop.tiny import llama_config
 from pitstop.train.forward import to_device, token_loss_sum
 

@@ -30,8 +30,8 @@ from bench.common import describe_machine, machine, markdown_table, median, writ
 from pitstop.batching.auto import choose_batching
 from pitstop.batching.resolve import loader_for
 from pitstop.catalog.layouts import LAYOUT_NAMES
-from pitstop.config import RunConfig
-from pitstop.corpus import instruction_records
+from pitstop.core.config import RunConfig
+from pitstop.core.corpus import instruction_records
 from pitstop.data.store import StoreWriter, TokenStore
 from pitstop.tiny import build_model_dir
 

@@ -197,7 +197,7 @@ def corpus_store(dest: Path, model_dir: Path, n_docs: int, max_len: int) -> Path
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
     from pitstop.data.store import StoreWriter
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -55,8 +55,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from bench.common import markdown_table, write_result
-    from pitstop.config import build_config
-    from pitstop.corpus import sample_corpus_path
+    from pitstop.core.config import build_config
+    from pitstop.core.corpus import sample_corpus_path
     from pitstop.data.prepare import prepare_data
     from pitstop.measure.cost_model import shape_from_model_dir
     from pitstop.tiny import build_model_dir

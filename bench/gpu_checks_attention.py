@@ -350,7 +350,7 @@ def check_model(
     """pitstop's start-up packed-attention self-check on the user's model directory, loaded
     and with the kernel chosen as `pitstop train --model DIR [--lora-r R]` would."""
     from pitstop import probe
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import model_io
     from pitstop.train.attention_check import packed_attention_check
 

@@ -57,7 +57,7 @@ def _step(strategy: str, rank: int, dev: torch.device, backend: str) -> dict[str
     largest difference between ranks' parameters after the step."""
     import torch.distributed as dist
 
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import distributed as dist_mod
     from pitstop.train.forward import to_device, token_loss_sum
     from pitstop.train.optim import build_optimizer
@@ -98,7 +98,7 @@ def _ddp_memory(rank: int, dev: torch.device, backend: str) -> dict[str, Any]:
     """Peak of a DDP step with two micro-batches (and a second step's backwards with the
     optimizer's moments alive) against the sizer's DDP prediction, measured on the bare
     model before wrapping as `pitstop train` does."""
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import distributed as dist_mod
     from pitstop.train.forward import to_device, token_loss_sum
     from pitstop.train.memory_plan import cuda_sizer

@@ -29,7 +29,7 @@ LAYOUTS = 10
 def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
     from torch.nn.parallel import DistributedDataParallel
 
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import distributed as dist_mod
     from pitstop.train.compile import GuardedForward, compile_module
     from pitstop.train.forward import token_loss_sum
@@ -64,7 +64,7 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
 
 
 def check_fsdp_mp(dev: torch.device, precision: str) -> list[Row]:
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import distributed as dist_mod
     from pitstop.train.forward import token_loss_sum
 
@@ -102,8 +102,8 @@ def small_trainer(
     from transformers.utils import logging as hf_logging
 
     from bench.common import corpus_store
-    from pitstop.config import build_config
-    from pitstop.corpus import sample_texts
+    from pitstop.core.config import build_config
+    from pitstop.core.corpus import sample_texts
     from pitstop.tiny import build_model_dir
     from pitstop.train.trainer import Trainer
 
@@ -129,7 +129,7 @@ def small_trainer(
 @contextlib.contextmanager
 def quiet_pitstop() -> Iterator[None]:
     """pitstop's banner and progress lines off (warnings still show)."""
-    from pitstop import log
+    from pitstop.core import log
 
     level = log.logger.level
     log.set_level("warning")

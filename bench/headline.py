@@ -340,7 +340,7 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pitstop.corpus import load_sample_corpus, sample_texts
+    from pitstop.core.corpus import load_sample_corpus, sample_texts
     from pitstop.tiny import build_model_dir
 
     spec = sizes.model
@@ -718,7 +718,7 @@ def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[st
         from pitstop.batching.collate import collate
         from pitstop.batching.plan import build_plan, step_micro_batches
         from pitstop.batching.settings import BatchSettings
-        from pitstop.config import RunConfig
+        from pitstop.core.config import RunConfig
         from pitstop.train.schedule import default_warmup, lr_at
     except ImportError as e:  # pitstop.batching is being written alongside this benchmark
         return {"system": "ceiling", "status": "n/a", "reason": f"pitstop.batching missing: {e}"}

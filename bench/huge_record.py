@@ -45,7 +45,7 @@ print(json.dumps({"rc": rc, "seconds": time.perf_counter() - t,
 
 def write_record(path: Path, mb: float, shape: str) -> int:
     """One JSONL line of about `mb` MB of prose in the given record shape; returns its bytes."""
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     prose = " ".join(sample_texts())
     reps = max(1, int(mb * 2**20 / len(prose.encode())) + 1)

@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--at", type=int, default=100)
     args = ap.parse_args()
-    from pitstop.config import build_config
-    from pitstop.corpus import sample_texts
+    from pitstop.core.config import build_config
+    from pitstop.core.corpus import sample_texts
     from pitstop.tiny import build_model_dir
     from pitstop.train.trainer import Trainer
 

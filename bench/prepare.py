@@ -45,8 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     cores = args.workers or os.cpu_count() or 1
 
-    from pitstop.config import RunConfig
-    from pitstop.corpus import sample_texts
+    from pitstop.core.config import RunConfig
+    from pitstop.core.corpus import sample_texts
     from pitstop.data.prepare import prepare_data
     from pitstop.tiny import build_model_dir
 

@@ -44,7 +44,7 @@ def write_corpus(path: Path, n_docs: int, seed: int = 0) -> int:
     """`n_docs` JSONL records of bundled-corpus words, lognormal lengths (median 55 words,
     up to ~20x that); returns the words written. Built in blocks of 100,000 documents
     from one pool of words, so the file, not the memory, grows with n_docs."""
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     words = " ".join(sample_texts()).split()
     rng = np.random.default_rng(seed)

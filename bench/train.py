@@ -35,7 +35,7 @@ RESULTS = Path(__file__).parent / "results" / "train.md"
 
 
 def _config(model_dir: Path, store: Path, out: Path, steps: int):
-    from pitstop.config import build_config
+    from pitstop.core.config import build_config
 
     return build_config(
         {

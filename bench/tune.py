@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, k) is None:  # an explicit value wins over the preset
             setattr(args, k, v)
 
-    from pitstop.config import build_config, load_yaml
+    from pitstop.core.config import build_config, load_yaml
     from pitstop.tiny import build_model_dir
     from pitstop.tune.space import KNOBS
     from pitstop.tune.tuner import format_report, tune, write_tuned_config

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pitstop.corpus import sample_texts
+from pitstop.core.corpus import sample_texts
 
 
 class TextDataset(Dataset):

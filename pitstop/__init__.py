@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pitstop.config import RunConfig, build_config, load_yaml
-from pitstop.errors import ConfigError, DataError, PitstopError
-from pitstop.version import __version__
+from pitstop.core.config import RunConfig, build_config, load_yaml
+from pitstop.core.errors import ConfigError, DataError, PitstopError
+from pitstop.core.version import __version__
 
 __all__ = [
     "ConfigError",

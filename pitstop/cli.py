@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from pitstop import log
 from pitstop.commands import (
     compare,
     demo,
@@ -26,9 +25,10 @@ from pitstop.commands import (
     train,
     tune,
 )
-from pitstop.errors import PitstopError
+from pitstop.core import log
+from pitstop.core.errors import PitstopError
+from pitstop.core.version import __version__
 from pitstop.fs_errors import command_file_errors
-from pitstop.version import __version__
 
 # In `pitstop --help` order.
 COMMANDS = (prepare, train, export, demo, doctor, estimate, compare, report, profile, tune)
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
-    """How much every command says on stderr (pitstop/log.py); results on stdout are unaffected."""
+    """How much every command says on stderr (pitstop/core/log.py); results on stdout are unaffected."""
     g = p.add_argument_group("output options")
     g.add_argument(
         "--log-level",

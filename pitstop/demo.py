@@ -14,14 +14,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pitstop import run_record
-from pitstop.config import build_config
-from pitstop.corpus import sample_corpus_path
+from pitstop.core import run_record
+from pitstop.core.config import build_config
+from pitstop.core.corpus import sample_corpus_path
+from pitstop.core.run_record import RunSummary
 from pitstop.data.prepare import format_stats, prepare_data
 from pitstop.report.estimate import format_estimate
 from pitstop.report.html import write_report
 from pitstop.report.planned import estimate_planned_run
-from pitstop.run_record import RunSummary
 from pitstop.tiny import build_model_dir
 from pitstop.train import fit
 

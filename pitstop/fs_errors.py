@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pitstop.errors import PitstopError
+from pitstop.core.errors import PitstopError
 
 HANDLED = {
     errno.ENOSPC: "no space left on the device",
@@ -131,7 +131,7 @@ def _safe_text(safe: Callable[[], str] | None) -> str:
 @contextmanager
 def command_file_errors(command: str, output: str | None, cache_dir: str | None) -> Iterator[None]:
     """`file_errors` for a CLI command, from its --output and --cache-dir flags."""
-    from pitstop.cache_layout import cache_root
+    from pitstop.core.cache_layout import cache_root
 
     cache = str(cache_root(cache_dir))
     where = cache if command == "prepare" else (output or None)

@@ -47,17 +47,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop.quiet_imports import without_bitsandbytes
+from pitstop.core.quiet_imports import without_bitsandbytes
 
 with without_bitsandbytes():  # transformers' trainer utilities import peft, peft bitsandbytes
     from transformers import TrainerCallback
 
-from pitstop import run_record
 from pitstop.advise.doctor import device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.finding import format_findings
-from pitstop.atomic import write_json_atomic
-from pitstop.cache_layout import cache_root
+from pitstop.core import run_record
+from pitstop.core.atomic import write_json_atomic
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.run_record import RunSummary, StepLine, write_steps, write_summary
 from pitstop.measure.flops import flops_model
 from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.machine import cpu_snapshot, machine_load
@@ -67,7 +68,6 @@ from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import format_verdict, verdict
 from pitstop.probe import DeviceInfo, detect_device
-from pitstop.run_record import RunSummary, StepLine, write_steps, write_summary
 
 __all__ = ["PitstopCallback"]
 

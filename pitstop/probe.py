@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record, runlock
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
-from pitstop.versions import parse_version
+from pitstop.core import run_record, runlock
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
+from pitstop.core.versions import parse_version
 
 # torch.compile cost/benefit basis, measured for pitstop on CPU: a 7.6M-parameter Llama
 # took 63 s to compile and then ran its steps 1.06x faster. Without a measurement on the

@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pitstop import run_record
-from pitstop.config import RunConfig
+from pitstop.core import run_record
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import RunSummary, read_steps
 from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.measure.sampler import Sampler
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import Verdict, format_verdict, verdict
-from pitstop.run_record import RunSummary, read_steps
 
 if TYPE_CHECKING:  # the trainer imports torch; this module is read without it
     from pitstop.train.trainer import Trainer

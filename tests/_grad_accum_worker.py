@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.train import distributed
 
 STEPS = 3

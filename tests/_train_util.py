@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from pitstop.config import RunConfig, build_config
-from pitstop.corpus import sample_texts
+from pitstop.core.config import RunConfig, build_config
+from pitstop.core.corpus import sample_texts
 from pitstop.data.store import StoreWriter
 
 

@@ -12,9 +12,9 @@ import yaml
 
 from pitstop.advise.environment import check_compile, environment, read_throughput
 from pitstop.commands.doctor import register
+from pitstop.core.errors import ConfigError
 from pitstop.data.stats import compute_stats
 from pitstop.data.store import StoreWriter
-from pitstop.errors import ConfigError
 from pitstop.measure.schema import make_profile
 
 FINDING_KEYS = {"id", "severity", "title", "evidence", "effect", "basis", "fix"}
@@ -68,7 +68,7 @@ def test_compile_check_uses_its_cache(tmp_path: Path) -> None:
     import torch
 
     key = {"torch": torch.__version__, "python": platform.python_version(), "device": "cpu"}
-    from pitstop.cache_layout import COMPILE_CHECK, keyed_cache_path
+    from pitstop.core.cache_layout import COMPILE_CHECK, keyed_cache_path
 
     keyed_cache_path(tmp_path, COMPILE_CHECK, key).write_text(
         json.dumps({"key": key, "result": {"checked": True, "works": True, "reason": "cached ok"}})

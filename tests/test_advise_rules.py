@@ -12,7 +12,7 @@ from pitstop.advise.doctor import make_setup
 from pitstop.advise.facts import DataFacts, ModelFacts
 from pitstop.advise.finding import Finding, format_findings, rank
 from pitstop.advise.rules import RULES, Context, run_rules
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data.stats import compute_stats
 from pitstop.measure.schema import make_profile
 from pitstop.probe import DeviceInfo

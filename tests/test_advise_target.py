@@ -18,7 +18,7 @@ import pytest
 from pitstop.advise.doctor import doctor
 from pitstop.advise.target import make_target
 from pitstop.commands.doctor import register
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.probe import DeviceInfo
 
 ARGS = {

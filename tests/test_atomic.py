@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.atomic import write_cache_entry, write_json_atomic, write_text_atomic
+from pitstop.core.atomic import write_cache_entry, write_json_atomic, write_text_atomic
 
 
 class Boom:
@@ -31,7 +31,7 @@ def test_interrupted_write_leaves_no_temporary(tmp_path: Path, monkeypatch) -> N
     def fail(*_a, **_k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("pitstop.atomic.os.replace", fail)
+    monkeypatch.setattr("pitstop.core.atomic.os.replace", fail)
     with pytest.raises(OSError):
         write_text_atomic(p, "new")
     assert p.read_text() == "old"

@@ -29,7 +29,7 @@ from _attention_util import (
 )
 
 from pitstop import probe
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.probe import DeviceInfo
 from pitstop.train.attention import VARLEN_KEYS, doc_boundaries
 from pitstop.train.forward import to_device, token_loss_sum
@@ -148,7 +148,7 @@ def test_attention_auto_on_a_gpu_without_flash_attn(monkeypatch) -> None:
 
 
 def test_flex_attention_is_a_config_choice_and_preflight_checks_it() -> None:
-    from pitstop.config import build_config
+    from pitstop.core.config import build_config
 
     cfg = build_config(
         {"model": "m", "data": ["d"], "output": "o", "attention": "flex_attention"}, None
@@ -160,7 +160,7 @@ def test_flex_attention_is_a_config_choice_and_preflight_checks_it() -> None:
 
 
 def test_tune_measures_flex_against_sdpa_on_a_gpu_without_flash_attn(monkeypatch) -> None:
-    from pitstop.config import build_config
+    from pitstop.core.config import build_config
     from pitstop.tune.space import build_space
 
     cfg = build_config({"model": "m", "data": ["d"], "output": "o", "max_seq_len": 64}, None)

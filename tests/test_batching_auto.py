@@ -7,7 +7,7 @@ import torch
 from test_batching_support import long_tailed_lengths, make_store
 
 from pitstop.batching.auto import choose_batching
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,7 +14,7 @@ from pitstop.batching.choices import (
     resolve_measured,
     write_run_choices,
 )
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 
 
 @pytest.fixture()

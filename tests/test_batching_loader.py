@@ -14,7 +14,7 @@ from pitstop.batching.collate import collate
 from pitstop.batching.loader import LoaderError, default_loader_workers
 from pitstop.batching.plan import MicroBatchSpec
 from pitstop.batching.resolve import loader_for
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 
 MSL = 64
 

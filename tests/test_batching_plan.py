@@ -14,8 +14,8 @@ from pitstop.batching.plan import (
     step_micro_batches,
 )
 from pitstop.batching.settings import BatchSettings
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 
 MSL = 128
 TPS = 8 * MSL

@@ -10,8 +10,8 @@ from pitstop.batching.plan import build_plan, step_micro_batches
 from pitstop.batching.resolve import loader_for
 from pitstop.batching.settings import BatchSettings
 from pitstop.batching.split import holdout_split
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 
 MSL = 64
 

@@ -114,7 +114,7 @@ def test_fsdp_checkpoint_waits_for_the_previous_write_before_gathering(monkeypat
 def test_fsdp2_gets_a_bf16_mixed_precision_policy_under_bf16(monkeypatch) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
 
     assert dist_mod.fsdp_mixed_precision("fp32") is None
     mp = dist_mod.fsdp_mixed_precision("bf16")

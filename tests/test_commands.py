@@ -9,8 +9,8 @@ import pytest
 
 from pitstop import cli
 from pitstop.commands.flags import config_from_args
-from pitstop.config import RunConfig, build_config, validate
-from pitstop.errors import ConfigError
+from pitstop.core.config import RunConfig, build_config, validate
+from pitstop.core.errors import ConfigError
 from pitstop.probe import DeviceInfo, preflight
 from pitstop.report.planned import estimate_planned_run
 
@@ -91,7 +91,7 @@ def test_estimate_reports_every_problem_at_once() -> None:
 
 def test_every_config_field_is_in_exactly_one_help_group():
     from pitstop.commands.flags import HELP_GROUPS
-    from pitstop.config import FIELDS
+    from pitstop.core.config import FIELDS
 
     placed = [name for names in HELP_GROUPS.values() for name in names]
     assert sorted(placed) == sorted(FIELDS), (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pitstop.anyloop import rerun as rerun_mod
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.report.compare import NO_DIFFERENCE
 from tests.test_report_noise import synthetic_run
 

@@ -217,9 +217,9 @@ def test_estimate_reads_one_gpu_of_a_multi_rank_run(tmp_path: Path) -> None:
 def test_an_estimate_defaults_to_the_whole_runs_tokens_at_its_own_packing() -> None:
     """A profiled command on 2 ranks counted rank 0's tokens: the run trained twice them,
     and its packing efficiency is a ratio, the same on every rank (it once read 2x)."""
+    from pitstop.core.run_record import RunSummary
     from pitstop.report.measured import Measured
     from pitstop.report.planned import run_defaults
-    from pitstop.run_record import RunSummary
 
     s = RunSummary(source="script", world_size=2, trained_tokens=100.0, seen_tokens=120.0,
                    padded_tokens=150.0)  # fmt: skip

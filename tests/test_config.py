@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from pitstop.cli import main
-from pitstop.config import FIELDS, RunConfig, build_config, coerce, load_yaml
-from pitstop.errors import ConfigError
+from pitstop.core.config import FIELDS, RunConfig, build_config, coerce, load_yaml
+from pitstop.core.errors import ConfigError
 
 BASE = {"model": "m", "data": ["d.jsonl"], "output": "out"}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pitstop.corpus import instruction_records, load_sample_corpus
+from pitstop.core.corpus import instruction_records, load_sample_corpus
 
 
 def test_corpus_is_the_whole_kjv_with_a_long_tail() -> None:

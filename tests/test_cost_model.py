@@ -16,7 +16,7 @@ import pytest
 
 from pitstop.advise.doctor import doctor
 from pitstop.advise.target import make_target
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.measure import cost_model as C
 from pitstop.probe import DeviceInfo
 from pitstop.report.planned import estimate_planned_run

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from pitstop import probe
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.measure import peak
 from pitstop.probe import DeviceInfo, PrecisionSpeed, choose_precision
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data import prepare as prep
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import StoreWriter, TokenStore, is_store
@@ -97,7 +97,7 @@ def test_miss_on_changed_data_tokenizer_or_option(tmp_path, tiny_model_dir, cach
 
 
 def test_exception_mid_write_leaves_nothing(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     f = write(tmp_path / "a.jsonl", sample_texts(100))
     monkeypatch.setattr(prep, "CHUNK_BYTES", 10_000)
@@ -121,7 +121,7 @@ def test_exception_mid_write_leaves_nothing(tmp_path, tiny_model_dir, cache_dir,
 
 _CHILD = """
 import sys
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data.prepare import prepare_data
 prepare_data(RunConfig(data=[sys.argv[1]], model=sys.argv[2], cache_dir=sys.argv[3], workers=1), progress=False)
 """
@@ -129,7 +129,7 @@ prepare_data(RunConfig(data=[sys.argv[1]], model=sys.argv[2], cache_dir=sys.argv
 
 @pytest.mark.slow
 def test_sigkill_mid_prepare_leaves_no_valid_store(tmp_path, tiny_model_dir, cache_dir):
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     texts = sample_texts(400)
     f = write(tmp_path / "big.jsonl", texts * 2)  # ~3 MB: a few seconds of work on one core

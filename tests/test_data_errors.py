@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
 from pitstop.data.prepare import prepare_data
-from pitstop.errors import DataError
 
 GOOD = b'{"text": "fine"}\n'
 
@@ -193,7 +193,7 @@ def test_all_bad_is_an_error(tmp_path, tiny_model_dir, cache_dir):
 
 
 def test_store_with_other_data_and_no_tokenizer(tmp_path, tiny_model_dir, cache_dir):
-    from pitstop.errors import ConfigError
+    from pitstop.core.errors import ConfigError
 
     f = tmp_path / "a.jsonl"
     f.write_bytes(GOOD)

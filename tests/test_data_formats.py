@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data.prepare import open_store, prepare_data
 from pitstop.data.store import TokenStore
 
@@ -68,7 +68,7 @@ def test_jsonl_plain_gz_zst_json_parquet_csv(tmp_path, tiny_model_dir, tiny_toke
 
 
 def test_workers_give_identical_store(tmp_path, tiny_model_dir, cache_dir):
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     f = tmp_path / "c.jsonl"
     f.write_bytes(jsonl_bytes([{"text": t} for t in sample_texts(200)]))

@@ -7,9 +7,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pitstop.core.errors import DataError
 from pitstop.data.readers import Chunk
 from pitstop.data.records import Fields, Record, parse_json_line
-from pitstop.errors import DataError
 
 FIELDS = Fields()
 KEYS = st.sampled_from(

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from test_data_masking import _tokenizer_with_template, segments
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
 from pitstop.data.prepare import open_store
 from pitstop.data.records import Fields, parse_record
 from pitstop.data.tokenize import Settings, Worker
-from pitstop.errors import DataError
 
 CHAT = [
     {"role": "user", "content": "Who made light?"},

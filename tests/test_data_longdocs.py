@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data.prepare import open_store
 
 L = 16

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
 from pitstop.data.prepare import open_store
 from pitstop.data.tokenize import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
-from pitstop.errors import DataError
 
 
 def cfg(model: Path, cache: Path, data: list, **kw) -> RunConfig:

@@ -20,7 +20,7 @@ PEAK_LIMIT_MB = 1024  # per process (parent, and the largest worker); the input 
 _CHILD = """
 import json, resource, sys
 from pitstop.measure.memory import peak_memory
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.data.prepare import prepare_data
 p = prepare_data(RunConfig(data=[sys.argv[1]], model=sys.argv[2], cache_dir=sys.argv[3], workers=2), progress=False)
 print(json.dumps({"self_mb": peak_memory("cpu") / 2**20,
@@ -31,7 +31,7 @@ print(json.dumps({"self_mb": peak_memory("cpu") / 2**20,
 
 @pytest.mark.slow
 def test_peak_rss_bounded_on_a_large_jsonl(tmp_path, tiny_model_dir, cache_dir):
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     lines = [json.dumps({"text": t}) + "\n" for t in sample_texts()]
     block = "".join(lines)

@@ -50,7 +50,7 @@ def gloo_world_of_one(monkeypatch):
 
 
 def test_ddp_wrap_sets_bucket_views_and_set_to_none_keeps_working(gloo_world_of_one) -> None:
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from pitstop import probe
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.probe import DeviceInfo, preflight, strategy_problems
 from pitstop.train import distributed
 

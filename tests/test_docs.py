@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -193,7 +193,7 @@ def test_every_repository_path_the_docs_cite_exists() -> None:
 
 
 def test_run_directory_page_lists_every_record_field() -> None:
-    from pitstop.run_record import RunSummary, StepLine
+    from pitstop.core.run_record import RunSummary, StepLine
 
     text = (DOCS / "run-directory.md").read_text(encoding="utf-8")
     unlisted = [

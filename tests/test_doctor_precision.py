@@ -12,7 +12,7 @@ import pytest
 import pitstop.measure.peak as peak
 from pitstop.advise.rules import Context
 from pitstop.advise.setup import from_run_config
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.probe import DeviceInfo, PrecisionSpeed
 from pitstop.train.precision_record import cpu_precision_speed
 

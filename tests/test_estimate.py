@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_report_compare import make_run, run_cli
 
-from pitstop.errors import ConfigError, DataError
+from pitstop.core.errors import ConfigError, DataError
 from pitstop.measure.cost_model import ModelShape
 from pitstop.report.estimate import (
     DEFAULT_MFU,

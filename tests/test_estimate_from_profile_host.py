@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pitstop import cli
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.report.estimate import format_estimate
 from pitstop.report.planned import estimate_planned_run
 

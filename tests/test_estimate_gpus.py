@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pitstop.cli import main
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.measure.peak import gpu_peak
 from pitstop.report.gpus import custom_gpu, find_gpu, get_gpu
 

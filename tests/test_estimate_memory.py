@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
 from pitstop.measure.cost_model import (
     ModelShape,
     Plan,

@@ -1,4 +1,4 @@
-"""Fault injection for tests is read once, in pitstop/faults.py, and nowhere else.
+"""Fault injection for tests is read once, in pitstop/core/faults.py, and nowhere else.
 
 The null object does nothing; named points die (SIGKILL, as from outside) or hold until
 released; a malformed or unknown variable is an error that names the valid ones.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pitstop import faults
-from pitstop.errors import PitstopError
+from pitstop.core import faults
+from pitstop.core.errors import PitstopError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pitstop"
@@ -28,7 +28,7 @@ def test_no_other_production_module_reads_test_variables():
         for p in PACKAGE.rglob("*.py")
         if faults.PREFIX in p.read_text(encoding="utf-8")
     )
-    assert readers == ["pitstop/faults.py"], readers
+    assert readers == ["pitstop/core/faults.py"], readers
 
 
 def test_the_scan_would_see_a_reader(tmp_path):
@@ -84,7 +84,7 @@ def _child(env: dict[str, str], code: str) -> subprocess.Popen:
 
 def test_a_process_dies_at_its_named_point_only():
     code = (
-        "from pitstop.faults import from_env\n"
+        "from pitstop.core.faults import from_env\n"
         "f = from_env()\n"
         "f.reached('step', 2)\n"
         "print('past step 2', flush=True)\n"
@@ -98,7 +98,7 @@ def test_a_process_dies_at_its_named_point_only():
 
 def test_a_held_process_waits_for_its_gate(tmp_path):
     gate = tmp_path / "gate"
-    code = "from pitstop.faults import from_env\nfrom_env().reached('measured')\n"
+    code = "from pitstop.core.faults import from_env\nfrom_env().reached('measured')\n"
     env = {"PITSTOP_TEST_HOLD_AT": "measured", "PITSTOP_TEST_HOLD_GATE": str(gate)}
     proc = _child(env, code)
     try:

@@ -15,12 +15,12 @@ from test_packing import _chunked, _instruction_lengths
 
 from pitstop.batching.plan import LOOKAHEAD, STEP_BAND, _rng, build_plan, plan_efficiency
 from pitstop.batching.settings import BatchSettings
-from pitstop.packing import bfd_arrays
+from pitstop.core.packing import bfd_arrays
 
 
 @pytest.fixture(scope="module")
 def corpora(tiny_tokenizer):
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     eos = 1
     text = np.array([len(ids) + eos for ids in tiny_tokenizer(sample_texts())["input_ids"]])

@@ -80,7 +80,7 @@ def gloo_world_of_one(monkeypatch):
 
 def test_trainer_step_zeroes_ddp_gradients_in_their_buckets(gloo_world_of_one):
     """The trainer's optimizer step (not only the helper) keeps DDP's bucket views."""
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train import distributed
     from pitstop.train.trainer import Trainer
 

@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from pitstop.cli import main
-from pitstop.corpus import sample_texts
+from pitstop.core.corpus import sample_texts
 from pitstop.hf import PitstopCallback
 from pitstop.report.compare import compare
 

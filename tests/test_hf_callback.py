@@ -23,7 +23,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from pitstop.corpus import sample_texts
+from pitstop.core.corpus import sample_texts
 from pitstop.hf import PitstopCallback
 from pitstop.measure.timeline import PHASES
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from _train_util import fake_hub_cache
 
-from pitstop.config import build_config
-from pitstop.errors import ConfigError
+from pitstop.core.config import build_config
+from pitstop.core.errors import ConfigError
 
 
 def _cfg(model, store, out, **over):

@@ -24,7 +24,7 @@ from pitstop.catalog.layouts import (
     choices_text,
     worth_timing,
 )
-from pitstop.errors import ConfigError, DataError
+from pitstop.core.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1] / "pitstop"
 HOME = "catalog/layouts.py"
@@ -95,7 +95,7 @@ def test_the_properties_say_what_the_names_said():
 
 
 def test_the_config_takes_every_layout_and_writes_names(tmp_path):
-    from pitstop.config import build_config, describe_type, load_yaml
+    from pitstop.core.config import build_config, describe_type, load_yaml
 
     assert describe_type("batching") == "one of 'auto', " + choices_text()
     for name in LAYOUT_NAMES:
@@ -114,7 +114,7 @@ def test_the_config_takes_every_layout_and_writes_names(tmp_path):
 
 def test_whole_rows_is_checked_by_property():
     from pitstop.batching.settings import BatchSettings
-    from pitstop.config import RunConfig, validate
+    from pitstop.core.config import RunConfig, validate
 
     problems = validate(RunConfig(batching="pack", max_seq_len=64, tokens_per_step=100))
     assert any("whole number of packed rows" in p for p in problems)
@@ -127,7 +127,7 @@ def test_whole_rows_is_checked_by_property():
 
 
 def test_a_run_record_round_trips_the_layout(tmp_path):
-    from pitstop.run_record import ChoiceRecord, read_choices, write_choices
+    from pitstop.core.run_record import ChoiceRecord, read_choices, write_choices
 
     for layout in Layout:
         rec = ChoiceRecord(

@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from pitstop.core.packing import bfd_arrays, bfd_bin_count
 from pitstop.data.stats import LengthCounts, compute_stats, pack_efficiency, padding_waste
-from pitstop.packing import bfd_arrays, bfd_bin_count
 
 
 def _lengths(rng: np.random.Generator, n: int, cap: int, kind: int) -> np.ndarray:

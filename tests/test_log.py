@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pitstop import log
+from pitstop.core import log
 
 
 def test_messages_follow_the_current_stderr_and_the_level(capsys):

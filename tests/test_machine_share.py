@@ -14,7 +14,7 @@ import pytest
 
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import from_run_config
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.measure import machine as M
 from pitstop.measure import verdict as V
 from pitstop.measure.schema import make_profile
@@ -125,7 +125,7 @@ def test_the_doctor_says_the_machine_was_shared() -> None:
 
 
 def test_the_result_line_says_the_rate_was_measured_beside_other_work() -> None:
-    from pitstop.run_record import RunSummary
+    from pitstop.core.run_record import RunSummary
     from pitstop.train.summary import result_line
 
     figures = {"optimizer_steps": 12, "trained_tokens": 24480, "train_seconds": 75.4,

@@ -19,12 +19,12 @@ from transformers import GPT2Config, LlamaConfig, LlavaConfig, MistralConfig
 
 from pitstop.advise.facts import model_facts
 from pitstop.catalog.model_config import ModelConfig, ModelConfigError, ModelConfigMissing
+from pitstop.core.errors import DataError
+from pitstop.core.positions import position_limit
+from pitstop.core.versions import model_type_of
 from pitstop.data.store import check_vocab
-from pitstop.errors import DataError
 from pitstop.measure.cost_model import shape_from_config, shape_from_model_dir
 from pitstop.measure.peak import model_matmul_shapes
-from pitstop.positions import position_limit
-from pitstop.versions import model_type_of
 
 PITSTOP = Path(__file__).resolve().parents[1] / "pitstop"
 THE_READER = "catalog/model_config.py"

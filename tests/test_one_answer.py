@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pitstop import run_record
-from pitstop.cache_layout import cache_root
+from pitstop.core import run_record
+from pitstop.core.cache_layout import cache_root
 
 
 def test_cache_root_prefers_the_flag_then_the_environment_then_home(monkeypatch, tmp_path):

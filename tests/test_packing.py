@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pitstop.batching.plan import measure_efficiency
 from pitstop.batching.settings import BatchSettings
-from pitstop.packing import best_fit_decreasing, bfd_arrays
+from pitstop.core.packing import best_fit_decreasing, bfd_arrays
 
 
 def naive_bfd(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -75,7 +75,7 @@ def test_bfd_handles_a_million_sequences():
 
 def _instruction_lengths(tokenizer) -> np.ndarray:
     """Token lengths (with EOS) of the bundled instruction records, one batched tokenizer call."""
-    from pitstop.corpus import instruction_records
+    from pitstop.core.corpus import instruction_records
 
     texts = [r["prompt"] + r["completion"] for r in instruction_records()]
     return np.array([len(ids) + 1 for ids in tokenizer(texts)["input_ids"]])

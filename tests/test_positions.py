@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pitstop.core.errors import ConfigError
+from pitstop.core.positions import check_positions, position_limit
 from pitstop.data.stats import compute_stats
-from pitstop.errors import ConfigError
-from pitstop.positions import check_positions, position_limit
 
 
 def _model(tmp_path: Path, **config) -> Path:
@@ -49,7 +49,7 @@ def test_recommended_max_len_never_exceeds_the_model() -> None:
 
 
 def test_train_refuses_before_loading_the_model(tmp_path: Path) -> None:
-    from pitstop.config import build_config
+    from pitstop.core.config import build_config
     from pitstop.train.trainer import Trainer
 
     m = _model(tmp_path, model_type="gpt2", n_positions=64)

@@ -35,6 +35,6 @@ def test_every_public_name_resolves() -> None:
 
 def test_import_is_light() -> None:
     """`import pitstop` and the config must not pull in torch (the CLI's error paths stay fast)."""
-    code = "import sys, pitstop, pitstop.config, pitstop.cli; print('torch' in sys.modules)"
+    code = "import sys, pitstop, pitstop.core.config, pitstop.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -108,7 +108,7 @@ def test_doctor_profile_takes_a_run_directory(tmp_path: Path) -> None:
     """`doctor --profile RUN_DIR` (what `compare` and `estimate --from-profile` accept)."""
     import json
 
-    from pitstop.errors import DataError
+    from pitstop.core.errors import DataError
     from pitstop.measure.schema import load_profile
 
     run = tmp_path / "run"

@@ -17,16 +17,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pitstop import run_record
 from pitstop.batching.choices import load_cached, read_run_choices
-from pitstop.errors import PitstopError
+from pitstop.core import run_record
+from pitstop.core.errors import PitstopError
+from pitstop.core.run_record import ChoiceRecord, RunSummary, StepLine
 from pitstop.measure.schema import check_profile
 from pitstop.measure.verdict import verdict
 from pitstop.report.compare import compare
 from pitstop.report.html import render
 from pitstop.report.measured import load_measured
 from pitstop.report.runs import load_run
-from pitstop.run_record import ChoiceRecord, RunSummary, StepLine
 
 OLD = Path(__file__).parent / "fixtures" / "run_v0"
 SUMMARY = json.loads((OLD / "train" / run_record.SUMMARY).read_text())

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import StepLine
 from pitstop.report.compare import compare, format_compare
 from pitstop.report.runs import load_run
-from pitstop.run_record import StepLine
 
 
 def run_cli(argv: list[str]) -> int:

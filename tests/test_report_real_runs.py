@@ -14,8 +14,8 @@ from pitstop.report.html import write_report
 
 @pytest.mark.slow
 def test_compare_and_report_two_real_runs(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from pitstop.config import build_config
-    from pitstop.corpus import sample_corpus_path
+    from pitstop.core.config import build_config
+    from pitstop.core.corpus import sample_corpus_path
     from pitstop.train import run
 
     data = tmp_path / "d.jsonl"

@@ -1,4 +1,4 @@
-"""One writer per run-directory file (issue 34): the names live in `pitstop.run_record`,
+"""One writer per run-directory file (issue 34): the names live in `pitstop.core.run_record`,
 and summary.json and findings.json are written only by its `write_summary` and
 `write_findings` (atomic, one shape), whoever produced the run."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from pitstop import run_record
+from pitstop.core import run_record
 
 PITSTOP = Path(__file__).resolve().parents[1] / "pitstop"
 NAMES = {run_record.SUMMARY, run_record.METRICS, run_record.FINDINGS, run_record.PROFILE,

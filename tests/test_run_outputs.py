@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pitstop.cli import main
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
 from pitstop.report.compare import compare
 from pitstop.report.runs import load_run
 

@@ -1,4 +1,4 @@
-"""The typed run record (pitstop/run_record.py): old run directories load, shapes are checked,
+"""The typed run record (pitstop/core/run_record.py): old run directories load, shapes are checked,
 unknown keys survive a round trip, and every writer goes through `write_summary`."""
 
 from __future__ import annotations
@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pitstop import run_record
-from pitstop.errors import DataError
-from pitstop.report.compare import compare
-from pitstop.report.html import render
-from pitstop.report.runs import load_run
-from pitstop.run_record import (
+from pitstop.core import run_record
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import (
     ChoiceRecord,
     RunSummary,
     StepLine,
@@ -24,6 +21,9 @@ from pitstop.run_record import (
     write_steps,
     write_summary,
 )
+from pitstop.report.compare import compare
+from pitstop.report.html import render
+from pitstop.report.runs import load_run
 
 OLD = Path(__file__).parent / "fixtures" / "run_v0"  # written by main before the record existed
 

@@ -14,10 +14,10 @@ from test_batching_support import long_tailed_lengths, make_store
 
 from pitstop.batching.loader import MicroBatchLoader, sequence_targets
 from pitstop.batching.settings import BatchSettings
+from pitstop.core.errors import DataError
 from pitstop.data import facts as facts_mod
 from pitstop.data.facts import FACT_FILES, chunk_trained, sequence_facts
 from pitstop.data.store import StoreWriter, TokenStore
-from pitstop.errors import DataError
 
 
 def recount(store: TokenStore) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from pitstop.advise.doctor import doctor, make_setup
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.target import make_target
 from pitstop.catalog.gpus import GPUS
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.measure.schema import make_profile
 from pitstop.probe import DeviceInfo
 

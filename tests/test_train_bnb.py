@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pitstop.errors import MissingDependencyError
+from pitstop.core.errors import MissingDependencyError
 
 bnb = pytest.importorskip("bitsandbytes")
 

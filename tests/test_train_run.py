@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pitstop.errors import ConfigError
-from pitstop.run_record import RunSummary
+from pitstop.core.errors import ConfigError
+from pitstop.core.run_record import RunSummary
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

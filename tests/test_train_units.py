@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.measure.flops import flops_model
 from pitstop.measure.timeline import PHASES, Timeline
 from pitstop.probe import (
@@ -374,7 +374,7 @@ def test_custom_architecture_needs_trust_remote_code(tiny_model_dir, tmp_path):
 
 
 def test_machine_problems_match_the_trainer_messages(tmp_path):
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.probe import output_dir_problem, preflight
 
     def cfg(**kw):
@@ -404,7 +404,7 @@ def test_machine_problems_match_the_trainer_messages(tmp_path):
 
 
 def test_measurement_config_turns_evaluation_off(tmp_path):
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.profiling import measurement_config
 
     cfg = RunConfig(model="m", data=["d"], eval_data="auto", eval_steps=5)

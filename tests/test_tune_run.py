@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pitstop.config import build_config, load_yaml
+from pitstop.core.config import build_config, load_yaml
 from pitstop.tune.space import resolved_tokens_per_step
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pitstop.batching.settings import BatchSettings
-from pitstop.config import build_config, load_yaml
+from pitstop.core.config import build_config, load_yaml
 from pitstop.tune.search import (
     OK,
     OOM,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
 from pitstop.measure import verdict as V
 from pitstop.measure.sampler import NullSampler, Sampler, make_sampler
 from pitstop.measure.schema import load_profile, make_profile

@@ -1,6 +1,6 @@
 """The supported torch/transformers floor and the known-bad pairs, with faked version strings.
 
-Each trap of pitstop/versions.py is checked on both sides of its range (so a wrong bound
+Each trap of pitstop/core/versions.py is checked on both sides of its range (so a wrong bound
 fails here), and a run on a refused pair stops in build_run before anything is written.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from pitstop import versions
-from pitstop.errors import ConfigError
-from pitstop.versions import parse_version, version_problems
+from pitstop.core import versions
+from pitstop.core.errors import ConfigError
+from pitstop.core.versions import parse_version, version_problems
 
 
 def test_parse_version_reads_local_and_dev_suffixes() -> None:
@@ -90,7 +90,7 @@ def test_model_type_of(tmp_path) -> None:
 
 
 def test_a_run_on_a_refused_pair_stops_before_writing(monkeypatch, tmp_path) -> None:
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
     from pitstop.train.build import build_run
 
     monkeypatch.setattr(versions, "installed_versions", lambda: ("2.13.0", "4.55.0"))

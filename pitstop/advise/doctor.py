@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop import log, run_record
 from pitstop.advise.environment import Environment
 from pitstop.advise.environment import environment as probe_environment
 from pitstop.advise.facts import DataFacts, data_facts_from_store, model_facts
@@ -21,11 +20,12 @@ from pitstop.advise.hf_args import class_reason, classify_fields, from_hf_args
 from pitstop.advise.rules import Context, run_rules
 from pitstop.advise.setup import Setup, from_run_config, is_custom_loop
 from pitstop.advise.target import Target, TargetRecord
-from pitstop.cache_layout import cache_root
-from pitstop.config import FIELDS, RunConfig
+from pitstop.core import log, run_record
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import FIELDS, RunConfig
+from pitstop.core.errors import ConfigError
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
-from pitstop.errors import ConfigError
 from pitstop.measure.peak import model_precision_speed
 from pitstop.measure.verdict import VerdictRecord
 from pitstop.measure.verdict import verdict as profile_verdict

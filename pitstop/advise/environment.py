@@ -22,8 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.atomic import write_cache_entry
-from pitstop.cache_layout import COMPILE_CHECK, keyed_cache_path
+from pitstop.core.atomic import write_cache_entry
+from pitstop.core.cache_layout import COMPILE_CHECK, keyed_cache_path
 from pitstop.probe import DeviceInfo, compile_status, detect_device, flash_attn_status
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from pitstop.catalog.model_config import ModelConfig
+from pitstop.core.errors import DataError
 from pitstop.data.stats import PaddingWaste, padding_waste
 from pitstop.data.store import TokenStore
-from pitstop.errors import DataError
 from pitstop.measure.cost_model import (
     FlopsModel,
     ModelShape,

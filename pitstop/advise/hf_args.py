@@ -23,10 +23,10 @@ import yaml
 
 from pitstop.advise.setup import UNKNOWN, Setup
 from pitstop.catalog.layouts import Layout
-from pitstop.config_ranges import MAX_COUNT
-from pitstop.errors import ConfigError, short_repr
-from pitstop.quiet_imports import without_bitsandbytes
-from pitstop.yaml_load import parse_yaml
+from pitstop.core.config_ranges import MAX_COUNT
+from pitstop.core.errors import ConfigError, short_repr
+from pitstop.core.quiet_imports import without_bitsandbytes
+from pitstop.core.yaml_load import parse_yaml
 
 # SFTConfig fields that TrainingArguments lacks (TRL 1.x, plus older names); their presence
 # marks a file as an SFTConfig. Kept here so the doctor works without TRL installed.

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.catalog.layouts import Layout
-from pitstop.config import RunConfig
-from pitstop.run_record import SOURCE_SCRIPT
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import SOURCE_SCRIPT
 
 # What a field the run did not record reads as, in a Setup and in a finding's evidence: a
 # default of TrainingArguments is a guess about a custom loop, never a fact about it.

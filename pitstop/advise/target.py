@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 from pitstop.advise.setup import Setup
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.probe import DeviceInfo
 
 

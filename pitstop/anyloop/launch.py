@@ -20,9 +20,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from pitstop import run_record
 from pitstop.anyloop.timer import Watch, install_excepthook
-from pitstop.errors import ConfigError, DataError
+from pitstop.core import run_record
+from pitstop.core.errors import ConfigError, DataError
 from pitstop.measure.schema import load_profile
 
 ENV_OUTPUT = "PITSTOP_WATCH_OUTPUT"

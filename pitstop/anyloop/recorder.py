@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pitstop.core.run_record import SOURCE_SCRIPT, RunSummary
 from pitstop.hf import PitstopCallback
-from pitstop.run_record import SOURCE_SCRIPT, RunSummary
 
 # What the run's summary says produced it (`pitstop compare` lists it with the settings).
 SOURCE = SOURCE_SCRIPT

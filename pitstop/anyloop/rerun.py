@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.anyloop.launch import run_command
-from pitstop.errors import ConfigError, DataError
+from pitstop.core.errors import ConfigError, DataError
 from pitstop.report.compare import NO_DIFFERENCE, compare
 from pitstop.report.runs import LoadedRun, load_run
 

@@ -55,7 +55,7 @@ from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.measure.flops import flops_model
 
 
@@ -129,7 +129,7 @@ class Watch:
 
     @property
     def summary(self) -> Any:
-        """summary.json's content once stopped, a `pitstop.run_record.RunSummary` (None before)."""
+        """summary.json's content once stopped, a `pitstop.core.run_record.RunSummary` (None before)."""
         return None if self._recorder is None else self._recorder.summary
 
     @property

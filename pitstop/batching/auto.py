@@ -57,9 +57,9 @@ from pitstop.batching.plan import build_plan, step_micro_batches
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 from pitstop.data.store import TokenStore
-from pitstop.errors import ConfigError
 
 __all__ = ["AutoChoice", "StrategyTiming", "choose_batching"]
 

@@ -24,11 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, run_record
-from pitstop.atomic import write_cache_entry
-from pitstop.config import RunConfig
-from pitstop.errors import DataError
-from pitstop.run_record import ChoiceRecord, read_choices, write_choices
+from pitstop.core import log, run_record
+from pitstop.core.atomic import write_cache_entry
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import ChoiceRecord, read_choices, write_choices
 
 __all__ = [
     "RUN_CHOICES",

@@ -39,9 +39,9 @@ from pitstop.batching.plan import (
 )
 from pitstop.batching.records import MicroBatch, MicroBatchMeta
 from pitstop.batching.settings import BatchSettings
+from pitstop.core.errors import PitstopError
 from pitstop.data.facts import sequence_facts
 from pitstop.data.store import TokenStore
-from pitstop.errors import PitstopError
 
 __all__ = [
     "Loader",

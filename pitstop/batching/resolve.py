@@ -26,17 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from pitstop import log
 from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
-from pitstop.cache_layout import cache_root
 from pitstop.catalog.layouts import ANY_STEP_SIZE, Layout
-from pitstop.config import RunConfig
+from pitstop.core import log
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import PitstopError
+from pitstop.core.run_record import ChoiceRecord
 from pitstop.data.store import TokenStore
-from pitstop.errors import PitstopError
 from pitstop.probe import Choice
-from pitstop.run_record import ChoiceRecord
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pitstop.catalog.layouts import Layout, choices_text
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 
 # Default step: 8 full rows (or one per rank when there are more ranks), a common
 # small fine-tuning batch; the tuner and the user move it, never silently.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 __all__ = ["HOLDOUT_SHARE", "HeldOut", "holdout_split"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 
 class Layout(str, Enum):

@@ -6,13 +6,13 @@ import argparse
 import json
 from typing import Any
 
-from pitstop import log
-from pitstop.cache_layout import cache_root
 from pitstop.commands.flags import check_number_flags
 from pitstop.commands.paths import require_outputs
-from pitstop.config import RunConfig, build_config, load_yaml
-from pitstop.errors import ConfigError
-from pitstop.hub import model_dir
+from pitstop.core import log
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import RunConfig, build_config, load_yaml
+from pitstop.core.errors import ConfigError
+from pitstop.core.hub import model_dir
 from pitstop.measure.schema import load_profile
 from pitstop.measure.verdict import Verdict, format_verdict
 

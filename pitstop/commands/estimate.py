@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from pitstop.config_ranges import COMMAND_FLAGS, flag_problems
-from pitstop.errors import ConfigError
+from pitstop.core.config_ranges import COMMAND_FLAGS, flag_problems
+from pitstop.core.errors import ConfigError
 from pitstop.report.estimate import DEFAULT_SCALING, format_estimate
 from pitstop.report.planned import PRECISIONS, estimate_planned_run, estimate_problems
 

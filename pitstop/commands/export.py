@@ -16,10 +16,10 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record, runlock
 from pitstop.commands.paths import require_outputs
-from pitstop.errors import ConfigError
-from pitstop.stopping import stop_on_signals
+from pitstop.core import run_record, runlock
+from pitstop.core.errors import ConfigError
+from pitstop.core.stopping import stop_on_signals
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The training flags every runner command shares, generated from `pitstop.config.RunConfig`.
+"""The training flags every runner command shares, generated from `pitstop.core.config.RunConfig`.
 
 Every YAML key has a flag of the same name (`max_seq_len` <-> `--max-seq-len`) and the
 same validation. `config_from_args` turns parsed flags into a RunConfig and reports
@@ -15,7 +15,7 @@ import re
 import typing
 from typing import Any
 
-from pitstop.config import (
+from pitstop.core.config import (
     FIELDS,
     RUNNERS,
     TRAIN,
@@ -25,8 +25,8 @@ from pitstop.config import (
     load_yaml,
     unwrap_optional,
 )
-from pitstop.config_ranges import flag_problems
-from pitstop.errors import ConfigError
+from pitstop.core.config_ranges import flag_problems
+from pitstop.core.errors import ConfigError
 from pitstop.probe import DeviceInfo, output_dir_problem, preflight
 
 # `--help` shows the flags in these groups, in this order (docs/configuration.md). Every
@@ -150,7 +150,7 @@ def config_from_args(
 
 def check_number_flags(args: argparse.Namespace, command: str) -> None:
     """Every numeric flag of `command` outside RunConfig, checked against its range in
-    `pitstop.config_ranges.FLAG_RANGES` and replaced by its number; a ConfigError (exit 2)
+    `pitstop.core.config_ranges.FLAG_RANGES` and replaced by its number; a ConfigError (exit 2)
     names each invalid one, its value, the range and what to give."""
     problems = flag_problems(args, command)
     if problems:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 
 def _blocking_file(path: Path) -> Path | None:

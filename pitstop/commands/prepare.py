@@ -25,10 +25,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, "prepare")
     # Deferred: preparing loads tokenizers (transformers), which `pitstop --help` must not.
-    from pitstop import log
+    from pitstop.core import log
+    from pitstop.core.stopping import stop_on_signals
     from pitstop.data.prepare import format_stats, prepare_data
     from pitstop.data.stats import eos_only_message
-    from pitstop.stopping import stop_on_signals
 
     # SIGTERM too ends through prepare's cleanup: the partial store removed, the tokenizer
     # workers stopped (Python's default would end the process around both).

@@ -23,8 +23,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pitstop import log
-from pitstop.atomic import write_json_atomic
 from pitstop.commands.flags import (
     add_config_flags,
     check_number_flags,
@@ -32,8 +30,10 @@ from pitstop.commands.flags import (
     escape_percent,
 )
 from pitstop.commands.paths import check_outputs
-from pitstop.errors import ConfigError
-from pitstop.run_record import PROFILE
+from pitstop.core import log
+from pitstop.core.atomic import write_json_atomic
+from pitstop.core.errors import ConfigError
+from pitstop.core.run_record import PROFILE
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 3

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, run_record
 from pitstop.commands.flags import add_config_flags, config_from_args
-from pitstop.errors import PitstopError
+from pitstop.core import log, run_record
+from pitstop.core.errors import PitstopError
 from pitstop.report.html import write_report
 from pitstop.train import fit
 

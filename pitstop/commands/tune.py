@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from pitstop import log
 from pitstop.commands.flags import (
     add_config_flags,
     check_number_flags,
@@ -31,8 +30,9 @@ from pitstop.commands.flags import (
     escape_percent,
 )
 from pitstop.commands.paths import check_outputs
-from pitstop.errors import ConfigError, PitstopError
-from pitstop.stopping import on_stop_signals
+from pitstop.core import log
+from pitstop.core.errors import ConfigError, PitstopError
+from pitstop.core.stopping import on_stop_signals
 from pitstop.tune.script import DEFAULT_BUDGET_SECONDS as SCRIPT_BUDGET_SECONDS
 from pitstop.tune.search import StopRequest, TuneInterrupted
 from pitstop.tune.space import KNOBS

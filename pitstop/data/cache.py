@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop.atomic import open_regular, read_regular_text, write_cache_entry
-from pitstop.cache_layout import FINGERPRINTS
+from pitstop.core.atomic import open_regular, read_regular_text, write_cache_entry
+from pitstop.core.cache_layout import FINGERPRINTS
 
 PREP_VERSION = 1  # bump when the pipeline changes the tokens it writes for the same inputs
 STALE_PARTIAL_SECONDS = 24 * 3600

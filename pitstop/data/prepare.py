@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop import log
-from pitstop.cache_layout import STORES, cache_root
-from pitstop.config import RunConfig
+from pitstop.core import log
+from pitstop.core.cache_layout import STORES, cache_root
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError, DataError
+from pitstop.core.positions import position_limit
 from pitstop.data import tokenize
 from pitstop.data.cache import (
     PREP_VERSION,
@@ -51,8 +53,6 @@ from pitstop.data.records import Fields
 from pitstop.data.stats import LengthCounts, compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
 from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
-from pitstop.errors import ConfigError, DataError
-from pitstop.positions import position_limit
 
 __all__ = ["Prepared", "expand_patterns", "format_stats", "open_store", "prepare_data"]
 
@@ -92,7 +92,7 @@ def prepare_data(
     if not tok_dir:
         raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
     if not Path(tok_dir).is_dir():
-        from pitstop.hub import missing_hint
+        from pitstop.core.hub import missing_hint
 
         raise ConfigError(
             f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pitstop.core.errors import DataError, short_repr
 from pitstop.data.records import Fields
-from pitstop.errors import DataError, short_repr
 
 TEXT_SPLIT_BYTES = 64 << 20
 TEXT_PIECE_BYTES = 4 << 20

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -4,7 +4,7 @@ Everything is computed from `LengthCounts`: how many documents (or sequences) ha
 length. `prepare` adds each chunk's lengths as it writes them, so its memory holds the
 distinct lengths, never a number per document (issue 32: the same at 10M documents as at
 0.1M), and the statistics cost milliseconds at any size. `pack_efficiency` runs
-best-fit-decreasing packing by length counts (`pitstop.packing.bfd_bin_count`), exactly
+best-fit-decreasing packing by length counts (`pitstop.core.packing.bfd_bin_count`), exactly
 the bins item-by-item packing opens.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from pitstop.packing import bfd_bin_count
+from pitstop.core.packing import bfd_bin_count
 
 CANDIDATES = (256, 512, 1024, 2048, 4096, 8192)
 
@@ -87,7 +87,7 @@ def pack_efficiency(
     """(filled fraction, rows) of best-fit-decreasing packing of `lengths` into rows of `max_len`.
 
     Lengths above `max_len` are split into full rows plus a remainder first, as
-    `--long-docs split` does. The packing is the trainer's own (`pitstop.packing`).
+    `--long-docs split` does. The packing is the trainer's own (`pitstop.core.packing`).
     """
     lc = LengthCounts.of(lengths)
     keep = lc.values > 0

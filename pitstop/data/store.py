@@ -49,10 +49,10 @@ from typing import Any
 
 import numpy as np
 
-from pitstop.atomic import fsync_dir
 from pitstop.catalog.model_config import ModelConfig
+from pitstop.core.atomic import fsync_dir
+from pitstop.core.errors import DataError
 from pitstop.data.facts import FACT_DTYPE, FACT_FILES, LENGTHS_FILE, TRAINED_FILE, chunk_trained
-from pitstop.errors import DataError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

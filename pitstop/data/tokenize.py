@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from pitstop import log
+from pitstop.core import log
+from pitstop.core.errors import ConfigError
 from pitstop.data import readers
 from pitstop.data.readers import Chunk
 from pitstop.data.records import BadRecord, Fields, Record, parse_json_line, parse_record
 from pitstop.data.store import target_free_documents
-from pitstop.errors import ConfigError
 
 ALPACA_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides "

@@ -87,8 +87,8 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.catalog.model_config import ModelConfig, ModelConfigMissing
-from pitstop.config_ranges import MAX_PARAMS
-from pitstop.errors import DataError
+from pitstop.core.config_ranges import MAX_PARAMS
+from pitstop.core.errors import DataError
 
 GiB = 1024**3
 FP32 = 4

@@ -5,7 +5,7 @@ catalogue (pitstop/catalog/gpus.py), by precision. CPUs: there is no reliable ta
 measured once per precision (the best of a few 1024^3 matrix products through torch,
 fp32 or bf16, i.e. what the BLAS actually reaches with this thread count: tens of
 milliseconds) and cached in the cache directory, one file per key (CPU model, thread
-count and torch version: pitstop.cache_layout.keyed_cache_path).
+count and torch version: pitstop.core.cache_layout.keyed_cache_path).
 
 Also here: the CPU precision measurement `choose_precision` decides with (fp32 against
 bf16 autocast, forward+backward of linear layers at the model's own matmul shapes),
@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.atomic import write_cache_entry
-from pitstop.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
 from pitstop.catalog.gpus import find_spec
 from pitstop.catalog.model_config import ModelConfig
+from pitstop.core.atomic import write_cache_entry
+from pitstop.core.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
 from pitstop.probe import PrecisionSpeed, cpu_name
 
 

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import HF_PROFILE, PROFILE, check_fields
 from pitstop.measure.timeline import PHASES
-from pitstop.run_record import HF_PROFILE, PROFILE, check_fields
 
 SCHEMA = "pitstop.profile/1"
 REQUIRED = ("steps", "step_seconds", "phases")
@@ -86,7 +86,7 @@ def make_profile(
     }
 
 
-# The kind of each field a reader relies on (pitstop.run_record.check_fields names the wrong ones).
+# The kind of each field a reader relies on (pitstop.core.run_record.check_fields names the wrong ones).
 FIELD_KINDS = {
     "schema": "str", "source": "str", "steps": "int", "warmup": "int", "step_seconds": "num_list",
     "phases": "num_map", "events": "num_map", "tokens_per_second": "num", "tokens_per_step": "num",

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from pitstop.core.run_record import RunSummary
 from pitstop.report.runs import LoadedRun, breakdown, flat_settings, load_run
 from pitstop.report.steady import Steady, band, steady, steady_lines
-from pitstop.run_record import RunSummary
 
 
 @dataclass(frozen=True)

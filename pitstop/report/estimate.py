@@ -41,10 +41,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.config import build_config
+from pitstop.core.config import build_config
+from pitstop.core.errors import ConfigError, DataError
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store, read_manifest
-from pitstop.errors import ConfigError, DataError
 from pitstop.measure.cost_model import (
     ASSUMED_WRITE_BYTES_PER_SECOND,
     CUDA_CONTEXT_BYTES,

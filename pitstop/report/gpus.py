@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass
 
 from pitstop.catalog.gpus import GPUS, PRICES_SOURCE, GiB, GpuSpec, find_spec
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 __all__ = ["PRICES_SOURCE", "GiB", "Gpu", "custom_gpu", "find_gpu", "get_gpu"]
 

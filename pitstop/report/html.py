@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.run_record import RunSummary
 from pitstop.report.compare import (
     METRICS,
     basis_line,
@@ -35,7 +36,6 @@ from pitstop.report.runs import (
     series,
     tokens_per_second_series,
 )
-from pitstop.run_record import RunSummary
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 PHASE_COLORS = {

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record
-from pitstop.errors import DataError
+from pitstop.core import run_record
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
 from pitstop.measure.machine import MachineLoad
 from pitstop.report.runs import load_run
 from pitstop.report.steady import split_warmup
-from pitstop.run_record import RunSummary, StepLine, check_fields, read_steps, read_summary
 
 
 @dataclass

@@ -15,9 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypedDict
 
-from pitstop import run_record
-from pitstop.errors import ConfigError, DataError
-from pitstop.hub import model_dir
+from pitstop.core import run_record
+from pitstop.core.errors import ConfigError, DataError
+from pitstop.core.hub import model_dir
+from pitstop.core.run_record import RunSummary, read_summary
 from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
@@ -33,7 +34,6 @@ from pitstop.report.estimate import (
 from pitstop.report.gpus import Gpu, custom_gpu, find_gpu, get_gpu
 from pitstop.report.measured import Measured, load_measured
 from pitstop.report.runs import load_run
-from pitstop.run_record import RunSummary, read_summary
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash_attention_2", "flex_attention", "eager")

@@ -2,7 +2,7 @@
 
 Both writers produce it: `pitstop train`, and a Hugging Face Trainer with
 `pitstop.hf.PitstopCallback`. A run without summary.json (killed) is read from its
-metrics.jsonl alone. The records and their validation are `pitstop.run_record`; the
+metrics.jsonl alone. The records and their validation are `pitstop.core.run_record`; the
 contract, field by field, is docs/run-directory.md.
 """
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import run_record
-from pitstop.errors import DataError
+from pitstop.core import run_record
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import RunSummary, StepLine, read_steps, read_summary
 from pitstop.measure.timeline import PHASES
-from pitstop.run_record import RunSummary, StepLine, read_steps, read_summary
 
 __all__ = ["LoadedRun", "load_run", "read_steps", "summary_from_steps"]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pitstop import runlock
-from pitstop.config import RunConfig
-from pitstop.run_record import RunSummary
-from pitstop.stopping import stop_on_signals
+from pitstop.core import runlock
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import RunSummary
+from pitstop.core.stopping import stop_on_signals
 
 __all__ = ["fit", "run"]
 

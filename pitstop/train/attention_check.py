@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from pitstop import log
 from pitstop.catalog.layouts import Layout
-from pitstop.errors import PitstopError
+from pitstop.core import log
+from pitstop.core.errors import PitstopError
 from pitstop.probe import Choice
 from pitstop.train import model_io, packcheck
 from pitstop.train.doc_attention import KernelMismatch

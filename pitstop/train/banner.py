@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from pitstop import log
+from pitstop.core import log
 from pitstop.probe import Choice
 from pitstop.train.build import Run
 

@@ -20,19 +20,20 @@ from typing import Any
 
 import torch
 
-from pitstop import log, probe, run_record, versions
+from pitstop import probe
 from pitstop.batching.loader import Loader
 from pitstop.batching.resolve import BatchRequest
 from pitstop.batching.settings import BatchSettings
-from pitstop.cache_layout import cache_root
 from pitstop.catalog.layouts import Layout
-from pitstop.config import RunConfig, parse_betas
-from pitstop.errors import ConfigError
-from pitstop.faults import NO_FAULTS, Faults, from_env
+from pitstop.core import log, run_record, versions
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import RunConfig, parse_betas
+from pitstop.core.errors import ConfigError
+from pitstop.core.faults import NO_FAULTS, Faults, from_env
+from pitstop.core.positions import check_positions
 from pitstop.measure import cost_model  # the one cost model: FLOPs, optimizer-state bytes
 from pitstop.measure.machine import CpuSnapshot, cpu_snapshot
 from pitstop.measure.peak import device_peak
-from pitstop.positions import check_positions
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import (
     attention_check,
@@ -88,7 +89,7 @@ class Run:
     sync_free_skip: bool
     writer: checkpoint.CheckpointWriter
     data_key: str | None  # the token store's content key: a resume's data identity
-    faults: Faults = NO_FAULTS  # a test's fault points (pitstop/faults.py); none by default
+    faults: Faults = NO_FAULTS  # a test's fault points (pitstop/core/faults.py); none by default
 
     @property
     def fsdp(self) -> bool:
@@ -128,7 +129,7 @@ def build_run(
     torchrun's, if any). Its steps follow the order the module docstring explains.
     """
     t_process, cpu_start = startup.process_start(), cpu_snapshot()
-    faults = from_env()  # the one read of the test fault variables (pitstop/faults.py)
+    faults = from_env()  # the one read of the test fault variables (pitstop/core/faults.py)
     faults.reached("startup")
     out = startup.check_output_dir(cfg)
     startup.seed_everything(cfg.seed)

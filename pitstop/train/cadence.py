@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pitstop.config import RunConfig
-from pitstop.faults import Faults
+from pitstop.core.config import RunConfig
+from pitstop.core.faults import Faults
 
 Agree = Callable[[tuple[bool, ...]], tuple[bool, ...]]
 

@@ -55,11 +55,11 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 import torch
 
-from pitstop import log
-from pitstop.atomic import fsync_dir, write_json_atomic
-from pitstop.errors import PitstopError
-from pitstop.faults import NO_FAULTS, Faults
-from pitstop.run_record import BestCheckpoint
+from pitstop.core import log
+from pitstop.core.atomic import fsync_dir, write_json_atomic
+from pitstop.core.errors import PitstopError
+from pitstop.core.faults import NO_FAULTS, Faults
+from pitstop.core.run_record import BestCheckpoint
 
 # The loader state beside the weights: JSON when it is plain values, else tensors.
 LOADER_STATE_JSON, LOADER_STATE_PT = "loader_state.json", "loader_state.pt"
@@ -414,7 +414,7 @@ class CheckpointWriter:
         faults: Faults = NO_FAULTS,
     ) -> None:
         self.root = Path(root)
-        self.faults = faults  # tests' fault points in the write (pitstop/faults.py)
+        self.faults = faults  # tests' fault points in the write (pitstop/core/faults.py)
         self.keep = keep
         self.save_model = save_model
         self.enabled = enabled  # False on ranks other than 0

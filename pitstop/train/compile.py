@@ -28,8 +28,8 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-from pitstop import log
-from pitstop.faults import NO_FAULTS, Faults
+from pitstop.core import log
+from pitstop.core.faults import NO_FAULTS, Faults
 from pitstop.probe import Choice
 from pitstop.train import oom
 
@@ -109,7 +109,7 @@ def compile_module(wrapped: Any, rank: int, faults: Faults = NO_FAULTS) -> Calla
     """torch.compile of the module the run wraps for its strategy (compiled lazily: the first
     forward compiles).
 
-    The test fault COMPILE_FAILS_ON_RANK=R (pitstop/faults.py): no real compile; rank R's
+    The test fault COMPILE_FAILS_ON_RANK=R (pitstop/core/faults.py): no real compile; rank R's
     "compiled" forward raises as a failed compile does, the others' is the wrapped module.
     """
     if faults.compile_fails_on_rank is not None:

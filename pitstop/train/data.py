@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from pitstop import log, run_record
 from pitstop.batching.loader import MicroBatchLoader
 from pitstop.batching.resolve import (
     BatchRequest,
@@ -25,13 +24,14 @@ from pitstop.batching.resolve import (
     resolve_batch_shape,
 )
 from pitstop.batching.split import holdout_split
-from pitstop.config import RunConfig
+from pitstop.core import log, run_record
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
+from pitstop.core.run_record import PlannedEfficiency
 from pitstop.data.prepare import open_store
 from pitstop.data.stats import eos_only_message
 from pitstop.data.store import check_vocab
-from pitstop.errors import ConfigError
 from pitstop.probe import Choice
-from pitstop.run_record import PlannedEfficiency
 
 
 @dataclass

@@ -46,11 +46,11 @@ from typing import Any
 
 import torch
 
-from pitstop import log, run_record
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError, PitstopError
+from pitstop.core import log, run_record
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError, PitstopError
+from pitstop.core.runlock import HELD_ENV
 from pitstop.probe import Choice, DeviceInfo, strategy_problems
-from pitstop.runlock import HELD_ENV
 from pitstop.train.checkpoint import CheckpointError
 from pitstop.train.model_io import is_peft
 

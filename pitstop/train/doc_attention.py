@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pitstop.errors import short_repr
+from pitstop.core.errors import short_repr
 from pitstop.train.attention import doc_boundaries, is_boundaries_only
 
 DOC_ATTENTION = "sdpa_docs"

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from pitstop.batching.plan import build_plan, step_micro_batches
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
+from pitstop.core.run_record import EvalRecord
 from pitstop.probe import Choice
-from pitstop.run_record import EvalRecord
 
 __all__ = ["EvalResult", "EvalSet"]
 

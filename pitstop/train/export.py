@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from pitstop import faults, run_record
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError, MissingDependencyError
-from pitstop.hub import missing_hint, resolve_model
-from pitstop.runlock import pid_alive
+from pitstop.core import faults, run_record
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError, MissingDependencyError
+from pitstop.core.hub import missing_hint, resolve_model
+from pitstop.core.runlock import pid_alive
 from pitstop.train.model_io import (
     _DTYPES,
     base_dtype,
@@ -137,7 +137,7 @@ def write_final(
     try:
         save_final(model, tokenizer, tmp, state, cfg)
         # The trainer's Faults are not handed to this function; the environment they were
-        # read from gives the same ones (pitstop/faults.py reads it, nothing else does).
+        # read from gives the same ones (pitstop/core/faults.py reads it, nothing else does).
         faults.from_env().reached("final-write")
         before_publish()
     except BaseException:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pitstop.errors import PitstopError
+from pitstop.core.errors import PitstopError
 
 
 def nonfinite_weights(params: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from pitstop.batching.resolve import MicroSizer
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 from pitstop.measure import cost_model  # the one cost model: optimizer-state bytes
 from pitstop.probe import Choice
 from pitstop.train import checkpoint, distributed, model_io, optim

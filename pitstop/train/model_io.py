@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from pitstop.catalog.model_config import ModelConfig, ModelConfigError
+from pitstop.core.errors import ConfigError, MissingDependencyError
+from pitstop.core.quiet_imports import without_bitsandbytes
 from pitstop.data import tokenize
-from pitstop.errors import ConfigError, MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, four_bit_problem
-from pitstop.quiet_imports import without_bitsandbytes
 from pitstop.train.checkpoint import CheckpointError
 from pitstop.train.doc_attention import DOC_ATTENTION
 from pitstop.train.doc_attention import register as register_doc_attention
@@ -101,7 +101,7 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
     safely: no config.json, weights that are not safetensors, or an architecture that
     needs its own code without --trust-remote-code. Returns `model_dir`."""
     if not (model_dir / "config.json").is_file():
-        from pitstop.hub import missing_hint
+        from pitstop.core.hub import missing_hint
 
         raise ConfigError(
             f"--model {model_dir} is not a Hugging Face model directory (no config.json); "
@@ -252,7 +252,7 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def base_model_name(model_dir: Path) -> str:
     """How a saved adapter names its base: the Hub id of a cache snapshot, else an absolute path."""
-    from pitstop.hub import hub_id_of
+    from pitstop.core.hub import hub_id_of
 
     return hub_id_of(model_dir) or str(Path(model_dir).resolve())
 

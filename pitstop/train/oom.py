@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pitstop import log
-from pitstop.errors import PitstopError
+from pitstop.core import log
+from pitstop.core.errors import PitstopError
 from pitstop.probe import Choice
 
 if TYPE_CHECKING:  # the module stays light to import (tune/search.py reads is_oom)

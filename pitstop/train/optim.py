@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from pitstop.config import parse_betas
-from pitstop.errors import MissingDependencyError
+from pitstop.core.config import parse_betas
+from pitstop.core.errors import MissingDependencyError
 from pitstop.probe import Choice, DeviceInfo, choose_optimizer
 
 __all__ = ["build_optimizer", "choose", "param_groups", "parse_betas"]

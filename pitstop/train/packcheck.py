@@ -4,7 +4,7 @@ compute the model's own attention on packed documents.
 pitstop passes no attention mask; which kernel keeps a packed row's documents apart, and
 how, depends on the transformers and torch versions, the device and the model (a sliding
 window, a logit softcap, attention sinks; train/attention.py, train/doc_attention.py,
-pitstop/versions.py). A version the static check does not know, a kernel patched by a
+pitstop/core/versions.py). A version the static check does not know, a kernel patched by a
 plug-in, a device-specific path, or a kernel that drops what a layer asks of it can
 train a different attention than the model is served with: the loss falls, nothing flags
 it. So every run checks, on its own device, versions and model, with the kernel it trains
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from pitstop.batching.records import MicroBatch
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 from pitstop.train.forward import DeviceBatch
 
 __all__ = [

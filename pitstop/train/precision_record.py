@@ -11,12 +11,13 @@ import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pitstop import probe, run_record
-from pitstop.cache_layout import cache_root
-from pitstop.config import RunConfig
+from pitstop import probe
+from pitstop.core import run_record
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import ChoiceRecord
 from pitstop.measure.peak import model_precision_speed
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.run_record import ChoiceRecord
 
 
 def kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choice | None:

@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import TypedDict
 
-from pitstop import log
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
+from pitstop.core import log
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 from pitstop.train import checkpoint
 
 # Settings whose change makes the resumed run a different run (data order, model, the

@@ -6,7 +6,7 @@ complete checkpoint is chosen (rank 0, then broadcast: every rank reads the same
 checked against this run's identity (train/resume.py) and restored; metrics.jsonl is
 cut back to the restored step; config.yaml and the measured layout (choices.json,
 before step 1, so a --resume reads it back) are written. The caller holds the run's
-lock (pitstop/runlock.py).
+lock (pitstop/core/runlock.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pitstop import log, run_record
-from pitstop.atomic import write_text_atomic
 from pitstop.batching.choices import write_run_choices
-from pitstop.config import RunConfig
+from pitstop.core import log, run_record
+from pitstop.core.atomic import write_text_atomic
+from pitstop.core.config import RunConfig
 from pitstop.train import checkpoint, distributed, model_io, resume
 from pitstop.train.build import Run
 from pitstop.train.state import RunState

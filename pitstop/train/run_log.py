@@ -18,9 +18,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from pitstop import log, run_record
-from pitstop.atomic import write_text_atomic
-from pitstop.config import RunConfig
+from pitstop.core import log, run_record
+from pitstop.core.atomic import write_text_atomic
+from pitstop.core.config import RunConfig
 from pitstop.measure.timeline import PHASES
 from pitstop.probe import Choice
 from pitstop.train.summary import append_lines

@@ -13,8 +13,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pitstop import log, run_record
-from pitstop.errors import PitstopError
+from pitstop.core import log, run_record
+from pitstop.core.errors import PitstopError
 from pitstop.train.cadence import Cadence
 
 

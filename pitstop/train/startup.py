@@ -13,8 +13,8 @@ import psutil
 import torch
 
 from pitstop import probe
-from pitstop.config import RunConfig
-from pitstop.errors import ConfigError
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import ConfigError
 
 
 def check_output_dir(cfg: RunConfig) -> Path:

@@ -1,6 +1,6 @@
 """The run's outputs others read: summary.json and metrics.jsonl, written safely.
 
-`trainer_summary` builds the trainer's `RunSummary` (pitstop.run_record), which
+`trainer_summary` builds the trainer's `RunSummary` (pitstop.core.run_record), which
 `run_record.write_summary` writes: the one summary writer every run uses.
 
 summary.json is replaced atomically (temporary file + os.replace). metrics.jsonl
@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop.atomic import write_text_atomic
+from pitstop.core.atomic import write_text_atomic
+from pitstop.core.run_record import FINAL, ChoiceRecord, PlannedEfficiency, RunSummary
 from pitstop.measure import flops as flops_mod
 from pitstop.measure.machine import CpuSnapshot, machine_load, shared_by_others
 from pitstop.measure.memory import peak_memory
 from pitstop.probe import Choice, DeviceInfo
-from pitstop.run_record import FINAL, ChoiceRecord, PlannedEfficiency, RunSummary
 from pitstop.train.state import RunState
 
 

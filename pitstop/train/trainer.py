@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from pitstop import log, runlock
 from pitstop.batching.loader import Loader
 from pitstop.batching.records import MicroBatch, MicroBatchMeta
-from pitstop.config import RunConfig
+from pitstop.core import log, runlock
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import RunSummary, write_summary
 from pitstop.measure.memory import peak_memory
 from pitstop.measure.timeline import Timeline
 from pitstop.probe import DeviceInfo
-from pitstop.run_record import RunSummary, write_summary
 from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending, run_dir
 from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
@@ -213,7 +213,7 @@ class Trainer:
 
     def fit(self) -> RunSummary:
         """Train and return the run's summary (also written to OUT_DIR/summary.json, on
-        rank 0); OUT_DIR is locked against a second writer for the whole run (pitstop/runlock.py)."""
+        rank 0); OUT_DIR is locked against a second writer for the whole run (pitstop/core/runlock.py)."""
         held = runlock.acquire(self.run.out) if self.is_main else None
         try:
             return self._fit()

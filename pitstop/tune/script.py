@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.advise.finding import Finding
-from pitstop.atomic import write_json_atomic
-from pitstop.errors import DataError
+from pitstop.core.atomic import write_json_atomic
+from pitstop.core.errors import DataError
+from pitstop.core.run_record import FINDINGS, HF_PROFILE, SUMMARY
 from pitstop.probe import DeviceInfo
-from pitstop.run_record import FINDINGS, HF_PROFILE, SUMMARY
 from pitstop.tune.script_settings import APPLIED, Applied, TrialSettings, Value
 
 DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose step is <= 1 s

@@ -26,7 +26,7 @@ from typing import Any
 from pitstop import probe
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import ANY_STEP_SIZE, worth_timing
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
 
 # Knob names as the CLI's --knobs takes them.
 KNOBS = ("micro_batch", "batching", "compile", "attention", "workers", "prefetch")

@@ -39,13 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pitstop import probe, run_record
-from pitstop.atomic import read_regular_text, write_cache_entry
-from pitstop.config import RunConfig
+from pitstop import probe
+from pitstop.core import run_record
+from pitstop.core.atomic import read_regular_text, write_cache_entry
+from pitstop.core.config import RunConfig
+from pitstop.core.run_record import read_steps
+from pitstop.core.runlock import pid_alive
+from pitstop.core.version import __version__
 from pitstop.measure.memory import peak_memory, reset_peak_memory
 from pitstop.profiling import StepClock, measured_trainer, measurement_config
-from pitstop.run_record import read_steps
-from pitstop.runlock import pid_alive
 from pitstop.train.signals import RunInterrupted
 from pitstop.tune.search import (
     COMPILE_FAILED,
@@ -56,7 +58,6 @@ from pitstop.tune.search import (
     relative_spread,
 )
 from pitstop.tune.space import Settings, apply_settings, settings_from_choices
-from pitstop.version import __version__
 
 # Fields a trial overrides or that cannot change step speed: left out of the cache key.
 _KEY_IGNORED = {

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop import log, probe
-from pitstop.cache_layout import cache_root
+from pitstop import probe
 from pitstop.catalog.layouts import worth_timing
-from pitstop.config import RunConfig, build_config, load_yaml
+from pitstop.core import log
+from pitstop.core.cache_layout import cache_root
+from pitstop.core.config import RunConfig, build_config, load_yaml
 from pitstop.measure import cost_model
 from pitstop.measure.machine import describe_load, machine_load
 from pitstop.tune.search import (

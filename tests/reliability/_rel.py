@@ -73,7 +73,7 @@ def reference_run(out: Path, model: Path, store: Path, steps: int) -> Path:
 
 
 def die_at(point: str) -> dict[str, str]:
-    """The environment that makes a run SIGKILL itself at a named fault point (pitstop/faults.py)."""
+    """The environment that makes a run SIGKILL itself at a named fault point (pitstop/core/faults.py)."""
     return {"PITSTOP_TEST_DIE_AT": point}
 
 

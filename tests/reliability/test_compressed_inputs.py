@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pitstop.config import RunConfig
+from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
 from pitstop.data.readers import iter_chunks
 from pitstop.data.records import Fields
-from pitstop.errors import DataError
 
 LINES = b"".join(
     json.dumps({"text": f"record {i} " + "abcdefghij"[i % 10] * (i % 37)}).encode() + b"\n"

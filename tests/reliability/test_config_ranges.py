@@ -15,9 +15,9 @@ import sys
 import pytest
 from _rel import env
 
-from pitstop.config import build_config
-from pitstop.errors import ConfigError, short_repr
-from pitstop.yaml_load import MAX_VALUES, parse_yaml
+from pitstop.core.config import build_config
+from pitstop.core.errors import ConfigError, short_repr
+from pitstop.core.yaml_load import MAX_VALUES, parse_yaml
 
 BASE = {"data": ["d.jsonl"], "model": "m", "output": "o"}
 

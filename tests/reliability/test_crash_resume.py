@@ -1,6 +1,6 @@
 """SIGKILL at many moments, then `--resume`: the result is bit-identical to a run never killed.
 
-Each kill lands at a named fault point (pitstop/faults.py: the process SIGKILLs itself
+Each kill lands at a named fault point (pitstop/core/faults.py: the process SIGKILLs itself
 there, as a kill from outside would), never at a wall-clock guess, so a loaded machine
 gives the same answer as an idle one: in a step, while a checkpoint is being written
 (its files written, not its COMPLETE marker), right after a checkpoint directory is
@@ -41,7 +41,7 @@ from _rel import (
 )
 
 MODES = ("step", "write", "rename", "startup")
-STARTUP_POINTS = ("startup", "measured", "restored")  # pitstop/faults.py POINTS
+STARTUP_POINTS = ("startup", "measured", "restored")  # pitstop/core/faults.py POINTS
 
 
 def default_cmd(

@@ -4,7 +4,7 @@ A run that is not LoRA, a run still training, a partial run directory, an existi
 read-only output: each is refused before anything loads, in one paragraph with the fix,
 or exported correctly. SIGINT/SIGTERM while the merged copy is written stop the export
 with nothing left behind; after a SIGKILL the rerun works and removes the debris.
-Signals land at the `export-write` fault point (pitstop/faults.py), never at a guess.
+Signals land at the `export-write` fault point (pitstop/core/faults.py), never at a guess.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from _rel import env, no_traceback
 
-from pitstop import runlock
-from pitstop.atomic import NotARegularFile
+from pitstop.core import runlock
+from pitstop.core.atomic import NotARegularFile
 
 HANG = 60  # seconds: far above the instant a refusal takes
 
@@ -34,7 +34,7 @@ def _child(code: str) -> subprocess.CompletedProcess:
 
 
 def test_fifo_at_a_fingerprint_memo_is_refused_not_waited_on(tmp_path):
-    from pitstop.cache_layout import FINGERPRINTS
+    from pitstop.core.cache_layout import FINGERPRINTS
     from pitstop.data.cache import file_fingerprint
 
     data = tmp_path / "d.jsonl"
@@ -46,7 +46,7 @@ def test_fifo_at_a_fingerprint_memo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(memo)
     r = _child(f"""
         from pitstop.data.cache import file_fingerprint
-        from pitstop.errors import PitstopError
+        from pitstop.core.errors import PitstopError
         try:
             file_fingerprint({str(data)!r}, __import__("pathlib").Path({str(root)!r}))
         except PitstopError as e:
@@ -62,7 +62,7 @@ def test_fifo_given_as_a_file_to_hash_is_refused(tmp_path):
     r = _child(f"""
         from pathlib import Path
         from pitstop.data.cache import _digest_file
-        from pitstop.errors import PitstopError
+        from pitstop.core.errors import PitstopError
         try:
             _digest_file(Path({str(fifo)!r}))
         except PitstopError as e:
@@ -75,7 +75,7 @@ def test_fifo_given_as_a_file_to_hash_is_refused(tmp_path):
 def test_fifo_at_a_trial_cache_entry_is_refused(tmp_path):
     r = _child(f"""
         import os
-        from pitstop.errors import PitstopError
+        from pitstop.core.errors import PitstopError
         from pitstop.tune.space import Settings
         from pitstop.tune.trial import TrialCache
         cache = TrialCache({str(tmp_path)!r}, {{"any": "context"}})
@@ -98,8 +98,8 @@ def test_a_lock_that_is_not_a_file_is_refused_by_name(kind, tmp_path):
     lock = out / runlock.LOCK_NAME
     os.mkfifo(lock) if kind == "fifo" else lock.mkdir()
     r = _child(f"""
-        from pitstop import runlock
-        from pitstop.errors import PitstopError
+        from pitstop.core import runlock
+        from pitstop.core.errors import PitstopError
         print("holder", runlock.holder({str(out)!r}))
         try:
             runlock.acquire({str(out)!r})
@@ -166,8 +166,8 @@ def test_not_a_regular_file_is_a_pitstop_error():
 
 def test_data_given_a_fifo_is_named_as_not_a_file(tmp_path: Path) -> None:
     """`--data` naming a FIFO read as "the file is empty" (its size is 0): misleading."""
+    from pitstop.core.errors import DataError
     from pitstop.data.readers import check_file
-    from pitstop.errors import DataError
 
     fifo = tmp_path / "data.jsonl"
     os.mkfifo(fifo)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from _rel import env, held, hold_at, no_traceback, release, start, train_cmd, wait_until
 
-from pitstop.errors import DataError
+from pitstop.core.errors import DataError
 from pitstop.fs_errors import FileSystemError, file_errors
 
 

@@ -280,9 +280,9 @@ _LINE = st.one_of(_VALID.map(lambda v: json.dumps(v).encode()), _JUNK, st.just(b
 def test_generated_files_count_every_line(tiny_model_dir, tmp_path_factory, lines, crlf, bom, gz):
     """Any mix of good, junk and blank lines: prepare in skip mode either succeeds with
     documents + bad records == non-blank lines, or reports a DataError; never anything else."""
-    from pitstop.config import RunConfig
+    from pitstop.core.config import RunConfig
+    from pitstop.core.errors import DataError
     from pitstop.data.prepare import prepare_data
-    from pitstop.errors import DataError
 
     d = tmp_path_factory.mktemp("gen")
     raw = (b"\r\n" if crlf else b"\n").join(lines) + b"\n"

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pitstop.config import RunConfig, build_config
+from pitstop.core.config import RunConfig, build_config
+from pitstop.core.errors import ConfigError, DataError
 from pitstop.data.readers import hf_dataset_files, iter_chunks
 from pitstop.data.records import Fields
-from pitstop.errors import ConfigError, DataError
 
 FIELDS = Fields.from_config(RunConfig())
 

@@ -16,7 +16,7 @@ import pytest
 
 from pitstop.advise.hf_args import declared_problems, load_hf_args
 from pitstop.cli import main
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

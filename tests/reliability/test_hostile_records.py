@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pitstop import run_record
 from pitstop.cli import main
-from pitstop.run_record import read_choices
+from pitstop.core import run_record
+from pitstop.core.run_record import read_choices
 
 
 def _train_argv(model: Path, store: Path, out: Path, *extra: str) -> list[str]:

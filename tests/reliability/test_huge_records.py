@@ -31,8 +31,8 @@ from _rel import env, no_traceback
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitstop.config import RunConfig
-from pitstop.corpus import sample_texts
+from pitstop.core.config import RunConfig
+from pitstop.core.corpus import sample_texts
 from pitstop.data import readers
 from pitstop.data import tokenize as T
 from pitstop.data.prepare import prepare_data

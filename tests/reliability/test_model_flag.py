@@ -12,8 +12,8 @@ import pytest
 from _train_util import fake_hub_cache
 
 from pitstop.cli import main
-from pitstop.errors import ConfigError
-from pitstop.hub import model_dir
+from pitstop.core.errors import ConfigError
+from pitstop.core.hub import model_dir
 
 
 def test_model_dir_names_what_is_missing(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:

@@ -181,8 +181,8 @@ def test_a_store_from_before_the_count_is_checked_from_its_mask(
     tmp_path, tiny_model_dir, no_eos_model, capsys
 ):
     """No "eos_only_documents" in the manifest: found from the loss mask, or None (cheap)."""
-    from pitstop.config import build_config
-    from pitstop.errors import ConfigError
+    from pitstop.core.config import build_config
+    from pitstop.core.errors import ConfigError
     from pitstop.train.data import check_targets
 
     def old_store(model: Path, records: list[dict], name: str) -> TokenStore:

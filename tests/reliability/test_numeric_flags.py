@@ -3,7 +3,7 @@
 `pitstop estimate --params nan` (or inf, or 1e30) used to search for the model's width
 forever; `--mfu nan` printed "Time: nan h", `--price-per-gpu-hour nan` "+nan% cost";
 `tune --budget-seconds nan` was accepted. Every numeric flag outside RunConfig now has
-its range in `pitstop.config_ranges.FLAG_RANGES`, checked by `flag_problems` (parse-only
+its range in `pitstop.core.config_ranges.FLAG_RANGES`, checked by `flag_problems` (parse-only
 here, plus a few whole commands in a subprocess under a timeout); the RunConfig flags
 of prepare/train/profile/tune are checked by `range_problems`.
 """
@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitstop import cli
-from pitstop.config import FIELDS, build_config, field_type, unwrap_optional
-from pitstop.config_ranges import COMMAND_FLAGS, FLAG_RANGES, flag_problems, parse_flag
-from pitstop.errors import ConfigError
+from pitstop.core.config import FIELDS, build_config, field_type, unwrap_optional
+from pitstop.core.config_ranges import COMMAND_FLAGS, FLAG_RANGES, flag_problems, parse_flag
+from pitstop.core.errors import ConfigError
 from pitstop.measure.cost_model import shape_from_params
 
 HOSTILE = ["nan", "NaN", "inf", "-inf", "-1", "-0.5", "1e30", "-1e30", "1e309", "x"]

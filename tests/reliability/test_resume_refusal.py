@@ -109,7 +109,7 @@ def test_resume_with_changes_keeps_both_configurations(
 
 def test_same_documents_in_another_order_is_another_run(tiny_model_dir, tmp_path):
     """The data identity is the store's content key: same counts, other order, refused."""
-    from pitstop.corpus import sample_texts
+    from pitstop.core.corpus import sample_texts
 
     docs = [json.dumps({"text": t}) for t in sample_texts(40)]
     data = tmp_path / "data.jsonl"

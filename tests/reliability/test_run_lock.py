@@ -24,7 +24,7 @@ from _rel import (
     wait_until,
 )
 
-from pitstop import runlock as lock
+from pitstop.core import runlock as lock
 
 
 def test_second_acquire_names_the_holder(tmp_path):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from _train_util import make_store
 
+from pitstop.core.errors import DataError
 from pitstop.data.store import TokenStore, check_vocab
-from pitstop.errors import DataError
 
 
 @pytest.fixture()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.config import build_config, load_yaml
-from pitstop.errors import ConfigError
-from pitstop.yaml_load import parse_yaml
+from pitstop.core.config import build_config, load_yaml
+from pitstop.core.errors import ConfigError
+from pitstop.core.yaml_load import parse_yaml
 
 
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from pitstop.errors import ConfigError, short_repr
+from pitstop.core.errors import ConfigError, short_repr
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 

@@ -22,10 +22,10 @@ from typing import Any, Literal
 import yaml
 
 from pitstop.catalog.layouts import LAYOUT_NAMES, Layout
-from pitstop.config_ranges import range_problems
-from pitstop.errors import ConfigError, short_repr
-from pitstop.hub import resolve_model
-from pitstop.yaml_load import read_yaml
+from pitstop.core.config_ranges import range_problems
+from pitstop.core.errors import ConfigError, short_repr
+from pitstop.core.hub import resolve_model
+from pitstop.core.yaml_load import read_yaml
 
 Format = Literal["auto", "jsonl", "json", "parquet", "arrow", "csv", "text"]
 # `auto`, then every layout of the catalogue (pitstop.catalog.layouts): a new layout is a

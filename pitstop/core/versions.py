@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pitstop.catalog.model_config import ModelConfig
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 __all__ = [
     "FLOOR",

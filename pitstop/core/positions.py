@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pitstop.catalog.model_config import ModelConfig
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 
 def position_limit(model_dir: str | Path) -> tuple[int | None, bool]:

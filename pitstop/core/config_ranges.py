@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pitstop.errors import short_repr
+from pitstop.core.errors import short_repr
 
 # Far above any real count of steps, tokens or rows, and still exact in a float and an
 # int64: a bigger number is a typo that would overflow somewhere deep in numpy or torch.

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pitstop.errors import PitstopError
+from pitstop.core.errors import PitstopError
 
 PREFIX = "PITSTOP_TEST_"
 

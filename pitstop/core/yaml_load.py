@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pitstop.errors import ConfigError
+from pitstop.core.errors import ConfigError
 
 MAX_BYTES = 1 << 20  # a run config or TrainingArguments file is a few KB
 MAX_VALUES = 100_000

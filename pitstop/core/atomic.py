@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from pitstop.errors import PitstopError
+from pitstop.core.errors import PitstopError
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -14,8 +14,8 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
-from pitstop.atomic import NotARegularFile, not_regular_message, open_regular
-from pitstop.errors import PitstopError
+from pitstop.core.atomic import NotARegularFile, not_regular_message, open_regular
+from pitstop.core.errors import PitstopError
 
 LOCK_NAME = ".lock"
 HELD_ENV = "PITSTOP_RUN_LOCK"  # pid of the launcher that holds the lock for this process

@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.atomic import write_json_atomic, write_text_atomic
 from pitstop.catalog.layouts import LAYOUT_NAMES, choices_text
-from pitstop.errors import DataError, short_repr
+from pitstop.core.atomic import write_json_atomic, write_text_atomic
+from pitstop.core.errors import DataError, short_repr
 
 # --- file names (a rename is one edit; --overwrite knows exactly what a run wrote) ---------
 
