@@ -27,7 +27,7 @@ def _break_weights_at(monkeypatch, step: int) -> None:
         out = real(self, loss)
         if self.state.step + 1 == step:
             with torch.no_grad():
-                self.params[0].view(-1)[0] = float("nan")
+                self.run.params[0].view(-1)[0] = float("nan")
         return out
 
     monkeypatch.setattr(Trainer, "optimizer_step", step_then_break)
