@@ -156,3 +156,16 @@ def check_number_flags(args: argparse.Namespace, command: str) -> None:
     if problems:
         header = f"invalid options ({len(problems)} problem(s)):" if len(problems) > 1 else None
         raise ConfigError(problems, header=header)
+
+
+def training_flags_given(args: argparse.Namespace, what: str) -> list[str]:
+    """The problem with pitstop training flags (or --config) given beside `-- COMMAND`, which
+    brings its own settings ([] when none is); `what` names the command ("a tuned command")."""
+    given = sorted(k for k in vars(args) if k in FIELDS) + (["config"] if args.config else [])
+    if not given:
+        return []
+    flags = ", ".join("--" + k.replace("_", "-") for k in given)
+    return [
+        f"{flags}: training flags configure a pitstop run; {what} brings its own settings "
+        "(give them to the command after --)"
+    ]

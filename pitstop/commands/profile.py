@@ -142,16 +142,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_script(args: argparse.Namespace, command: list[str]) -> int:
     """`pitstop profile -- COMMAND`: run it with the timer attached, print what it measured."""
-    from pitstop.commands.flags import FIELDS
+    from pitstop.commands.flags import training_flags_given
 
-    problems = []
-    given = sorted(k for k in vars(args) if k in FIELDS) + (["config"] if args.config else [])
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        problems.append(
-            f"{flags}: training flags configure a pitstop run; a profiled command brings its "
-            "own settings (give them to the command after --)"
-        )
+    problems = training_flags_given(args, "a profiled command")
     if args.steps != DEFAULT_STEPS:
         problems.append("--steps: a profiled command runs its own number of steps")
     if args.trace:

@@ -230,17 +230,10 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     import time
     from pathlib import Path
 
-    from pitstop.commands.flags import FIELDS
+    from pitstop.commands.flags import training_flags_given
     from pitstop.tune import script
 
-    problems = []
-    given = sorted(k for k in vars(args) if k in FIELDS) + (["config"] if args.config else [])
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        problems.append(
-            f"{flags}: training flags configure a pitstop run; a tuned command brings its own "
-            "settings (give them to the command after --)"
-        )
+    problems = training_flags_given(args, "a tuned command")
     if getattr(args, "unknown", None):
         problems.append(f"unrecognized arguments before --: {' '.join(args.unknown)}")
     if not command:
