@@ -100,10 +100,6 @@ def pack_efficiency(
     return float((values * counts).sum()) / (rows * max_len), rows
 
 
-def _q(a: LengthCounts, p: float) -> int:
-    return a.quantile(p)
-
-
 class PaddingWaste(TypedDict):
     """One row of the manifest's "padding_waste" table: documents padded to `max_len`."""
 
@@ -148,7 +144,7 @@ def compute_stats(
     d = LengthCounts.of(doc_lengths)
     dist = {
         "mean": round(d.mean(), 1),
-        **{f"p{p}": _q(d, p / 100) for p in (50, 90, 95, 99)},
+        **{f"p{p}": d.quantile(p / 100) for p in (50, 90, 95, 99)},
         "max": d.max(),
     }
     lens = sorted({*CANDIDATES, max_seq_len})
