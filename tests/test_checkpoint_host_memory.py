@@ -52,6 +52,8 @@ def test_pinned_buffers_are_exact_whole_pages_not_powers_of_two() -> None:
     assert ptr % 4096 == 0
     assert nbytes == 20_000_768  # ceil to 4 KiB pages; the caching allocator took 33,554,432
     assert buf.data_ptr() == ptr
+    # torch's is_pinned() looks up the storage's first byte: it must be the registered one
+    assert buf.untyped_storage().data_ptr() == ptr
     buf.fill_(1.5)  # usable memory
     assert float(buf.sum()) == 1.5 * 5_000_000
     scalar = ckpt.pinned_empty((), torch.float32, register=register)

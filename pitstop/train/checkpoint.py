@@ -38,6 +38,7 @@ import contextlib
 import errno
 import json
 import math
+import mmap
 import os
 import pickle
 import random
@@ -295,12 +296,13 @@ def pinned_empty(
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    # Whole pages of its own: CUDA registers pages, and a page shared with another
-    # registered buffer would fail to register (at most two pages over the exact size).
+    # Whole pages of its own, from an anonymous mapping (page-aligned): CUDA registers
+    # pages, a page shared with another registered buffer would fail to register, and
+    # torch's `is_pinned()` (so its non-blocking copies) asks CUDA about the storage's
+    # first byte, which must be the first registered one. An aligned slice of a larger
+    # torch.empty was registered but read as pageable (the H200 self-test, 2026-11-26).
     span = -(-nbytes // _PAGE) * _PAGE
-    raw = torch.empty(span + _PAGE, dtype=torch.uint8)
-    start = -raw.data_ptr() % _PAGE
-    page_aligned = raw[start : start + span]
+    page_aligned = torch.frombuffer(mmap.mmap(-1, span), dtype=torch.uint8)
     buf = page_aligned[:nbytes].view(dtype).view(shape)
     reg = register or _cuda_host_register
     try:
