@@ -1458,11 +1458,16 @@ def report(
         f"MFU: trained tokens/s (train clock) × {fpt / 1e6:.1f} MFLOP/token "
         "(6·N_non-embedding + 12·L·d·T, T = max length) over the device peak "
         f"{(peak or 0) / 1e9:,.0f} GFLOP/s ({peak_src}).",
-        "One peak for every system, the fp32 one, so the column compares systems: a system "
-        "under bf16 autocast (hf_bf16, pitstop and the ceiling where the CPU has native bf16) "
-        "can pass 100% of it (pitstop's own summary.json divides by the measured bf16 peak). "
-        "The attention term uses T = max length, which overstates the FLOPs of rows shorter "
-        "than that (hf_dynamic).",
+        (
+            "One peak for every system, the GPU's bf16 one (every system runs bf16). "
+            if setup.mode == "gpu"
+            else "One peak for every system, the fp32 one, so the column compares systems: a "
+            "system under bf16 autocast (hf_bf16, pitstop and the ceiling where the CPU has "
+            "native bf16) can pass 100% of it (pitstop's own summary.json divides by the "
+            "measured bf16 peak). "
+        )
+        + "The attention term uses T = max length, which overstates the FLOPs of rows "
+        "shorter than that (hf_dynamic).",
         "train / whole s: the train-only clock (epoch start to last optimizer step; pitstop's "
         "train_seconds) and the whole subprocess (start to final model saved).",
         f"Machine: {describe_machine(info)}. Whole benchmark took {fmt(saved['seconds'], '.0f')} s.",
