@@ -75,14 +75,23 @@ def pitstop_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_compare_rerun_end_to_end(tmp_path: Path) -> None:
+def test_compare_rerun_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The CLI in this process (the loops still run as their own processes): a `pitstop`
+    # process per command loaded torch and transformers again, about 12 s each on a busy
+    # 2-core machine. The torchrun test below keeps `python -m pitstop` end to end.
+    from pitstop import cli
+
+    monkeypatch.chdir(tmp_path)  # the runs' relative names and recorded cwd, as from a shell
     for name, sleep in (("a", "0.05"), ("b", "0")):
         cmd = [sys.executable, str(LOOP), "--steps", "5", "--sleep", sleep]
-        res = pitstop_cli("profile", "--output", name, "--", *cmd, cwd=tmp_path)
-        assert res.returncode == 0, res.stderr[-2000:]
-    res = pitstop_cli("compare", "a", "b", "--rerun", "1", "--rerun-output", "re", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "pair 1:" in res.stdout and (tmp_path / "re" / "1-b" / "summary.json").is_file()
+        assert cli.main(["profile", "--output", name, "--", *cmd]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    rc = cli.main(["compare", "a", "b", "--rerun", "1", "--rerun-output", "re"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-2000:]
+    assert "pair 1:" in out and (tmp_path / "re" / "1-b" / "summary.json").is_file()
 
 
 @pytest.mark.slow
