@@ -85,11 +85,17 @@ class Chunk:
     kind "text":  items are (location, raw bytes of one document)
     kind "toolong": items are (line number, bytes, ended by a newline) of JSONL lines over
                     MAX_RECORD_BYTES, skipped unread
+
+    `end` is how far into the file as stored (compressed bytes for a compressed file) the
+    reader had got when it made this chunk, or None where it cannot tell: it drives
+    prepare's progress bar, so it only needs to grow and to reach the file's size by the
+    end (prepare counts a file whole once its last chunk is through).
     """
 
     kind: str
     path: str
     items: list[Any]
+    end: int | None = None
 
 
 def detect(path: Path, fmt: str = "auto") -> tuple[str, str | None]:
@@ -355,6 +361,18 @@ def open_binary(path: Path, compression: str | None) -> BinaryIO:
 _ARCHIVE_ERRORS = (EOFError, OSError, zlib.error)
 
 
+def _raw_tell(f: BinaryIO) -> int | None:
+    """Bytes of the file on disk read so far through `f` from `open_binary` (read-ahead
+    of a decompressor included), or None once it is closed."""
+    raw: Any = getattr(f, "fileobj", None)  # gzip.GzipFile's file
+    if raw is None:
+        raw = getattr(getattr(f, "raw", None), "_raw", f)  # _ZstdReader's file, or f itself
+    try:
+        return int(raw.tell())
+    except (OSError, ValueError):
+        return None
+
+
 def _archive_error(path: Path, e: BaseException, where: str) -> DataError:
     if isinstance(e, EOFError):
         return DataError(
@@ -475,7 +493,7 @@ def _jsonl(
                 if nl < 0:
                     skipped += len(data)
                     continue
-                yield Chunk("toolong", str(path), [(lineno, skipped + nl, True)])
+                yield Chunk("toolong", str(path), [(lineno, skipped + nl, True)], _raw_tell(f))
                 lineno += 1
                 skipped, data = None, data[nl + 1 :]
             cut = data.rfind(b"\n") + 1
@@ -488,7 +506,7 @@ def _jsonl(
             if parts:  # the first newline here ends the line gathered so far
                 nl = data.find(b"\n")
                 if held + nl > limit:
-                    yield Chunk("toolong", str(path), [(lineno, held + nl, True)])
+                    yield Chunk("toolong", str(path), [(lineno, held + nl, True)], _raw_tell(f))
                     lineno += 1
                     data, cut = data[nl + 1 :], cut - nl - 1
                 else:
@@ -499,7 +517,7 @@ def _jsonl(
             if rest:
                 parts, held = [rest], len(rest)
             if block.strip():
-                yield Chunk("block", str(path), [(lineno, block)])
+                yield Chunk("block", str(path), [(lineno, block)], _raw_tell(f))
             lineno += block.count(b"\n")
     if skipped is not None:
         yield Chunk("toolong", str(path), [(lineno, skipped, False)])
@@ -549,12 +567,13 @@ def _json(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
             "use JSON Lines (.jsonl) for one record per line"
         )
     del text
+    size = path.stat().st_size
     per_chunk = 1024
     for start in range(0, len(data), per_chunk):
         items = [
             (f"record {i + 1}", data[i]) for i in range(start, min(start + per_chunk, len(data)))
         ]
-        yield Chunk("rows", str(path), items)
+        yield Chunk("rows", str(path), items, size * (start + len(items)) // len(data))
 
 
 def _parquet(
@@ -583,10 +602,12 @@ def _parquet(
         // max(1, meta.num_rows),
     )
     batch_rows = max(16, min(65536, chunk_bytes // row_bytes))
+    size, rows = path.stat().st_size, max(1, meta.num_rows)  # the footer knows the row count
     row = 1
     try:
         for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
-            yield Chunk("arrow", str(path), [(row, batch)])
+            end = size * min(rows, row - 1 + batch.num_rows) // rows
+            yield Chunk("arrow", str(path), [(row, batch)], end)
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: row {row}: the Parquet data is damaged ({e})") from None
@@ -657,6 +678,7 @@ def _arrow(
             source.seek(0)
             batches: Any = pa.ipc.open_stream(source)
             schema = batches.schema
+            n_batches = 0  # the stream's position says how far it got
         else:
             source.seek(0)
             try:
@@ -668,14 +690,17 @@ def _arrow(
                     ) from None
                 raise
             batches = (ipc_file.get_batch(i) for i in range(ipc_file.num_record_batches))
-            schema = None
+            schema, n_batches = None, ipc_file.num_record_batches
     except (pa.ArrowException, OSError) as e:
         raise DataError(
             f"{path}: not a readable Arrow file ({e}); check the file or pass the right --format"
         ) from None
-    row = 1
+    size = source.size()
+    row, before = 1, 0
     try:
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            # Bytes read: the stream's position, or (IPC file) the share of its batches.
+            after = size * (i + 1) // n_batches if n_batches else source.tell()
             if schema is None:
                 schema = batch.schema
             names = schema.names
@@ -691,8 +716,12 @@ def _arrow(
             step = max(16, chunk_bytes // per_row)
             for start in range(0, batch.num_rows, step):
                 piece = batch.slice(start, step)
-                yield Chunk("arrow", str(path), [(row, piece)])
+                done = min(batch.num_rows, start + step) / max(1, batch.num_rows)
+                yield Chunk(
+                    "arrow", str(path), [(row, piece)], before + int((after - before) * done)
+                )
                 row += piece.num_rows
+            before = after
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: row {row}: the Arrow data is damaged ({e})") from None
 
@@ -763,7 +792,7 @@ def _csv(path: Path, compression: str | None, fields: Fields, chunk_bytes: int) 
                 items.append((str(start), rec))
                 size += sum(len(c) for c in row)
                 if size >= chunk_bytes:
-                    yield Chunk("rows", str(path), items)
+                    yield Chunk("rows", str(path), items, _raw_tell(f))
                     items, size = [], 0
         except _ARCHIVE_ERRORS as e:  # lines are read whole, so `lineno` was the last one
             raise _archive_error(path, e, _after(lineno)) from None
@@ -777,7 +806,7 @@ def _text(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
         if err is not None:
             raise _archive_error(path, err, _after(buf.count(b"\n"))) from None
         if len(buf) <= TEXT_SPLIT_BYTES:
-            yield Chunk("text", str(path), [(None, buf)])
+            yield Chunk("text", str(path), [(None, buf)], _raw_tell(f))
             return
         # A corpus dump, not a document: pieces of about TEXT_PIECE_BYTES cut at blank lines.
         eof, line, span = False, 1, 2 * TEXT_PIECE_BYTES
@@ -804,5 +833,5 @@ def _text(path: Path, compression: str | None, fields: Fields, chunk_bytes: int)
                         cut -= 1
             piece, buf = buf[:cut], buf[cut:]
             if piece.strip():
-                yield Chunk("text", str(path), [(line, piece)])
+                yield Chunk("text", str(path), [(line, piece)], _raw_tell(f))
             line += piece.count(b"\n")
