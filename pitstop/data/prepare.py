@@ -5,15 +5,21 @@ processes through a bounded window of futures (multiprocessing.Pool.imap would
 read the whole input ahead; a window keeps only ~2 chunks per worker in flight),
 and writes the returned arrays to the store in input order. The statistics keep
 how many documents and sequences have each length (`data.stats.LengthCounts`), so
-memory does not grow with the size of the input.
+memory does not grow with the size of the input. The progress bar counts input bytes
+against the files' total size (known before reading), so it shows an ETA; each chunk
+carries how far into its file the reader had got (`Chunk.end`).
 
 The store is written to a temporary directory and renamed into place under its
 content key (see cache.py), so a killed prepare leaves nothing that opens as a
-store, and a repeated one is a cache hit.
+store, and a repeated one is a cache hit. An interrupted prepare is not resumed part
+way: the same command again prepares from the start, and removes the partial
+directory the interrupted one left under that key once no running prepare holds its
+lock (`_claim`, `_leftovers`), saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import multiprocessing as mp
 import os
@@ -158,6 +164,7 @@ def prepare_data(
 
             shutil.rmtree(dest, ignore_errors=True)  # damaged by hand; rebuild it
     clean_stale_partials(stores)
+    _leftovers(stores, key, progress)
 
     tok = load_tokenizer(str(tok_dir), cfg.trust_remote_code)
     vocab = len(tok)
@@ -181,20 +188,26 @@ def prepare_data(
     )
     workers = cfg.workers or os.cpu_count() or 1
 
-    def chunks() -> Iterator[Chunk]:
-        for p, (fmt, comp) in zip(paths, formats):
-            yield from iter_chunks(p, fmt, comp, fields, CHUNK_BYTES)
+    sizes = [int(i["bytes"]) for i in input_info]
 
-    with StoreWriter(dest, vocab) as writer:
+    def chunks() -> Iterator[tuple[int, Chunk]]:
+        base = 0
+        for p, (fmt, comp), size in zip(paths, formats, sizes):
+            yield from _with_bytes_read(iter_chunks(p, fmt, comp, fields, CHUNK_BYTES), base, size)
+            base += size
+
+    with StoreWriter(dest, vocab) as writer, _claim(writer.tmp):
         if workers <= 1:
             worker = Worker(settings, tok)
-            results: Iterable[dict[str, Any]] = (worker.process(c) for c in chunks())
-            stats = _write(results, writer, cfg, progress, t0)
+            results: Iterable[tuple[int, dict[str, Any]]] = (
+                (done, worker.process(c)) for done, c in chunks()
+            )
+            stats = _write(results, writer, cfg, progress, t0, sum(sizes))
         else:
             tokenize._WORKER = Worker(settings, tok)  # forked workers inherit it, loaded once
             gen = _parallel(chunks(), settings, workers)
             try:
-                stats = _write(gen, writer, cfg, progress, t0)
+                stats = _write(gen, writer, cfg, progress, t0, sum(sizes))
             finally:
                 gen.close()
         manifest = {
@@ -241,10 +254,99 @@ def open_store(
     return TokenStore(prepare_data(cfg, data=data, progress=progress).store_path)
 
 
+# A partial directory younger than this may be a prepare's that has made it and not yet
+# locked it (the two are a few system calls apart), so it is never taken for a killed one.
+_CLAIM_GRACE_SECONDS = 30
+
+
+@contextlib.contextmanager
+def _claim(tmp: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the partial directory `tmp` while this prepare writes it.
+
+    The kernel drops the lock when the process dies, however it dies (SIGKILL too), so a
+    later prepare can tell a killed prepare's directory from a running one's. Forked
+    tokenizer workers share the lock; they exit with the parent. Where flock is not
+    available nothing is claimed, and `_leftovers` then removes nothing.
+    """
+    try:
+        import fcntl
+
+        fd = os.open(tmp, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _leftovers(stores: Path, key: str, progress: bool) -> None:
+    """Remove what interrupted prepares of this same store left (`<key>.partial-*`), and say so.
+
+    A directory is removed only when its lock is free (its prepare is gone) and it is
+    older than `_CLAIM_GRACE_SECONDS`; one still held belongs to a prepare running now,
+    which this one does not wait for (the first to finish publishes the store).
+    """
+    import shutil
+
+    for p in sorted(stores.glob(f"{key}.partial-*")):
+        try:
+            import fcntl
+
+            fresh = time.time() - p.stat().st_mtime < _CLAIM_GRACE_SECONDS
+            fd = os.open(p, os.O_RDONLY)
+        except (ImportError, OSError):
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
+        except OSError:
+            held = True
+        finally:
+            os.close(fd)
+        if held or fresh:
+            if progress:
+                log.info(
+                    f"another prepare of the same data is running (or was stopped seconds ago): "
+                    f"{p}; this one prepares too, and the first to finish publishes the store"
+                )
+            continue
+        size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+        shutil.rmtree(p, ignore_errors=True)
+        if progress:
+            log.info(
+                f"an earlier prepare of this data was interrupted after writing "
+                f"{size / 2**20:,.1f} MiB; it is not resumed part way: removed {p.name} "
+                "and preparing from the start"
+            )
+
+
+def _with_bytes_read(chunks: Iterator[Chunk], base: int, size: int) -> Iterator[tuple[int, Chunk]]:
+    """Each chunk of one file with the input bytes read once it is through: `base` (the
+    files before) plus how far into this file its reader had got, `size` after the last.
+
+    One chunk is held back to know which is the last, so the bar reaches its total
+    exactly when the last chunk is written (a reader's position may lag behind the end).
+    """
+    done, held = base, None
+    for c in chunks:
+        if held is not None:
+            yield done, held
+        if c.end is not None:
+            done = max(done, base + min(size, c.end))
+        held = c
+    if held is not None:
+        yield base + size, held
+
+
 def _parallel(
-    chunks: Iterator[Chunk], settings: Settings, workers: int
-) -> Iterator[dict[str, Any]]:
-    """Results of `process_chunk` in input order, with at most ~2 chunks per worker in flight."""
+    chunks: Iterator[tuple[int, Chunk]], settings: Settings, workers: int
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(bytes read, result of `process_chunk`) in input order, with at most ~2 chunks per
+    worker in flight."""
     # fork starts workers in milliseconds with the tokenizer already loaded; spawn elsewhere.
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     ex = ProcessPoolExecutor(
@@ -253,24 +355,27 @@ def _parallel(
         initializer=tokenize.init_worker,
         initargs=(settings,),
     )
-    window: deque = deque()
+    window: deque = deque()  # (bytes read, future)
     try:
-        for c in chunks:
-            window.append(ex.submit(tokenize.process_chunk, c))
+        for done, c in chunks:
+            window.append((done, ex.submit(tokenize.process_chunk, c)))
             if len(window) > 2 * workers:
-                yield window.popleft().result()
+                done, fut = window.popleft()
+                yield done, fut.result()
         while window:
-            yield window.popleft().result()
+            done, fut = window.popleft()
+            yield done, fut.result()
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _write(
-    results: Iterable[dict[str, Any]],
+    results: Iterable[tuple[int, dict[str, Any]]],
     writer: StoreWriter,
     cfg: RunConfig,
     progress: bool,
     t0: float,
+    total_bytes: int,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -291,16 +396,20 @@ def _write(
         "targets_removed": 0,
     }
     doc_base = 0
+    # Input bytes against the known total, so tqdm shows an ETA; records and tokens/s
+    # ride in the postfix.
     bar = tqdm(
-        unit=" rec",
+        total=total_bytes,
+        unit="B",
         unit_scale=True,
+        unit_divisor=1024,
         file=sys.stderr,
         disable=not progress or not log.progress_enabled(),
         desc="prepare",
         dynamic_ncols=True,
     )
     try:
-        for res in results:
+        for done, res in results:
             if "crash" in res:
                 raise RuntimeError("a tokenizer worker failed unexpectedly:\n" + res["crash"])
             if res.get("fatal"):
@@ -331,9 +440,11 @@ def _write(
             for where, reason in res["bad"]:
                 if len(bad_examples) < MAX_BAD_EXAMPLES:
                     bad_examples.append({"where": where, "reason": reason})
-            bar.update(res["n_records"])
             dt = max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{writer.n_tokens / dt:,.0f} tok/s", refresh=False)
+            bar.set_postfix_str(
+                f"{c['records']:,} rec, {writer.n_tokens / dt:,.0f} tok/s", refresh=False
+            )
+            bar.update(done - bar.n)
     finally:
         bar.close()
     if doc_base == 0:
