@@ -196,3 +196,34 @@ def test_auto_reports_progress_each_round(store):
     lines: list[str] = []
     choice = choose_batching(store, cfg, dev.run, clock=dev.clock, progress=lines.append)
     assert len(lines) == choice.rounds and "round 1" in lines[0]
+
+
+def test_auto_times_a_sample_of_steps_and_scales_it_to_the_epoch(store, monkeypatch):
+    """Only SAMPLED_STEPS steps' micro-batches are built (a Python object per micro-batch of
+    a 10M-document epoch would be gigabytes), and the estimate is scaled to the epoch: with
+    a time per position, the sampled estimate is the whole-epoch one."""
+    import pitstop.batching.auto as auto
+
+    cfg = RunConfig(max_seq_len=MSL, tokens_per_step=4 * MSL)
+    whole = FakeDevice(1e-6)
+    full = choose_batching(store, cfg, whole.run, clock=whole.clock)
+    built: list[int] = []
+    real = auto.step_micro_batches
+
+    def counting(plan, step, *a, **k):
+        built.append(step)
+        return real(plan, step, *a, **k)
+
+    monkeypatch.setattr(auto, "step_micro_batches", counting)
+    monkeypatch.setattr(auto, "SAMPLED_STEPS", 5)
+    dev = FakeDevice(1e-6)
+    sampled = choose_batching(store, cfg, dev.run, clock=dev.clock)
+    assert len(set(built)) == 5 and len(built) == 3 * 5, built  # 5 steps of each layout
+    assert min(built) == 0 and max(built) > 20  # spread over an epoch longer than the sample
+    assert sampled.strategy == full.strategy
+    for k, t in sampled.timings.items():
+        f = full.timings[k]
+        assert t.positions == f.positions and t.packing_efficiency == f.packing_efficiency
+        # time ∝ positions: the scaled sample estimates the epoch within the strata's error
+        assert t.epoch_seconds == pytest.approx(f.epoch_seconds, rel=0.15), k
+        assert t.tokens_per_second == pytest.approx(f.tokens_per_second, rel=0.15), k

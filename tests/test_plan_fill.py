@@ -120,3 +120,27 @@ def test_build_plan_equals_the_reference_in_every_layout(
         for field in ("seqs", "row_bounds", "step_bounds", "row_tokens"):
             assert np.array_equal(getattr(got, field), getattr(want, field)), field
         assert got.n_steps > 1
+
+
+def test_layouts_and_the_loader_share_one_step_plan(monkeypatch) -> None:
+    """`batching: auto` lays out pack, bucket and pad, and the loader plans the same epoch:
+    the pass over every document runs once for the same inputs, again for any other."""
+    lengths = _lengths("long_tailed", 3000, 256, 8)
+    calls = []
+    real = plan_mod._fill_rows
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(plan_mod, "_fill_rows", counting)
+    kw = dict(max_seq_len=256, tokens_per_step=2048, seed=11, epoch=0)
+    plans = {s: build_plan(lengths, strategy=s, **kw) for s in ("pack", "bucket", "pad")}
+    assert len(calls) == 1
+    again = build_plan(lengths, strategy="pack", **kw)
+    assert len(calls) == 1 and np.array_equal(again.seqs, plans["pack"].seqs)
+    build_plan(lengths, strategy="pack", **{**kw, "epoch": 1})  # another epoch: planned
+    build_plan(lengths + (lengths < 256), strategy="pack", **kw)  # other lengths: planned
+    assert len(calls) == 3
+    with pytest.raises(ValueError):  # the shared arrays cannot be changed under a layout
+        plans["pad"].seqs[0] = 1

@@ -28,9 +28,11 @@ data is already that long. So we measure.
 Every layout is an arrangement of the same step plan (pitstop.batching.plan): the
 same documents in every step, so the same training math, and the fastest layout is
 the one with the smallest estimated epoch compute time. For each layout we sort this
-rank's micro-batches of epoch 0 by size, split them into `samples` equal-count
-strata, and time the median micro-batch of each stratum (after `warmup` untimed runs
-of the largest one). Timing is fragile on a busy machine, so:
+rank's micro-batches of up to SAMPLED_STEPS steps spread over epoch 0 by size, split them
+into `samples` equal-count strata, and time the median micro-batch of each stratum (after
+`warmup` untimed runs of the largest one); the estimate is scaled to the epoch's positions,
+counted in numpy (plan.plan_efficiency), so nothing per micro-batch of the whole epoch is
+built however large the data. Timing is fragile on a busy machine, so:
 
 - layouts take turns within each round (interleaved), so load that comes and goes
   hits them alike; each sample keeps its fastest timing over the rounds;
@@ -52,8 +54,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from pitstop.batching.collate import collate
-from pitstop.batching.loader import _seen_tokens, sequence_targets
-from pitstop.batching.plan import build_plan, step_micro_batches
+from pitstop.batching.loader import sequence_targets
+from pitstop.batching.plan import Efficiency, build_plan, plan_efficiency, step_micro_batches
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
@@ -90,10 +92,10 @@ class StrategyTiming:
     strategy: Layout
     tokens_per_second: float  # trained (target) tokens per second of forward+backward, estimated
     epoch_seconds: float  # estimated forward+backward seconds for this rank's epoch
-    packing_efficiency: float  # real tokens / positions computed, this rank, epoch 0
+    packing_efficiency: float  # real tokens / positions computed, epoch 0, every rank
     timed_micro_batches: int
     timed_seconds: float
-    positions: int = 0  # positions this rank computes in epoch 0
+    positions: int = 0  # positions computed in epoch 0, every rank
     noise: float = 0.0  # relative spread of the per-round epoch estimates
 
 
@@ -148,12 +150,14 @@ def choose_batching(
     pad_id = store.pad_id
     skipped: dict[str, str] = {}
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]] = {}
+    effs: dict[str, Efficiency] = {}
     for strategy in candidates:
         try:
             settings = BatchSettings.from_config(cfg, world_size=world_size, strategy=strategy)
         except ConfigError as e:
             skipped[strategy] = "; ".join(e.problems)
             continue
+        # Every layout arranges the same step plan (built once: plan.py shares it).
         plan = build_plan(
             lengths,
             strategy=strategy,
@@ -164,14 +168,18 @@ def choose_batching(
             indices=indices,
             trained=targets,
         )
+        # The epoch's positions counted in numpy; the micro-batches to time come from a
+        # sample of its steps (a Python object per micro-batch of the whole epoch cost
+        # seconds and ~100 MB per million documents, for strata of a few samples).
         specs = [
             spec
-            for step in range(plan.n_steps)
+            for step in sampled_steps(plan.n_steps)
             for spec in step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
         ]
         if not specs:
             skipped[strategy] = "no micro-batches (empty store)"
             continue
+        effs[strategy] = plan_efficiency(plan, settings, lockstep=lockstep, lengths=lengths)
         specs.sort(key=lambda s: s.n_positions)
         strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
         prepared[strategy] = (specs, strata)
@@ -181,7 +189,7 @@ def choose_batching(
             header="batching=auto found no strategy it could run:",
         )
 
-    positions = {k: sum(s.n_positions for s in prepared[k][0]) for k in prepared}
+    positions = {k: effs[k].positions for k in prepared}  # the epoch's, every rank's
     for layout in list(prepared):
         # A layout another candidate is never slower than (catalog.layouts) is not timed.
         better = Layout.parse(layout).dominated_by
@@ -194,7 +202,7 @@ def choose_batching(
             del prepared[layout]
     kernel = getattr(run_micro_batch, "attention", None)
     if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
-        choice = _cost_model_choice(store, prepared, positions, skipped, kernel)
+        choice = _cost_model_choice(effs, prepared, skipped, kernel)
         return rank0_choice(choice, world_size) if broadcast else choice
 
     def run(spec: Any) -> float:
@@ -207,7 +215,9 @@ def choose_batching(
         for _ in range(warmup):
             run(specs[-1])  # the largest shape: allocator, kernels and autotuning warm up
     names = list(prepared)
-    weights = {k: _stratum_weights(*prepared[k]) for k in names}
+    # Seconds of the sampled micro-batches, scaled to this rank's share of the epoch.
+    scale = {k: _epoch_scale(prepared[k][0], positions[k], world_size) for k in names}
+    weights = {k: _stratum_weights(*prepared[k]) * scale[k] for k in names}
     times: dict[str, list[list[float]]] = {k: [] for k in names}  # [round][stratum]
     ranking: list[str] = []
     rounds = 0
@@ -230,14 +240,14 @@ def choose_batching(
     best = _decide(est, positions, noise)
     timings: dict[str, StrategyTiming] = {}
     for strategy, (specs, _) in prepared.items():
-        seen = sum(_seen_tokens(store.offsets, s) for s in specs)
-        rank_targets = int(sum(int(targets[np.concatenate(s.rows)].sum()) for s in specs if s.rows))
+        sampled_targets = sum(int(targets[np.concatenate(s.rows)].sum()) for s in specs if s.rows)
         e = est[strategy]
+        sampled_seconds = e / scale[strategy]  # the rate of the sample is the epoch's estimate
         timings[strategy] = StrategyTiming(
             strategy=strategy,
-            tokens_per_second=rank_targets / e if e > 0 else float("inf"),
+            tokens_per_second=sampled_targets / sampled_seconds if e > 0 else float("inf"),
             epoch_seconds=e,
-            packing_efficiency=seen / positions[strategy],
+            packing_efficiency=effs[strategy].packing_efficiency,
             timed_micro_batches=len(times[strategy][0]),
             timed_seconds=float(sum(map(sum, times[strategy]))),
             positions=positions[strategy],
@@ -266,22 +276,18 @@ def choose_batching(
 
 
 def _cost_model_choice(
-    store: TokenStore,
+    effs: dict[str, Efficiency],
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]],
-    positions: dict[str, int],
     skipped: dict[str, str],
     kernel: str,
 ) -> AutoChoice:
     """The layout with the fewest positions, decided without timing (per-document attention)."""
-    real = {
-        k: sum(_seen_tokens(store.offsets, s) for s in specs) / max(1, positions[k])
-        for k, (specs, _) in prepared.items()
-    }
+    positions = {k: effs[k].positions for k in prepared}
     table = ", ".join(
-        f"{k} {positions[k]:,} positions ({real[k]:.1%} real)"
+        f"{k} {positions[k]:,} positions ({effs[k].packing_efficiency:.1%} real)"
         for k in sorted(prepared, key=lambda k: positions[k])
     )
-    best = _leanest({k: positions[k] for k in prepared})
+    best = _leanest(positions)
     reason = (
         f"cost model, not timed: with per-document attention ({kernel}) a packed row's "
         "attention costs the sum of its documents' squared lengths, as rows of one document "
@@ -289,6 +295,24 @@ def _cost_model_choice(
         + "".join(f"; {k} {v}" for k, v in skipped.items())
     )
     return AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
+
+
+# Steps whose micro-batches `choose_batching` samples: evenly spread over the epoch.
+SAMPLED_STEPS = 256
+
+
+def sampled_steps(n_steps: int, k: int | None = None) -> list[int]:
+    """Up to `k` (SAMPLED_STEPS) step indices spread evenly over `n_steps` (all when fewer)."""
+    k = SAMPLED_STEPS if k is None else k
+    if n_steps <= k:
+        return list(range(n_steps))
+    return sorted({int(x) for x in np.linspace(0, n_steps - 1, k).round()})
+
+
+def _epoch_scale(specs: list[Any], epoch_positions: int, world_size: int) -> float:
+    """This rank's share of the epoch's positions over the sampled micro-batches' positions."""
+    sampled = sum(s.n_positions for s in specs)
+    return epoch_positions / max(1, world_size) / max(1, sampled)
 
 
 def _stratum_weights(specs: list[Any], strata: list[np.ndarray]) -> np.ndarray:
