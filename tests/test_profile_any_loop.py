@@ -8,10 +8,10 @@ compare faster; `pitstop report` must render both.
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -26,24 +26,26 @@ SLEEP_S = 0.5  # long enough to dominate a step even on a loaded 2-core machine
 STEPS = 8
 
 
-def pitstop_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "pitstop", *argv], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def loops(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Both loops profiled through the CLI in this process (each loop runs as its own
+    process): a `pitstop` process per profile loaded torch and transformers again, about
+    12 s each on a busy 2-core machine (test_compare_rerun's torchrun test runs
+    `python -m pitstop profile -- ...` as a process)."""
+    from pitstop import cli
+
     d = tmp_path_factory.mktemp("anyloop")
     out = {}
-    for name, sleep in (("slow", SLEEP_S), ("fixed", 0.0)):
-        cmd = [sys.executable, str(LOOP), str(tiny_model_dir), "--steps", str(STEPS)]
-        cmd += ["--sleep", str(sleep)]
-        res = pitstop_cli("profile", "--output", str(d / name), "--", *cmd, cwd=d)
-        assert res.returncode == 0, res.stderr[-3000:]
-        out[name] = (d / name, res.stdout)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        for name, sleep in (("slow", SLEEP_S), ("fixed", 0.0)):
+            cmd = [sys.executable, str(LOOP), str(tiny_model_dir), "--steps", str(STEPS)]
+            cmd += ["--sleep", str(sleep)]
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with redirect_stdout(stdout), redirect_stderr(stderr):
+                rc = cli.main(["profile", "--output", str(d / name), "--", *cmd])
+            assert rc == 0, stderr.getvalue()[-3000:]
+            out[name] = (d / name, stdout.getvalue())
     out["dir"] = d
     return out
 
