@@ -128,15 +128,18 @@ def test_sigkill_leaves_no_store_and_the_rerun_matches(data, reference, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
 def test_sigint_removes_its_partial_and_the_rerun_matches(
-    data, reference, tiny_model_dir, tmp_path
+    sig, code, data, reference, tiny_model_dir, tmp_path
 ):
     cache = tmp_path / "cache"
     stores = cache / "stores"
     cmd = _cmd(tiny_model_dir, data, cache)
-    code = _interrupt(cmd, stores, signal.SIGINT, tmp_path / "stopped.err")
-    assert code == 130, (tmp_path / "stopped.err").read_text()[-3000:]
-    assert list(stores.iterdir()) == []  # KeyboardInterrupt: the partial directory removed
+    got = _interrupt(cmd, stores, sig, tmp_path / "stopped.err")
+    assert got == code, (tmp_path / "stopped.err").read_text()[-3000:]
+    assert list(stores.iterdir()) == []  # stopped through its cleanup: the partial removed
     again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "interrupted" not in again.stderr  # nothing was left to clean

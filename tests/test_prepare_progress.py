@@ -3,7 +3,7 @@
 The total is the sum of the input files' sizes as stored (compressed bytes for .gz/.zst),
 known before reading; the bar advances as the readers get through each file
 (`Chunk.end`) and reaches the total exactly when the last chunk is written, on the
-single-process path and through the worker pool alike. Each file is read once.
+single-process path and through the worker pool alike. No pass counts the records first.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def test_bar_total_is_the_input_bytes_and_the_bar_reaches_it(
     assert bar.postfixes[-1].startswith(f"{records:,} rec, ") and bar.postfixes[-1].endswith(
         " tok/s"
     )
-    assert sorted(opened) == [f.name for f in files]  # each file read once: no counting pass
+    assert sorted(opened) == [
+        f.name for f in files
+    ]  # each file's records read once: no counting pass
 
 
 @pytest.mark.parametrize(

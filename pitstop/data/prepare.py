@@ -23,6 +23,7 @@ import contextlib
 import glob
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -59,6 +60,11 @@ from pitstop.data.records import Fields
 from pitstop.data.stats import LengthCounts, compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
 from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; leftovers then go after a day
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Prepared", "expand_patterns", "format_stats", "open_store", "prepare_data"]
 
@@ -160,8 +166,6 @@ def prepare_data(
             store = TokenStore(dest, verify=False)  # a cache hit stays instant
             return Prepared(dest, True, store.manifest.get("stats", {}), time.perf_counter() - t0)
         except DataError:
-            import shutil
-
             shutil.rmtree(dest, ignore_errors=True)  # damaged by hand; rebuild it
     clean_stale_partials(stores)
     _leftovers(stores, key, progress)
@@ -268,16 +272,18 @@ def _claim(tmp: Path) -> Iterator[None]:
     tokenizer workers share the lock; they exit with the parent. Where flock is not
     available nothing is claimed, and `_leftovers` then removes nothing.
     """
-    try:
-        import fcntl
-
-        fd = os.open(tmp, os.O_RDONLY)
-    except (ImportError, OSError):
+    if fcntl is None:
         yield
         return
     try:
+        fd = os.open(tmp, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        # Blocking: only another prepare's probe (`_leftovers`) can hold it, for an instant.
         with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -290,24 +296,22 @@ def _leftovers(stores: Path, key: str, progress: bool) -> None:
     older than `_CLAIM_GRACE_SECONDS`; one still held belongs to a prepare running now,
     which this one does not wait for (the first to finish publishes the store).
     """
-    import shutil
-
+    if fcntl is None:
+        return
     for p in sorted(stores.glob(f"{key}.partial-*")):
         try:
-            import fcntl
-
-            fresh = time.time() - p.stat().st_mtime < _CLAIM_GRACE_SECONDS
-            fd = os.open(p, os.O_RDONLY)
-        except (ImportError, OSError):
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = False
+            held = time.time() - p.stat().st_mtime < _CLAIM_GRACE_SECONDS  # not probed
+            if not held:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held = True
+                finally:
+                    os.close(fd)
         except OSError:
-            held = True
-        finally:
-            os.close(fd)
-        if held or fresh:
+            continue
+        if held:
             if progress:
                 log.info(
                     f"another prepare of the same data is running (or was stopped seconds ago): "
@@ -401,8 +405,7 @@ def _write(
     bar = tqdm(
         total=total_bytes,
         unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
+        unit_scale=True,  # k, M, G of 1000: "MB/s" is then what it says
         file=sys.stderr,
         disable=not progress or not log.progress_enabled(),
         desc="prepare",
