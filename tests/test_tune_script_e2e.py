@@ -49,14 +49,16 @@ def _tune(out: Path, script: str, *args: str, steps: int = 6, budget: int = 600)
 def test_plain_loop_loader_fix_measured(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # 16 measured steps per trial: on a machine shared with other busy processes, load comes
-    # in bursts of seconds, and shorter trials read a burst as the setting's effect.
+    # 12 measured steps per trial: on a machine shared with other busy processes, load comes
+    # in bursts of seconds, and shorter trials read a burst as the setting's effect. 0.15 s
+    # per item (a baseline trial measures ~2 s): the best worker count still measured 4.9x
+    # [3.6-6.7] on a busy 2-core machine, far from the 1.5x asserted.
     res = _tune(
         tmp_path / "t",
         "custom_loop.py",
         str(tiny_model_dir),
         "--sleep",
-        "0.25",
+        "0.15",
         "--steps",
         "1000",
         steps=12,
