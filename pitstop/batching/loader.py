@@ -374,6 +374,7 @@ class MicroBatchLoader:
 
     def __iter__(self) -> Iterator[MicroBatch]:
         """Micro-batches from the current position to the end of the run."""
+        self.store.verified()  # a background checksum check ends before the first batch
         if self._dataloader is None:
             self._dataloader = self._make_dataloader()
         it = iter(self._dataloader)

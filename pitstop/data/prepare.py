@@ -254,8 +254,12 @@ def expand_patterns(inputs: list[str]) -> list[str]:
 def open_store(
     cfg: RunConfig, data: list[str] | None = None, *, progress: bool = True
 ) -> TokenStore:
-    """Prepare `data` through the cache, then open the store."""
-    return TokenStore(prepare_data(cfg, data=data, progress=progress).store_path)
+    """Prepare `data` through the cache, then open the store. Its token and mask arrays
+    are checked against their checksums on a thread (`TokenStore.verified()` waits; the
+    loader does before its first batch)."""
+    return TokenStore(
+        prepare_data(cfg, data=data, progress=progress).store_path, verify="background"
+    )
 
 
 # A partial directory younger than this may be a prepare's that has made it and not yet
