@@ -144,3 +144,19 @@ def test_layouts_and_the_loader_share_one_step_plan(monkeypatch) -> None:
     assert len(calls) == 3
     with pytest.raises(ValueError):  # the shared arrays cannot be changed under a layout
         plans["pad"].seqs[0] = 1
+
+
+def test_the_loader_releases_the_shared_step_plan(tmp_path) -> None:
+    """Once the loader has its own plan, the shared step plan (16 bytes per document) goes."""
+    from test_batching_support import long_tailed_lengths, make_store
+
+    from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
+    from pitstop.batching.settings import BatchSettings
+
+    store = make_store(tmp_path / "s", long_tailed_lengths(300, 64), max_seq_len=64)
+    settings = BatchSettings("pack", 64, 256, micro_batch_size=2)
+    kw = dict(max_seq_len=64, tokens_per_step=256, seed=0, epoch=0)
+    build_plan(store.lengths, strategy="bucket", trained=np.asarray(store.lengths) - 1, **kw)
+    assert plan_mod._STEP_PLANS
+    loader = MicroBatchLoader(store, settings, LoaderOptions(workers=0))
+    assert loader.steps_per_epoch > 1 and not plan_mod._STEP_PLANS

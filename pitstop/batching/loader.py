@@ -35,6 +35,7 @@ from pitstop.batching.plan import (
     Plan,
     build_plan,
     plan_efficiency,
+    release_step_plans,
     step_micro_batches,
 )
 from pitstop.batching.records import MicroBatch, MicroBatchMeta
@@ -295,6 +296,7 @@ class MicroBatchLoader:
                 indices=self.indices,
                 trained=self.targets,
             )
+            release_step_plans()  # the layouts `auto` compared are done with it (16 B/doc)
             for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
                 del self._plans[old]
                 self._step_targets.pop(old, None)

@@ -56,6 +56,7 @@ __all__ = [
     "measure_efficiency",
     "plan_efficiency",
     "plan_steps",
+    "release_step_plans",
     "step_micro_batches",
 ]
 
@@ -259,6 +260,11 @@ def plan_steps(
 # arrays are read-only, so no layout can change them under another. One entry: a plan
 # holds ~16 bytes per document.
 _STEP_PLANS: dict[bytes, tuple[object, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+
+
+def release_step_plans() -> None:
+    """Drop the shared step plan (the loader calls this once its own plan is built)."""
+    _STEP_PLANS.clear()
 
 
 def _shared_plan_steps(
