@@ -153,6 +153,24 @@ def test_resume_refuses_a_different_data_order(store):
     loader_for(store, cfg(batching="pack", micro_batch_size=1)).load_state_dict(state)
 
 
+def test_resume_of_a_plan_filled_another_way_is_refused_past_one_chunk(store, monkeypatch):
+    """A checkpoint of a pitstop that filled rows over the whole epoch (no `fill_chunk`)
+    resumes where the plan is one chunk (the same rows), and is refused where chunks would
+    change the rows, saying so."""
+    import pitstop.batching.plan as plan_mod
+
+    old = loader_for(store, cfg(batching="pack")).state_dict()
+    old.pop("fill_chunk")
+    assert old["n_sequences"] == 400
+    loader_for(store, cfg(batching="pack")).load_state_dict(old)  # 400 <= FILL_CHUNK
+    monkeypatch.setattr(plan_mod, "FILL_CHUNK", 100)
+    with pytest.raises(LoaderError, match="row fill: over the whole epoch then, in chunks of 100"):
+        loader_for(store, cfg(batching="pack")).load_state_dict(old)
+    state = loader_for(store, cfg(batching="pack")).state_dict()
+    assert state["fill_chunk"] == 100
+    loader_for(store, cfg(batching="pack")).load_state_dict(state)  # the same fill: resumes
+
+
 @pytest.mark.parametrize(
     ("before", "after"), [("pack", "pad"), ("pad", "bucket"), ("bucket", "pack")]
 )

@@ -160,3 +160,30 @@ def test_the_loader_releases_the_shared_step_plan(tmp_path) -> None:
     assert plan_mod._STEP_PLANS
     loader = MicroBatchLoader(store, settings, LoaderOptions(workers=0))
     assert loader.steps_per_epoch > 1 and not plan_mod._STEP_PLANS
+
+
+def test_rows_are_filled_chunk_by_chunk_the_same_in_parallel(monkeypatch) -> None:
+    """Past FILL_CHUNK sequences the fill runs per chunk (in processes where there are
+    cores): each chunk's rows are exactly its own fill, and the plan does not depend on the
+    number of processes."""
+    monkeypatch.setattr(plan_mod, "FILL_CHUNK", 1000)
+    lengths = _lengths("long_tailed", 4500, 256, 12)
+    monkeypatch.setattr(plan_mod, "FILL_WORKERS", 1)
+    flat1, bounds1 = plan_mod._fill_chunks(lengths, 256)
+    monkeypatch.setattr(plan_mod, "FILL_WORKERS", 8)
+    flat2, bounds2 = plan_mod._fill_chunks(lengths, 256)
+    assert np.array_equal(flat1, flat2) and np.array_equal(bounds1, bounds2)
+    want_flat, want_bounds, placed = [], [0], 0
+    for a in range(0, 4500, 1000):
+        f, b = _fill_rows(lengths[a : a + 1000], 256)
+        want_flat += [a + i for i in f]
+        want_bounds += [placed + x for x in list(b)[1:]]
+        placed += len(f)
+    assert flat1.tolist() == want_flat and bounds1.tolist() == want_bounds
+    assert sorted(flat1.tolist()) == list(range(4500))  # every sequence once
+    rows = np.add.reduceat(lengths[flat1], bounds1[:-1])
+    assert rows.max() <= 256
+    # one chunk (the plans of up to FILL_CHUNK sequences) is the plain fill, as before
+    f, b = _fill_rows(lengths[:1000], 256)
+    one_flat, one_bounds = plan_mod._fill_chunks(lengths[:1000], 256)
+    assert one_flat.tolist() == list(f) and one_bounds.tolist() == list(b)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from pitstop.batching import plan as plan_module
 from pitstop.batching.collate import collate
 from pitstop.batching.plan import (
     Efficiency,
@@ -172,6 +173,7 @@ class LoaderState(TypedDict, total=False):
     epoch_steps: list[int]  # steps of each epoch before `epoch`
     n_sequences: int  # which sequences the plans cover (the held-out split)
     n_tokens: int
+    fill_chunk: int  # plan.FILL_CHUNK of the pitstop that planned it (absent before 2026-11-26)
 
 
 class Loader(Protocol):
@@ -439,6 +441,7 @@ class MicroBatchLoader:
             # find its place (each plan is a pass over every document).
             "epoch_steps": [self.steps_in_epoch(e) for e in range(epoch)],
             **self._data_identity(),
+            "fill_chunk": plan_module.FILL_CHUNK,
         }
 
     def _data_identity(self) -> dict[str, int]:
@@ -463,6 +466,17 @@ class MicroBatchLoader:
             for k, v in now.items()
             if k in state and state[k] != v
         ]
+        # Plans of up to FILL_CHUNK sequences are one chunk, the same before chunks existed.
+        then = state.get("fill_chunk")
+        if then != plan_module.FILL_CHUNK and now["n_sequences"] > min(
+            then or plan_module.FILL_CHUNK, plan_module.FILL_CHUNK
+        ):
+            was = f"in chunks of {then:,} sequences" if then else "over the whole epoch"
+            changed.append(
+                f"the plan's row fill: {was} then, in chunks of {plan_module.FILL_CHUNK:,} "
+                "sequences now (pitstop changed how it plans more sequences than that; finish "
+                "this run with the pitstop that started it)"
+            )
         if changed:
             raise LoaderError(
                 changed,
