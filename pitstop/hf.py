@@ -52,9 +52,9 @@ from pitstop.core.quiet_imports import without_bitsandbytes
 with without_bitsandbytes():  # transformers' trainer utilities import peft, peft bitsandbytes
     from transformers import TrainerCallback
 
-from pitstop.advise.doctor import device_from_dict, doctor
+from pitstop.advise.doctor import DoctorReport, device_from_dict, doctor
 from pitstop.advise.environment import environment
-from pitstop.advise.finding import format_findings
+from pitstop.advise.profile_text import format_profile
 from pitstop.core import run_record
 from pitstop.core.atomic import write_json_atomic
 from pitstop.core.cache_layout import cache_root
@@ -66,18 +66,9 @@ from pitstop.measure.memory import peak_memory
 from pitstop.measure.peak import device_peak
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
-from pitstop.measure.verdict import format_verdict, verdict
 from pitstop.probe import DeviceInfo, detect_device
 
 __all__ = ["PitstopCallback"]
-
-# The event counted with each phase that has one, and how the report names it.
-EVENT_OF_PHASE = {
-    "checkpoint": ("checkpoints", "saves"),
-    "eval": ("evals", "evaluations"),
-    "gc_collect": ("gc_collects", "gc.collect() calls"),
-    "empty_cache": ("empty_cache_calls", "empty_cache() calls"),
-}
 
 # The doctor's sample of the training rows stops after this long (a dataset that
 # tokenizes in __getitem__ can take seconds per thousand rows).
@@ -194,7 +185,7 @@ class PitstopCallback(TrainerCallback):
         self.doctor_data_rows = int(doctor_data_rows)
         self.summary: RunSummary | None = None
         self.profile: dict[str, Any] | None = None
-        self.report: dict[str, Any] | None = None
+        self.report: DoctorReport | None = None
         self._reset()
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -596,7 +587,7 @@ class PitstopCallback(TrainerCallback):
             }
         return profile
 
-    def _doctor(self, args: Any) -> dict[str, Any] | None:
+    def _doctor(self, args: Any) -> DoctorReport | None:
 
         assert self.profile is not None
         dev = device_from_dict(self.profile["device"])
@@ -645,45 +636,7 @@ class PitstopCallback(TrainerCallback):
 
     def format(self) -> str:
         """The end-of-training report: phase breakdown, verdict, findings."""
-        if self.profile is None:
-            return "pitstop: no profile (training did not run a step)"
-
-        p = self.profile
-        total = sum(p["step_seconds"]) or 1.0
-        lines = [
-            f"pitstop profile: {p['steps']} steps after {p['warmup']} warm-up, "
-            f"{total / max(p['steps'], 1):.4f} s/step, {p['tokens_per_second']:,.0f} tokens/s"
-            + (f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""),
-        ]
-        events = p.get("events") or {}
-        extra = [k for k in p["phases"] if k not in PHASES]  # a producer's own phases
-        for name in (*PHASES, *extra):
-            sec = p["phases"].get(name, 0.0)
-            line = f"  {name:<15}{sec:>10.4f} s  {100 * sec / total:5.1f}%"
-            if name in EVENT_OF_PHASE and events.get(EVENT_OF_PHASE[name][0]):
-                event, what = EVENT_OF_PHASE[name]
-                line += f"  ({events[event]} {what})"
-            lines.append(line)
-        startup = p.get("worker_startup")
-        if startup:
-            lines.append(
-                f"  worker start-up (inside data_wait): {startup['seconds']:.4f} s in "
-                f"{startup['starts']} start(s); {startup['warmup_seconds']:.4f} s in "
-                f"{startup['warmup_starts']} start(s) in the warm-up, left out above"
-            )
-        stop = p.get("worker_shutdown")
-        if stop:
-            lines.append(
-                f"  worker shut-down at epoch ends (inside data_wait): {stop['seconds']:.4f} s "
-                f"in {stop['stops']} stop(s)"
-            )
-        tf32 = (p.get("choices") or {}).get("tf32")
-        if isinstance(tf32, dict):
-            lines.append(f"  TF32: {tf32.get('value')} ({tf32.get('reason')})")
-        lines.append(format_verdict(verdict(p)))
-        if self.report is not None:
-            lines += ["", format_findings(self.report["findings"])]
-        return "\n".join(lines)
+        return format_profile(self.profile, self.report)
 
 
 def _phase_totals(steps: list[dict[str, Any]]) -> dict[str, float]:

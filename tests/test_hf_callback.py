@@ -130,6 +130,10 @@ def test_profile_written_to_output_dir(runs: dict, tiny_model_dir: Path) -> None
     doc = json.loads((out / "findings.json").read_text())
     assert doc["findings"] and doc["verdict"]["kind"] == "input-bound"
     assert "input-bound" in cb.format()
+    # `pitstop profile -- CMD` prints the same text from the files, without a Trainer
+    from pitstop.anyloop.launch import format_results
+
+    assert format_results(saved, doc) == cb.format()
     # The Trainer's processes (TrainingArguments.world_size: one here), and the phases of the
     # profile's steps, so compare's data-wait share is the one the profile prints.
     summary = json.loads((out / "summary.json").read_text())

@@ -20,6 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from pitstop.advise.profile_text import format_profile
 from pitstop.anyloop.timer import Watch, install_excepthook
 from pitstop.core import run_record
 from pitstop.core.errors import ConfigError, DataError
@@ -125,8 +126,4 @@ def load_results(output: str | os.PathLike[str]) -> tuple[dict, dict | None]:
 
 def format_results(profile: dict, report: dict | None) -> str:
     """The breakdown, verdict and findings, the same text PitstopCallback prints."""
-    from pitstop.hf import PitstopCallback
-
-    view = PitstopCallback(doctor=False, print_report=False)
-    view.profile, view.report = profile, report
-    return view.format()
+    return format_profile(profile, report)
