@@ -100,7 +100,7 @@ def main() -> None:
         rows,
     )
     body += (
-        "\nPeak resident memory above the process's imports while it opens the store, plans "
+        "\n\nPeak resident memory above the process's imports while it opens the store, plans "
         f"epoch 0 (pack, rows of {MSL}, {TPS} tokens per step) and reads its first micro-batch "
         "as that rank; torchrun with gloo. The plan is one pass whose rows each depend on all "
         "earlier ones, so every rank builds all of it: a rank holds what one process holds, "
