@@ -26,8 +26,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import REPO_ROOT, markdown_table, write_result
-
-MSL, TPS = 512, 8192
+from bench.scale import MSL, TPS  # the shape bench/scale trains: one place
 
 _RANK = f"""
 import json, os, sys
