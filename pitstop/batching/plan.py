@@ -42,6 +42,7 @@ import hashlib
 import itertools
 import multiprocessing
 import os
+import sys
 from array import array
 from bisect import bisect_right, insort
 from collections import deque
@@ -235,8 +236,9 @@ def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]
     jobs = [(lengths[a:b], msl) for a, b in spans]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(FILL_WORKERS, cores or 1, len(jobs))
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        # fork: the workers start in milliseconds and need nothing but their chunk
+    if workers > 1 and sys.platform.startswith("linux"):
+        # fork: the workers start in milliseconds and need nothing but their chunk (Linux
+        # only: macOS offers fork but its system frameworks are not fork-safe)
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
             parts = list(ex.map(_fill_job, jobs))
