@@ -235,7 +235,9 @@ def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]
     spans = [(a, min(n, a + FILL_CHUNK)) for a in range(0, n, FILL_CHUNK)] or [(0, 0)]
     jobs = [(lengths[a:b], msl) for a, b in spans]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = min(FILL_WORKERS, cores or 1, len(jobs))
+    # Under torchrun every rank on this machine plans at once: each takes its share of cores.
+    ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    workers = min(FILL_WORKERS, (cores or 1) // ranks_here, len(jobs))
     if workers > 1 and sys.platform.startswith("linux"):
         # fork: the workers start in milliseconds and need nothing but their chunk (Linux
         # only: macOS offers fork but its system frameworks are not fork-safe)
