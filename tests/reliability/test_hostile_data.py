@@ -274,6 +274,8 @@ _LINE = st.one_of(_VALID.map(lambda v: json.dumps(v).encode()), _JUNK, st.just(b
 )
 # Found by a soak pass (stop 30): a junk first line that opens with zstd's magic bytes.
 @example(lines=[b"\x28\xb5\x2f\xfd{"], crlf=False, bom=False, gz=False)
+# Found by CI-like run (2026-11-26): a junk line that is a UTF-16 byte-order mark.
+@example(lines=[b"\xfe\xff"], crlf=False, bom=False, gz=False)
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -300,6 +302,14 @@ def test_generated_files_count_every_line(tiny_model_dir, tmp_path_factory, line
             # Junk that opens with gzip's or zstd's magic bytes (pitstop/data/readers.py
             # _MAGIC): a plain-named file is judged by its content and the user told to rename.
             assert "compressed but its name does not end in" in str(e), str(e)
+            return
+        head = raw[:64]
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (
+            len(head) >= 8 and bool(head[0::2].strip(b"\0")) != bool(head[1::2].strip(b"\0"))
+        ):
+            # Opens like UTF-16/32 (a wide byte-order mark, or NUL at every other byte): the
+            # whole file is refused with its encoding named, not read line by line as UTF-8.
+            assert "the file is encoded as" in str(e) and "not UTF-8" in str(e), str(e)
             return
         assert nonblank == 0 or "no usable documents" in str(e) or "no records found" in str(e), (
             str(e)
