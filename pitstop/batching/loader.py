@@ -466,10 +466,11 @@ class MicroBatchLoader:
             for k, v in now.items()
             if k in state and state[k] != v
         ]
-        # Plans of up to FILL_CHUNK sequences are one chunk, the same before chunks existed.
+        # The rows differ only where one of the two fills cut the epoch into chunks; a
+        # checkpoint from before chunks filled the whole epoch as one.
         then = state.get("fill_chunk")
         if then != plan_module.FILL_CHUNK and now["n_sequences"] > min(
-            then or plan_module.FILL_CHUNK, plan_module.FILL_CHUNK
+            then or math.inf, plan_module.FILL_CHUNK
         ):
             was = f"in chunks of {then:,} sequences" if then else "over the whole epoch"
             changed.append(

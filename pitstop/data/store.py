@@ -416,7 +416,9 @@ BULK = ("tokens.bin", "mask.bin")
 
 class _BackgroundCheck:
     """`_verify_checksums` of the bulk arrays on a daemon thread (zlib.crc32 and file reads
-    release the GIL, so it overlaps the run's start-up on another core)."""
+    release the GIL, so it overlaps the run's start-up on another core). Not a
+    ThreadPoolExecutor future: its thread is joined at interpreter exit, so a run refused
+    before its first batch would first read gigabytes it no longer needs."""
 
     def __init__(self, path: Path, checksums: Any) -> None:
         self._error: BaseException | None = None
