@@ -218,7 +218,9 @@ def test_auto_times_a_sample_of_steps_and_scales_it_to_the_epoch(store, monkeypa
     monkeypatch.setattr(auto, "SAMPLED_STEPS", 5)
     dev = FakeDevice(1e-6)
     sampled = choose_batching(store, cfg, dev.run, clock=dev.clock)
-    assert len(set(built)) == 5 and len(built) == 3 * 5, built  # 5 steps of each layout
+    # 5 steps of pack and of bucket; pad (never timed: bucket holds its rows padded less) is
+    # counted from bucket's plan, with no micro-batch built
+    assert len(set(built)) == 5 and len(built) == 2 * 5, built
     assert min(built) == 0 and max(built) > 20  # spread over an epoch longer than the sample
     assert sampled.strategy == full.strategy
     for k, t in sampled.timings.items():
@@ -227,3 +229,36 @@ def test_auto_times_a_sample_of_steps_and_scales_it_to_the_epoch(store, monkeypa
         # time ∝ positions: the scaled sample estimates the epoch within the strata's error
         assert t.epoch_seconds == pytest.approx(f.epoch_seconds, rel=0.15), k
         assert t.tokens_per_second == pytest.approx(f.tokens_per_second, rel=0.15), k
+
+
+def test_the_chosen_layouts_plan_is_handed_to_the_loader_unchanged(store):
+    """auto keeps the plan of the layout it chose (plan.keep_plan), so the loader does not
+    lay the epoch out and count it again; only the same arguments get it, and it equals
+    the plan built afresh."""
+    import numpy as np
+
+    from pitstop.batching import plan as plan_mod
+    from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
+    from pitstop.batching.settings import BatchSettings
+
+    cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
+
+    def run(batch):
+        pass
+
+    run.attention = "sdpa_docs"
+    choice = choose_batching(store, cfg, run)
+    kept = next(iter(plan_mod._KEPT.values()))
+    assert kept.strategy == choice.strategy == "pack" and kept.efficiencies
+    settings = BatchSettings.from_config(cfg, strategy=choice.strategy)
+    loader = MicroBatchLoader(store, settings, LoaderOptions(workers=0))
+    assert loader.plan(0) is kept and not plan_mod._KEPT  # used once, then released
+    fresh = MicroBatchLoader(store, settings, LoaderOptions(workers=0)).plan(0)
+    assert fresh is not kept
+    for name in ("seqs", "row_bounds", "step_bounds", "row_tokens"):
+        assert np.array_equal(getattr(fresh, name), getattr(kept, name)), name
+    # another epoch, seed or subset of the store is planned, not handed the kept one
+    choose_batching(store, cfg, run)
+    again = next(iter(plan_mod._KEPT.values()))
+    other = MicroBatchLoader(store, settings, LoaderOptions(workers=0), indices=np.arange(100))
+    assert other.plan(0) is not again and other.plan(0).n_steps < again.n_steps

@@ -54,3 +54,49 @@ def test_rows_not_longest_first_are_walked() -> None:
     s = BatchSettings("bucket", MSL, tps, world_size=2, tokens_per_micro_batch=3 * MSL)
     assert _sorted_rows_counts(q, s, True) == _counted(q, s, True)
     assert _sorted_rows_counts(q, s, True) != _sorted_rows_counts(p, s, True)
+
+
+def _walked_starts(widths: list[int], step_first: list[bool], budget: int) -> list[int]:
+    """The row-by-row walk `_greedy_starts` replaced (kept here as its reference)."""
+    starts, n, i = [], len(widths), 0
+    while i < n:
+        starts.append(i)
+        end = min(n, i + max(1, budget // widths[i]))
+        i += 1
+        while i < end and not step_first[i]:
+            i += 1
+    return starts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_starts_equal_the_row_by_row_walk(seed: int) -> None:
+    from pitstop.batching.plan import _greedy_starts
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    widths = rng.integers(1, MSL + 1, n)
+    first = rng.random(n) < rng.choice([0.02, 0.2, 0.9])
+    first[0] = bool(seed % 2) or first[0]  # a first row that is not marked: still a start
+    budget = int(rng.choice([1, MSL // 2, MSL, 5 * MSL]))
+    got = _greedy_starts(widths, first, budget)
+    assert got.tolist() == _walked_starts(widths.tolist(), first.tolist(), budget)
+    assert _greedy_starts(np.zeros(0, np.int64), np.zeros(0, bool), budget).tolist() == []
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("lockstep", [False, True])
+@pytest.mark.parametrize("split", SPLITS)
+def test_pad_counted_from_buckets_rows_equals_its_own_plan(world, lockstep, split) -> None:
+    """`batching: auto` counts pad from bucket's plan (the same rows, padded to
+    max_seq_len) instead of laying pad out: the counts must be pad's own."""
+    for lengths, tps in CORPORA:
+        s = BatchSettings("pad", MSL, tps, world_size=world, **split)
+        pad = build_plan(
+            lengths, strategy="pad", max_seq_len=MSL, tokens_per_step=tps, seed=0, epoch=0
+        )
+        from_bucket = dataclasses.replace(_plan(lengths, tps), strategy="pad")
+        from pitstop.batching.plan import plan_efficiency
+
+        assert plan_efficiency(from_bucket, s, lockstep=lockstep) == plan_efficiency(
+            pad, s, lockstep=lockstep
+        )

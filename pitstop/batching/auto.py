@@ -46,6 +46,7 @@ built however large the data. Timing is fragile on a busy machine, so:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,7 +56,14 @@ import numpy as np
 
 from pitstop.batching.collate import collate
 from pitstop.batching.loader import sequence_targets
-from pitstop.batching.plan import Efficiency, build_plan, plan_efficiency, step_micro_batches
+from pitstop.batching.plan import (
+    Efficiency,
+    Plan,
+    build_plan,
+    keep_plan,
+    plan_efficiency,
+    step_micro_batches,
+)
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
@@ -151,11 +159,21 @@ def choose_batching(
     skipped: dict[str, str] = {}
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]] = {}
     effs: dict[str, Efficiency] = {}
+    leanest_plan: Plan | None = None  # kept for the loader when it wins (plan.keep_plan)
+    dominating: dict[str, Plan] = {}  # plans of layouts that hold another's rows padded less
     for strategy in candidates:
         try:
             settings = BatchSettings.from_config(cfg, world_size=world_size, strategy=strategy)
         except ConfigError as e:
             skipped[strategy] = "; ".join(e.problems)
+            continue
+        better = Layout.parse(strategy).dominated_by
+        if better in dominating:
+            # Never timed (below), and its rows are `better`'s, each padded to max_seq_len:
+            # counted from that plan, not laid out again (~1 s at 10M documents).
+            same_rows = dataclasses.replace(dominating[better], strategy=strategy)
+            effs[strategy] = plan_efficiency(same_rows, settings, lockstep=lockstep)
+            prepared[strategy] = ([], [])
             continue
         # Every layout arranges the same step plan (built once: plan.py shares it).
         plan = build_plan(
@@ -180,9 +198,14 @@ def choose_batching(
             skipped[strategy] = "no micro-batches (empty store)"
             continue
         effs[strategy] = plan_efficiency(plan, settings, lockstep=lockstep, lengths=lengths)
+        if leanest_plan is None or effs[strategy].positions < effs[leanest_plan.strategy].positions:
+            leanest_plan = plan
+        if any(Layout.parse(c).dominated_by == strategy for c in candidates):
+            dominating[strategy] = plan
         specs.sort(key=lambda s: s.n_positions)
         strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
         prepared[strategy] = (specs, strata)
+    dominating.clear()  # done with (the loader's plan, if any, is kept by keep_plan)
     if not prepared:
         raise ConfigError(
             [f"{k}: {v}" for k, v in skipped.items()],
@@ -203,7 +226,7 @@ def choose_batching(
     kernel = getattr(run_micro_batch, "attention", None)
     if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
         choice = _cost_model_choice(effs, prepared, skipped, kernel)
-        return rank0_choice(choice, world_size) if broadcast else choice
+        return _kept(rank0_choice(choice, world_size) if broadcast else choice, leanest_plan)
 
     def run(spec: Any) -> float:
         batch = collate(store.tokens, store.mask, store.offsets, spec, pad_id)
@@ -272,7 +295,15 @@ def choose_batching(
         + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
     )
     choice = AutoChoice(best, reason, timings, skipped, noise, rounds)  # type: ignore[arg-type]
-    return rank0_choice(choice, world_size) if broadcast else choice
+    return _kept(rank0_choice(choice, world_size) if broadcast else choice, leanest_plan)
+
+
+def _kept(choice: AutoChoice, leanest: Plan | None) -> AutoChoice:
+    """`choice`, keeping its layout's plan for the loader when it is the one at hand (the
+    leanest usually wins; another is laid out again by the loader)."""
+    if leanest is not None and leanest.strategy == choice.strategy:
+        keep_plan(leanest)
+    return choice
 
 
 def _cost_model_choice(
