@@ -38,6 +38,7 @@ step afterwards (`step_micro_batches`). Every sequence appears exactly once per 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import multiprocessing
@@ -46,7 +47,8 @@ import sys
 from array import array
 from bisect import bisect_right, insort
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +77,10 @@ _STEP_PLAN_CODE = 7
 LOOKAHEAD = 512
 # Every step but an epoch's last trains tokens_per_step ± STEP_BAND * max_seq_len tokens.
 STEP_BAND = 0.5
+# About how many sequences (or rows) one numpy pass of planning and counting takes at a
+# time: the passes go a block of whole steps at a time, so planning holds its answer and a
+# few blocks, not an array per pass over every document (~550 MB at 10M documents before).
+BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -121,9 +127,25 @@ class Plan:
 
     def per_step_sums(self, per_seq: np.ndarray) -> np.ndarray:
         """Sum of a per-sequence quantity (e.g. target tokens) over each step: int64 [n_steps]."""
-        vals = np.asarray(per_seq, dtype=np.int64)[self.seqs]
-        csum = np.concatenate([[0], np.cumsum(vals)])
-        return np.diff(csum[self.step_seq_bounds()])
+        out, per_seq = [], np.asarray(per_seq)
+        for part in self.step_blocks():
+            csum = np.concatenate([[0], np.cumsum(per_seq[part.seqs], dtype=np.int64)])
+            out.append(np.diff(csum[part.step_seq_bounds()]))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def step_blocks(self) -> Iterator[Plan]:
+        """The plan as consecutive plans of whole steps of about BLOCK sequences each (their
+        arrays views or block-sized), for passes that add up over steps."""
+        for s0, s1 in _spans(self.step_seq_bounds()):
+            r0, r1 = int(self.step_bounds[s0]), int(self.step_bounds[s1])
+            b0, b1 = int(self.row_bounds[r0]), int(self.row_bounds[r1])
+            yield dataclasses.replace(
+                self,
+                seqs=self.seqs[b0:b1],
+                row_bounds=self.row_bounds[r0 : r1 + 1] - b0,
+                step_bounds=self.step_bounds[s0 : s1 + 1] - r0,
+                row_tokens=self.row_tokens[r0:r1],
+            )
 
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:
@@ -132,15 +154,32 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, _STEP_PLAN_CODE])
 
 
+def _spans(at: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Consecutive spans [i, j) of the segments ``at[i]:at[i+1]`` holding about BLOCK
+    elements each (at least one segment): the blocks of a blockwise numpy pass."""
+    i, k = 0, len(at) - 1
+    while i < k:
+        j = int(np.searchsorted(at, at[i] + BLOCK, side="right")) - 1
+        j = min(k, max(i + 1, j))
+        yield i, j
+        i = j
+
+
 def _gather(
     flat: np.ndarray, bounds: np.ndarray, order: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Reorder the segments ``flat[bounds[i]:bounds[i+1]]`` into `order`; returns (flat, bounds)."""
+    """Reorder the segments ``flat[bounds[i]:bounds[i+1]]`` into `order`; returns (flat,
+    bounds). A block of segments at a time (the index of every element at once was three
+    arrays of 8 bytes per element)."""
     sizes = np.diff(bounds)[order]
     new_bounds = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(sizes, out=new_bounds[1:])
-    idx = np.repeat(bounds[:-1][order] - new_bounds[:-1], sizes) + np.arange(new_bounds[-1])
-    return flat[idx], new_bounds
+    shift = bounds[:-1][order] - new_bounds[:-1]  # per segment: where it was - where it goes
+    out = np.empty(int(new_bounds[-1]), dtype=flat.dtype)
+    for i, j in _spans(new_bounds):
+        a, b = int(new_bounds[i]), int(new_bounds[j])
+        out[a:b] = flat[np.repeat(shift[i:j], sizes[i:j]) + np.arange(a, b)]
+    return out, new_bounds
 
 
 _NO_FIFO: deque[int] = deque(maxlen=0)  # a length that never occurs never waits
@@ -235,30 +274,51 @@ def _fill_job(job: tuple[np.ndarray, int]) -> tuple[array, array]:
     return _fill_rows(*job)  # the module's _fill_rows, so a test's replacement is used
 
 
-def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sequence positions row by row, row bounds) over `lengths` in planned order, filled
-    chunk by chunk (FILL_CHUNK); the same answer whatever the number of processes."""
-    n = len(lengths)
-    spans = [(a, min(n, a + FILL_CHUNK)) for a in range(0, n, FILL_CHUNK)] or [(0, 0)]
-    jobs = [(lengths[a:b], msl) for a, b in spans]
+def _filled(
+    lengths: np.ndarray, order: np.ndarray | None, msl: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per FILL_CHUNK of the planned order (`order`, positions into `lengths`; None: as
+    given), in order: (the chunk's first place, its places row by row counted from that
+    first one, its row bounds). The same answer whatever the number of processes; at most
+    one chunk per process plus one is in flight, so memory does not grow with the data."""
+    n = len(lengths) if order is None else len(order)
+    spans = [(a, min(n, a + FILL_CHUNK)) for a in range(0, n, FILL_CHUNK)]
+
+    def job(a: int, b: int) -> tuple[np.ndarray, int]:
+        return (lengths[a:b] if order is None else lengths[order[a:b]]), msl
+
+    def arrays(a: int, part: tuple[array, array]) -> tuple[int, np.ndarray, np.ndarray]:
+        return a, np.frombuffer(part[0], dtype=np.int64), np.frombuffer(part[1], dtype=np.int64)
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # Under torchrun every rank on this machine plans at once: each takes its share of cores.
     ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    workers = min(FILL_WORKERS, (cores or 1) // ranks_here, len(jobs))
-    if workers > 1 and sys.platform.startswith("linux"):
-        # fork: the workers start in milliseconds and need nothing but their chunk (Linux
-        # only: macOS offers fork but its system frameworks are not fork-safe)
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-            parts = list(ex.map(_fill_job, jobs))
-    else:
-        parts = [_fill_job(j) for j in jobs]
-    flats, bounds, placed = [], [np.zeros(1, np.int64)], 0
-    for (a, _), (flat, rb) in zip(spans, parts, strict=True):
-        f = np.frombuffer(flat, dtype=np.int64)
-        flats.append(f + a if a else f)
-        bounds.append(np.frombuffer(rb, dtype=np.int64)[1:] + placed)
-        placed += len(f)
+    workers = min(FILL_WORKERS, (cores or 1) // ranks_here, len(spans))
+    if workers <= 1 or not sys.platform.startswith("linux"):
+        for a, b in spans:
+            yield arrays(a, _fill_job(job(a, b)))
+        return
+    # fork: the workers start in milliseconds and need nothing but their chunk (Linux only:
+    # macOS offers fork but its system frameworks are not fork-safe)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+        pending: deque[tuple[int, Future[tuple[array, array]]]] = deque()
+        for a, b in spans:
+            pending.append((a, ex.submit(_fill_job, job(a, b))))
+            if len(pending) > workers:
+                first, fut = pending.popleft()
+                yield arrays(first, fut.result())
+        while pending:
+            first, fut = pending.popleft()
+            yield arrays(first, fut.result())
+
+
+def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence positions row by row, row bounds) over `lengths` in planned order, filled
+    chunk by chunk (FILL_CHUNK); the same answer whatever the number of processes."""
+    flats, bounds = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)]
+    for a, flat, rb in _filled(lengths, None, msl):
+        flats.append(flat + a)
+        bounds.append(rb[1:] + a)
     return np.concatenate(flats), np.concatenate(bounds)
 
 
@@ -288,23 +348,34 @@ def plan_steps(
     tokens_per_step: int,
     seed: int,
     epoch: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The step plan: ``(seqs, row_bounds, step_bounds)``; row r is positions
-    ``seqs[row_bounds[r]:row_bounds[r+1]]`` (full rows of `max_seq_len`, module docstring),
-    step s is rows ``step_bounds[s]:step_bounds[s+1]``. Positions index `trained` and
-    `lengths` (each sequence's trained tokens and tokens)."""
-    trained = np.asarray(trained, dtype=np.int64)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The step plan: ``(seqs, row_bounds, step_bounds, row_tokens)``; row r is positions
+    ``seqs[row_bounds[r]:row_bounds[r+1]]`` (full rows of `max_seq_len`, module docstring)
+    holding ``row_tokens[r]`` tokens, step s is rows ``step_bounds[s]:step_bounds[s+1]``.
+    Positions index `trained` and `lengths` (each sequence's trained tokens and tokens).
+    Built chunk by chunk as the fill hands them over: beyond the answer (8 bytes per
+    sequence, 16 per row) it holds the shuffle (4 bytes per sequence) and a few chunks."""
+    trained, lengths = np.asarray(trained), np.asarray(lengths)
     n = len(trained)
     if not n:
-        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64)
-    order = _rng(seed, epoch).permutation(n).astype(np.int64)
-    flat, rb = _fill_chunks(np.asarray(lengths, np.int64)[order], max_seq_len)
-    seqs = order[flat]
-    del flat
-    csum = np.concatenate([[0], np.cumsum(trained[seqs])])
-    row_trained = np.diff(csum[rb]).tolist()
-    step_bounds = np.asarray(_rows_into_steps(row_trained, tokens_per_step), np.int64)
-    return seqs, rb, step_bounds
+        z = np.zeros(0, np.int64)
+        return z, np.zeros(1, np.int64), np.zeros(1, np.int64), z
+    # The same shuffle as permutation(n) (Generator.shuffle draws the same swaps whatever
+    # the dtype), in half the bytes.
+    order = _rng(seed, epoch).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+    seqs = np.empty(n, dtype=np.int64)
+    bounds, row_trained, row_tokens = [np.zeros(1, np.int64)], [], []
+    for a, flat, rb in _filled(lengths, order, max_seq_len):
+        chunk = order[a : a + len(flat)][flat]
+        seqs[a : a + len(chunk)] = chunk
+        for per_seq, out in ((trained, row_trained), (lengths, row_tokens)):
+            csum = np.concatenate([[0], np.cumsum(per_seq[chunk], dtype=np.int64)])
+            out.append(np.diff(csum[rb]))
+        bounds.append(rb[1:] + a)
+    del order
+    row_bounds = np.concatenate(bounds)
+    steps = _rows_into_steps(np.concatenate(row_trained).tolist(), tokens_per_step)
+    return seqs, row_bounds, np.asarray(steps, np.int64), np.concatenate(row_tokens)
 
 
 # The last step plan built, by a digest of everything it depends on: `batching: auto`
@@ -312,7 +383,7 @@ def plan_steps(
 # epoch, and each plan is a pass over every document in Python (~1 s per million). The
 # arrays are read-only, so no layout can change them under another. One entry: a plan
 # holds ~16 bytes per document.
-_STEP_PLANS: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_STEP_PLANS: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 # The layout `batching: auto` chose (`keep_plan`), for the loader's plan of the same epoch:
 # laying it out again and counting its efficiency cost ~2 s at 10M documents. One entry.
 _KEPT: dict[tuple[bytes, Layout], Plan] = {}
@@ -346,14 +417,16 @@ def _plan_key(
     # sha256: OpenSSL's, 2.5x blake2b's speed here (0.2 s per plan at 10M documents)
     h = hashlib.sha256(repr((msl, tps, seed, epoch, len(lengths))).encode())
     for a in (trained, lengths) + (() if indices is None else (indices,)):
-        h.update(memoryview(np.ascontiguousarray(a, dtype=np.int64)).cast("B"))
+        a = np.ascontiguousarray(a)  # its own bytes and dtype: no int64 copy of an int32 array
+        h.update(a.dtype.str.encode())
+        h.update(memoryview(a).cast("B"))
     h.update(b"all" if indices is None else b"some")
     return h.digest()[:16]
 
 
 def _shared_plan_steps(
     key: bytes, trained: np.ndarray, lengths: np.ndarray, msl: int, tps: int, seed: int, epoch: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`plan_steps` of these arguments (digested as `key`), computed once per process while
     they repeat."""
     hit = _STEP_PLANS.get(key)
@@ -371,12 +444,13 @@ def _layout(
     seqs: np.ndarray,
     row_bounds: np.ndarray,
     step_rows: np.ndarray,
+    row_tokens: np.ndarray,
     lengths: np.ndarray,
     strategy: Layout,
     rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each step's planned sequences arranged into rows: ``(seqs, row_bounds, step_bounds)``."""
-    n_steps = len(step_rows) - 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's planned sequences arranged into rows: ``(seqs, row_bounds, step_bounds,
+    row_tokens)``."""
     layout = Layout.parse(strategy)
     if layout.packed:
         # The planned rows; shuffled within each step, so ranks dealt rows round-robin get
@@ -385,7 +459,7 @@ def _layout(
             [s0 + rng.permutation(s1 - s0) for s0, s1 in itertools.pairwise(step_rows)]
         ).astype(np.int64)
         flat, bounds = _gather(seqs, row_bounds, perm)
-        return flat, bounds, step_rows
+        return flat, bounds, step_rows, row_tokens[perm]
     step_bounds = row_bounds[step_rows]  # one sequence per row: rows are sequences
     order = seqs
     if layout is Layout.BUCKET:
@@ -393,13 +467,18 @@ def _layout(
         # cut from a step hold rows of similar length and pad little.
         # One int64 key, sorted stably (ties keep the planned order): a third of the time
         # of a three-key lexsort (4.4 s -> 1.1 s at 10M sequences on the 2-core box).
-        step_of = np.repeat(np.arange(n_steps, dtype=np.int64), np.diff(step_bounds))
+        # Each step sorts on its own, so a block of whole steps at a time.
+        order = np.empty_like(seqs)
         longest = int(lengths.max()) if len(lengths) else 0
-        key = step_of * (longest + 1) + (longest - lengths[order])
-        order = order[np.argsort(key, kind="stable")]
+        for s0, s1 in _spans(step_bounds):
+            a, b = int(step_bounds[s0]), int(step_bounds[s1])
+            per_step = np.diff(step_bounds[s0 : s1 + 1])
+            step_of = np.repeat(np.arange(s1 - s0, dtype=np.int64), per_step)
+            key = step_of * (longest + 1) + (longest - lengths[seqs[a:b]])
+            order[a:b] = seqs[a:b][np.argsort(key, kind="stable")]
     elif layout is not Layout.PAD:
         raise ValueError(f"no rows for batching layout {layout!r}")  # a new, unplanned layout
-    return order, np.arange(len(order) + 1, dtype=np.int64), step_bounds
+    return order, np.arange(len(order) + 1, dtype=np.int64), step_bounds, lengths[order]
 
 
 def build_plan(
@@ -415,15 +494,17 @@ def build_plan(
 ) -> Plan:
     """The deterministic plan of one epoch (same arguments, same plan, on every rank).
 
-    `trained` (int64, one per store sequence) is each sequence's trained-token count,
+    `trained` (integers, one per store sequence) is each sequence's trained-token count,
     the unit of `tokens_per_step` (the loader passes `sequence_targets`); None counts
     every token. `indices` (int64, sorted) restricts the plan to those sequence ids of
     the store (the rest, e.g. a held-out evaluation share, never appears); `seqs` in
     the plan are still store ids, each index exactly once per epoch. Only the rows
     depend on `strategy`: which sequences form each step does not.
     """
-    all_lengths = np.asarray(lengths, dtype=np.int64)
-    all_trained = all_lengths if trained is None else np.asarray(trained, dtype=np.int64)
+    # As given (the store's int32 facts, memory-mapped): an int64 copy of each was 16
+    # bytes per document per plan; every sum below is taken in int64.
+    all_lengths = np.asarray(lengths)
+    all_trained = all_lengths if trained is None else np.asarray(trained)
     if indices is not None:
         idx = np.asarray(indices, np.int64)
         all_lengths, all_trained = all_lengths[idx], all_trained[idx]
@@ -437,14 +518,11 @@ def build_plan(
     kept = _KEPT.get((key, Layout.parse(strategy)))
     if kept is not None:
         return kept
-    planned, planned_rows, step_rows = _shared_plan_steps(
+    step_plan = _shared_plan_steps(
         key, all_trained, lengths, max_seq_len, tokens_per_step, seed, epoch
     )
     rng = np.random.default_rng([seed, epoch, _STEP_PLAN_CODE + 1])  # pack's row order only
-    seqs, row_bounds, step_bounds = _layout(
-        planned, planned_rows, step_rows, lengths, strategy, rng
-    )
-    csum = np.concatenate([[0], np.cumsum(lengths[seqs])])
+    seqs, row_bounds, step_bounds, row_tokens = _layout(*step_plan, lengths, strategy, rng)
     if indices is not None:
         seqs = np.asarray(indices, np.int64)[seqs]  # positions in the subset -> store ids
     plan = Plan(
@@ -456,7 +534,7 @@ def build_plan(
         seqs=np.asarray(seqs, dtype=np.int64),
         row_bounds=row_bounds,
         step_bounds=step_bounds,
-        row_tokens=np.diff(csum[row_bounds]),
+        row_tokens=np.asarray(row_tokens, dtype=np.int64),
     )
     object.__setattr__(plan, "key", key)
     return plan
@@ -600,6 +678,18 @@ def plan_efficiency(
 def _plan_efficiency(
     plan: Plan, settings: BatchSettings, lockstep: bool, lengths: np.ndarray | None
 ) -> Efficiency:
+    """Efficiency summed over the plan's blocks of steps (every count adds up over steps)."""
+    seen = positions = micro = squares = 0
+    for part in plan.step_blocks():
+        e = _block_efficiency(part, settings, lockstep, lengths)
+        seen, positions = seen + e.seen_tokens, positions + e.positions
+        micro, squares = micro + e.micro_batches, squares + e.attention_squares
+    return Efficiency(seen, positions, plan.n_steps, micro, squares)
+
+
+def _block_efficiency(
+    plan: Plan, settings: BatchSettings, lockstep: bool, lengths: np.ndarray | None
+) -> Efficiency:
     layout = Layout.parse(plan.strategy)
     if layout.fixed_rows:
         positions, micro, row_squares = _fixed_width_counts(plan, settings, lockstep)
@@ -607,7 +697,7 @@ def _plan_efficiency(
         positions, micro, row_squares = _sorted_rows_counts(plan, settings, lockstep)
     squares = row_squares
     if layout.packed and lengths is not None and plan.n_rows:
-        squares = _packed_attention_squares(plan, np.asarray(lengths, dtype=np.int64), positions)
+        squares = _packed_attention_squares(plan, lengths, positions)
     return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
 
 
@@ -737,7 +827,8 @@ def _packed_attention_squares(plan: Plan, lengths: np.ndarray, positions: int) -
     documents, its last one extended through the row's padding to max_seq_len, plus one
     full-width segment per filler row (every packed micro-batch is max_seq_len wide)."""
     msl = plan.max_seq_len
-    lens = lengths[plan.seqs]  # int64: n <= max_seq_len, so n^2 sums stay far below 2^63
+    # int64: n <= max_seq_len, so n^2 sums stay far below 2^63
+    lens = np.asarray(np.asarray(lengths)[plan.seqs], dtype=np.int64)
     csum = np.concatenate([[0], np.cumsum(lens * lens)])
     docs = int((csum[plan.row_bounds[1:]] - csum[plan.row_bounds[:-1]]).sum())
     last = lens[plan.row_bounds[1:] - 1]
