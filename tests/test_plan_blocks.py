@@ -70,13 +70,14 @@ def test_blocks_and_chunks_change_no_plan_and_no_count(monkeypatch, strategy, bl
         assert blocked[0].n_steps > 10
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.int32])
 @pytest.mark.parametrize("strategy", ["pack", "bucket", "pad"])
-def test_int32_facts_plan_as_int64_copies_do(strategy) -> None:
-    """The loader and `auto` plan over the store's memory-mapped int32 facts, uncopied."""
+def test_32_bit_facts_plan_as_int64_copies_do(strategy, dtype) -> None:
+    """The loader and `auto` plan over the store's memory-mapped uint32 facts, uncopied."""
     lengths = long_tailed_lengths(3000, MSL, seed=8).astype(np.int64)
     trained = np.maximum(0, lengths - 2)
     wide = _everything(lengths, trained, strategy)
-    narrow = _everything(lengths.astype(np.int32), trained.astype(np.int32), strategy)
+    narrow = _everything(lengths.astype(dtype), trained.astype(dtype), strategy)
     for name in FIELDS:
         assert getattr(narrow[0], name).dtype == np.int64
         assert np.array_equal(getattr(narrow[0], name), getattr(wide[0], name)), name
