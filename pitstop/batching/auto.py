@@ -63,6 +63,7 @@ from pitstop.batching.plan import (
     plan_efficiency,
     step_micro_batches,
 )
+from pitstop.batching.rank_plan import build_rank_plans
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
@@ -162,12 +163,30 @@ def choose_batching(
     effs: dict[str, Efficiency] = {}
     leanest_plan: Plan | None = None  # kept for the loader when it wins (plan.keep_plan)
     dominating: dict[str, Plan] = {}  # plans of layouts that hold another's rows padded less
+    valid: dict[str, BatchSettings] = {}
     for strategy in candidates:
         try:
-            settings = BatchSettings.from_config(cfg, world_size=world_size, strategy=strategy)
+            valid[strategy] = BatchSettings.from_config(
+                cfg, world_size=world_size, strategy=strategy
+            )
         except ConfigError as e:
             skipped[strategy] = "; ".join(e.problems)
-            continue
+    # Under several ranks each holds only its share of each layout (rank_plan), all built in
+    # one pass of the step plan; a layout counted from another's rows (below) is not built.
+    shares: dict[Layout, Plan] = {}
+    laid_out = {k: v for k, v in valid.items() if Layout.parse(k).dominated_by not in valid}
+    if world_size > 1 and laid_out:
+        shares = build_rank_plans(
+            lengths,
+            settings=laid_out,
+            seed=cfg.seed,
+            epoch=0,
+            rank=rank,
+            indices=indices,
+            trained=targets,
+            lockstep=lockstep,
+        )
+    for strategy, settings in valid.items():
         better = Layout.parse(strategy).dominated_by
         if better in dominating:
             # Never timed (below), and its rows are `better`'s, each padded to max_seq_len:
@@ -177,7 +196,7 @@ def choose_batching(
             prepared[strategy] = ([], [])
             continue
         # Every layout arranges the same step plan (built once: plan.py shares it).
-        plan = build_plan(
+        plan = shares.get(Layout.parse(strategy)) or build_plan(
             lengths,
             strategy=strategy,
             max_seq_len=settings.max_seq_len,
@@ -207,6 +226,7 @@ def choose_batching(
         strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
         prepared[strategy] = (specs, strata)
     dominating.clear()  # done with (the loader's plan, if any, is kept by keep_plan)
+    shares.clear()
     if not prepared:
         raise ConfigError(
             [f"{k}: {v}" for k, v in skipped.items()],

@@ -39,6 +39,7 @@ from pitstop.batching.plan import (
     release_step_plans,
     step_micro_batches,
 )
+from pitstop.batching.rank_plan import build_rank_plans
 from pitstop.batching.records import MicroBatch, MicroBatchMeta
 from pitstop.batching.settings import BatchSettings
 from pitstop.core.errors import PitstopError
@@ -288,16 +289,28 @@ class MicroBatchLoader:
         """The plan of `epoch` (the two most recent are cached)."""
         if epoch not in self._plans:
             s = self.settings
-            self._plans[epoch] = build_plan(
-                self.lengths,
-                strategy=s.strategy,
-                max_seq_len=s.max_seq_len,
-                tokens_per_step=s.tokens_per_step,
-                seed=self.seed,
-                epoch=epoch,
-                indices=self.indices,
-                trained=self.targets,
-            )
+            if s.world_size > 1:  # this rank's share only (rank_plan)
+                self._plans[epoch] = build_rank_plans(
+                    self.lengths,
+                    settings={s.strategy: s},
+                    seed=self.seed,
+                    epoch=epoch,
+                    rank=self.rank,
+                    indices=self.indices,
+                    trained=self.targets,
+                    lockstep=self.lockstep,
+                )[s.strategy]
+            else:
+                self._plans[epoch] = build_plan(
+                    self.lengths,
+                    strategy=s.strategy,
+                    max_seq_len=s.max_seq_len,
+                    tokens_per_step=s.tokens_per_step,
+                    seed=self.seed,
+                    epoch=epoch,
+                    indices=self.indices,
+                    trained=self.targets,
+                )
             release_step_plans()  # the layouts `auto` compared are done with it (16 B/doc)
             for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
                 del self._plans[old]
@@ -355,7 +368,10 @@ class MicroBatchLoader:
             epoch, s = self.locate(g)
             plan = self.plan(epoch)
             if epoch not in self._step_targets:
-                self._step_targets[epoch] = plan.per_step_sums(self.targets)
+                trained = plan.step_trained  # a rank's share counted every rank's
+                self._step_targets[epoch] = (
+                    plan.per_step_sums(self.targets) if trained is None else trained
+                )
             step_targets = int(self._step_targets[epoch][s])
             specs = step_micro_batches(plan, s, self.settings, self.rank, lockstep=self.lockstep)
             for i, spec in enumerate(specs):

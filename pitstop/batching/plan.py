@@ -100,6 +100,17 @@ class Plan:
     row_bounds: np.ndarray  # int64 [n_rows + 1]
     step_bounds: np.ndarray  # int64 [n_steps + 1]
     row_tokens: np.ndarray  # int64 [n_rows]
+    # A rank's share (rank_plan.build_rank_plans): the rows are only those `rank` of
+    # `world` trains, step s its rows step_bounds[s]:step_bounds[s+1]; what needs every
+    # rank's rows was counted when it was built, per step over all ranks: rows, tokens,
+    # narrowest row, trained tokens and (lockstep) the most micro-batches of a rank.
+    rank: int | None = None
+    world: int = 1
+    step_rows_all: np.ndarray | None = None
+    step_tokens: np.ndarray | None = None
+    step_narrowest: np.ndarray | None = None
+    step_trained: np.ndarray | None = None
+    step_most: np.ndarray | None = None
     # build_plan's digest of what the plan depends on (`keep_plan`), and plan_efficiency's
     # answers by micro setting: not init fields, so dataclasses.replace starts them afresh.
     key: bytes = field(default=b"", init=False, compare=False, repr=False)
@@ -127,6 +138,8 @@ class Plan:
 
     def per_step_sums(self, per_seq: np.ndarray) -> np.ndarray:
         """Sum of a per-sequence quantity (e.g. target tokens) over each step: int64 [n_steps]."""
+        if self.rank is not None:  # it would be this rank's part only: a wrong normaliser
+            raise ValueError("a rank's share of a plan holds its own rows: read step_trained")
         out, per_seq = [], np.asarray(per_seq)
         for part in self.step_blocks():
             csum = np.concatenate([[0], np.cumsum(per_seq[part.seqs], dtype=np.int64)])
@@ -165,7 +178,7 @@ def _spans(at: np.ndarray) -> Iterator[tuple[int, int]]:
         i = j
 
 
-def _gather(
+def gather_segments(
     flat: np.ndarray, bounds: np.ndarray, order: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Reorder the segments ``flat[bounds[i]:bounds[i+1]]`` into `order`; returns (flat,
@@ -322,22 +335,82 @@ def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]
     return np.concatenate(flats), np.concatenate(bounds)
 
 
-def _rows_into_steps(row_trained: list[int], budget: int) -> list[int]:
-    """Step boundaries over rows: a row joins the step while that brings the step's trained
-    tokens closer to `budget` (so a step ends within budget ± half its largest row)."""
-    ends = [0]
-    total = 0
-    for r, t in enumerate(row_trained):
-        if r > ends[-1] and t >= 2 * (budget - total):
-            ends.append(r)  # the row would overshoot by more than it is short: next step
-            total = 0
-        total += t
-        if total >= budget:
-            ends.append(r + 1)
-            total = 0
-    if ends[-1] < len(row_trained):
-        ends.append(len(row_trained))
-    return ends
+class _StepCutter:
+    """Step boundaries over rows fed in order, a chunk at a time: a row joins the step while
+    that brings the step's trained tokens closer to `budget` (so a step ends within budget ±
+    half its largest row). The same boundaries as one pass over every row."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.total, self.last = budget, 0, 0  # trained in the open step; its first row
+
+    def feed(self, row_trained: list[int], first_row: int) -> list[int]:
+        """The step ends (global row indices) that rows ``first_row, first_row + 1, ...``
+        close."""
+        ends: list[int] = []
+        budget, total, last = self.budget, self.total, self.last
+        for r, t in enumerate(row_trained, start=first_row):
+            if r > last and t >= 2 * (budget - total):
+                ends.append(r)  # the row would overshoot by more than it is short: next step
+                last, total = r, 0
+            total += t
+            if total >= budget:
+                ends.append(r + 1)
+                last, total = r + 1, 0
+        self.total, self.last = total, last
+        return ends
+
+
+def step_plan_blocks(
+    trained: np.ndarray, lengths: np.ndarray, msl: int, tps: int, seed: int, epoch: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The step plan (`plan_steps`) as consecutive blocks of whole steps, in order, each
+    ``(seqs, row_bounds, step_rows, row_tokens)`` counted from the block's start: built as
+    the fill hands chunks over, so holding a block at a time needs the shuffle (4 bytes per
+    sequence) and a few chunks, not the whole plan."""
+    n = len(trained)
+    if not n:
+        return
+    # The same shuffle as permutation(n) (Generator.shuffle draws the same swaps whatever
+    # the dtype), in half the bytes.
+    order = _rng(seed, epoch).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+    cutter = _StepCutter(tps)
+    seqs: list[np.ndarray] = []  # the rows not yet in a closed step, as the chunks gave them
+    sizes: list[np.ndarray] = []  # their sequences per row
+    trained_rows: list[np.ndarray] = []
+    tokens_rows: list[np.ndarray] = []
+    first_row = rows_seen = 0  # global index of the first pending row; rows filled so far
+
+    def closed(ends: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        nonlocal seqs, sizes, trained_rows, tokens_rows, first_row
+        size, tok = np.concatenate(sizes), np.concatenate(tokens_rows)
+        flat, tr = np.concatenate(seqs), np.concatenate(trained_rows)
+        k = ends[-1] - first_row  # rows of the closed steps
+        bounds = np.zeros(len(size) + 1, dtype=np.int64)
+        np.cumsum(size, out=bounds[1:])
+        cut = int(bounds[k])
+        block = (
+            flat[:cut],
+            bounds[: k + 1],
+            np.asarray([0] + [e - first_row for e in ends], dtype=np.int64),
+            tok[:k],
+        )
+        seqs, sizes, trained_rows, tokens_rows = [flat[cut:]], [size[k:]], [tr[k:]], [tok[k:]]
+        first_row = ends[-1]
+        return block
+
+    for a, flat, rb in _filled(lengths, order, msl):
+        chunk = order[a : a + len(flat)][flat].astype(np.int64)
+        seqs.append(chunk)
+        sizes.append(np.diff(rb))
+        for per_seq, out in ((trained, trained_rows), (lengths, tokens_rows)):
+            csum = np.concatenate([[0], np.cumsum(per_seq[chunk], dtype=np.int64)])
+            out.append(np.diff(csum[rb]))
+        ends = cutter.feed(trained_rows[-1].tolist(), rows_seen)
+        rows_seen += len(rb) - 1
+        if ends:
+            yield closed(ends)
+    if rows_seen > first_row:  # the epoch's last step: what is left
+        yield closed([rows_seen])
 
 
 def plan_steps(
@@ -353,29 +426,22 @@ def plan_steps(
     ``seqs[row_bounds[r]:row_bounds[r+1]]`` (full rows of `max_seq_len`, module docstring)
     holding ``row_tokens[r]`` tokens, step s is rows ``step_bounds[s]:step_bounds[s+1]``.
     Positions index `trained` and `lengths` (each sequence's trained tokens and tokens).
-    Built chunk by chunk as the fill hands them over: beyond the answer (8 bytes per
+    The blocks of `step_plan_blocks` put together: beyond the answer (8 bytes per
     sequence, 16 per row) it holds the shuffle (4 bytes per sequence) and a few chunks."""
     trained, lengths = np.asarray(trained), np.asarray(lengths)
-    n = len(trained)
-    if not n:
-        z = np.zeros(0, np.int64)
-        return z, np.zeros(1, np.int64), np.zeros(1, np.int64), z
-    # The same shuffle as permutation(n) (Generator.shuffle draws the same swaps whatever
-    # the dtype), in half the bytes.
-    order = _rng(seed, epoch).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
-    seqs = np.empty(n, dtype=np.int64)
-    bounds, row_trained, row_tokens = [np.zeros(1, np.int64)], [], []
-    for a, flat, rb in _filled(lengths, order, max_seq_len):
-        chunk = order[a : a + len(flat)][flat]
-        seqs[a : a + len(chunk)] = chunk
-        for per_seq, out in ((trained, row_trained), (lengths, row_tokens)):
-            csum = np.concatenate([[0], np.cumsum(per_seq[chunk], dtype=np.int64)])
-            out.append(np.diff(csum[rb]))
-        bounds.append(rb[1:] + a)
-    del order
-    row_bounds = np.concatenate(bounds)
-    steps = _rows_into_steps(np.concatenate(row_trained).tolist(), tokens_per_step)
-    return seqs, row_bounds, np.asarray(steps, np.int64), np.concatenate(row_tokens)
+    seqs = np.empty(len(trained), dtype=np.int64)
+    row_bounds, step_rows, row_tokens = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], []
+    placed = rows = 0
+    for flat, rb, sr, tok in step_plan_blocks(
+        trained, lengths, max_seq_len, tokens_per_step, seed, epoch
+    ):
+        seqs[placed : placed + len(flat)] = flat
+        row_bounds.append(rb[1:] + placed)
+        step_rows.append(sr[1:] + rows)
+        row_tokens.append(tok)
+        placed, rows = placed + len(flat), rows + len(tok)
+    tokens = np.concatenate(row_tokens) if row_tokens else np.zeros(0, np.int64)
+    return seqs, np.concatenate(row_bounds), np.concatenate(step_rows), tokens
 
 
 # The last step plan built, by a digest of everything it depends on: `batching: auto`
@@ -396,6 +462,16 @@ def release_step_plans() -> None:
     _KEPT.clear()
 
 
+def kept_plan(key: bytes, layout: Layout) -> Plan | None:
+    """The plan `keep_plan` kept for these arguments (`key`, a digest of them), if any."""
+    return _KEPT.get((key, Layout.parse(layout)))
+
+
+def layout_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator of pack's row order within each step (the same for every layout call)."""
+    return np.random.default_rng([seed, epoch, _STEP_PLAN_CODE + 1])
+
+
 def keep_plan(plan: Plan) -> None:
     """Keep `plan` for the next `build_plan` of the same arguments (until
     `release_step_plans`): `batching: auto` keeps the layout it chose for the loader."""
@@ -404,7 +480,7 @@ def keep_plan(plan: Plan) -> None:
         _KEPT[(plan.key, Layout.parse(plan.strategy))] = plan
 
 
-def _plan_key(
+def plan_key(
     trained: np.ndarray,
     lengths: np.ndarray,
     indices: np.ndarray | None,
@@ -440,7 +516,7 @@ def _shared_plan_steps(
     return out
 
 
-def _layout(
+def layout_rows(
     seqs: np.ndarray,
     row_bounds: np.ndarray,
     step_rows: np.ndarray,
@@ -458,7 +534,7 @@ def _layout(
         perm = np.concatenate(
             [s0 + rng.permutation(s1 - s0) for s0, s1 in itertools.pairwise(step_rows)]
         ).astype(np.int64)
-        flat, bounds = _gather(seqs, row_bounds, perm)
+        flat, bounds = gather_segments(seqs, row_bounds, perm)
         return flat, bounds, step_rows, row_tokens[perm]
     step_bounds = row_bounds[step_rows]  # one sequence per row: rows are sequences
     order = seqs
@@ -514,15 +590,15 @@ def build_plan(
         raise ValueError(
             f"a sequence has {int(lengths.max())} tokens, above max_seq_len {max_seq_len}"
         )  # the store was prepared for a longer max length: a caller bug, the loader checks first
-    key = _plan_key(all_trained, lengths, indices, max_seq_len, tokens_per_step, seed, epoch)
+    key = plan_key(all_trained, lengths, indices, max_seq_len, tokens_per_step, seed, epoch)
     kept = _KEPT.get((key, Layout.parse(strategy)))
     if kept is not None:
         return kept
     step_plan = _shared_plan_steps(
         key, all_trained, lengths, max_seq_len, tokens_per_step, seed, epoch
     )
-    rng = np.random.default_rng([seed, epoch, _STEP_PLAN_CODE + 1])  # pack's row order only
-    seqs, row_bounds, step_bounds, row_tokens = _layout(*step_plan, lengths, strategy, rng)
+    rng = layout_rng(seed, epoch)
+    seqs, row_bounds, step_bounds, row_tokens = layout_rows(*step_plan, lengths, strategy, rng)
     if indices is not None:
         seqs = np.asarray(indices, np.int64)[seqs]  # positions in the subset -> store ids
     plan = Plan(
@@ -577,9 +653,13 @@ def step_micro_batches(
     """
     specs = _rank_micro_batches(plan, step, settings, rank)
     if lockstep and settings.world_size > 1:
-        most = max(
-            len(_rank_micro_batches(plan, step, settings, r)) for r in range(settings.world_size)
-        )
+        if plan.rank is None:
+            ranks = range(settings.world_size)
+            most = max(len(_rank_micro_batches(plan, step, settings, r)) for r in ranks)
+        elif plan.step_most is not None:
+            most = int(plan.step_most[step])
+        else:
+            raise ValueError("this rank's share was built without lockstep: build it with lockstep")
         fixed = Layout.parse(plan.strategy).fixed_rows
         filler = MicroBatchSpec((), plan.max_seq_len if fixed else _filler_width(plan, step))
         specs = specs + [filler] * (most - len(specs))
@@ -587,6 +667,8 @@ def step_micro_batches(
 
 
 def _filler_width(plan: Plan, step: int) -> int:
+    if plan.step_narrowest is not None:
+        return int(plan.step_narrowest[step])
     r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
     return int(plan.row_tokens[r0:r1].min()) if r1 > r0 else plan.max_seq_len
 
@@ -596,7 +678,14 @@ def _rank_micro_batches(
 ) -> list[MicroBatchSpec]:
     world = settings.world_size
     r0, r1 = int(plan.step_bounds[step]), int(plan.step_bounds[step + 1])
-    rows_idx = list(range(r0 + rank, r1, world))
+    if plan.rank is not None:  # a rank's share: its rows, dealt when it was built
+        if (rank, world) != (plan.rank, plan.world):
+            raise ValueError(
+                f"a plan of rank {plan.rank} of {plan.world} asked for rank {rank} of {world}"
+            )
+        rows_idx = list(range(r0, r1))
+    else:
+        rows_idx = list(range(r0 + rank, r1, world))
     fixed = Layout.parse(plan.strategy).fixed_rows
     msl = plan.max_seq_len
     if not rows_idx:
@@ -667,27 +756,44 @@ def plan_efficiency(
     one segment (its whole width), as every row of the one-sequence-per-row layouts does."""
     # Counted once per plan and micro setting (auto counts the layout it keeps for the
     # loader); `lengths` must be the ones the plan was built from, as the docstring says.
-    s = settings
-    memo = (s.world_size, s.micro_batch_size, s.tokens_per_micro_batch, lockstep, lengths is None)
+    memo = efficiency_key(settings, lockstep, with_lengths=lengths is not None)
     hit = plan.efficiencies.get(memo)
     if hit is None:
         hit = plan.efficiencies[memo] = _plan_efficiency(plan, settings, lockstep, lengths)
     return hit
 
 
+def efficiency_key(
+    settings: BatchSettings, lockstep: bool, *, with_lengths: bool
+) -> tuple[object, ...]:
+    """What a plan's efficiency depends on besides the plan (its `efficiencies` key)."""
+    s = settings
+    return (s.world_size, s.micro_batch_size, s.tokens_per_micro_batch, lockstep, with_lengths)
+
+
 def _plan_efficiency(
     plan: Plan, settings: BatchSettings, lockstep: bool, lengths: np.ndarray | None
 ) -> Efficiency:
     """Efficiency summed over the plan's blocks of steps (every count adds up over steps)."""
+    layout = Layout.parse(plan.strategy)
+    if plan.rank is not None:
+        # A rank's share was counted over every rank when built; pad's rows (bucket's, one
+        # per row, each max_seq_len wide) need only each step's row count and tokens.
+        if not layout.fixed_rows or layout.packed:
+            raise ValueError(
+                "a rank's share of a plan is counted when it is built (build_rank_plans): "
+                "ask for the settings and lockstep it was built with"
+            )
+        return block_efficiency(plan, settings, lockstep, None)
     seen = positions = micro = squares = 0
     for part in plan.step_blocks():
-        e = _block_efficiency(part, settings, lockstep, lengths)
+        e = block_efficiency(part, settings, lockstep, lengths)
         seen, positions = seen + e.seen_tokens, positions + e.positions
         micro, squares = micro + e.micro_batches, squares + e.attention_squares
     return Efficiency(seen, positions, plan.n_steps, micro, squares)
 
 
-def _block_efficiency(
+def block_efficiency(
     plan: Plan, settings: BatchSettings, lockstep: bool, lengths: np.ndarray | None
 ) -> Efficiency:
     layout = Layout.parse(plan.strategy)
@@ -698,7 +804,8 @@ def _block_efficiency(
     squares = row_squares
     if layout.packed and lengths is not None and plan.n_rows:
         squares = _packed_attention_squares(plan, lengths, positions)
-    return Efficiency(int(plan.row_tokens.sum()), positions, plan.n_steps, micro, squares)
+    tokens = plan.row_tokens if plan.step_tokens is None else plan.step_tokens
+    return Efficiency(int(tokens.sum()), positions, plan.n_steps, micro, squares)
 
 
 def _counted(plan: Plan, settings: BatchSettings, lockstep: bool) -> tuple[int, int, int]:
@@ -724,6 +831,24 @@ def _sorted_rows_counts(
     by rows, every k rows from a rank's first; by tokens, a micro-batch starting at a row
     of width w holds max(1, budget // w) rows. Rows in another order are walked
     (`_counted`). tests/test_batching_plan.py holds the two equal."""
+    got = _sorted_rank_counts(plan, settings)
+    if got is None:
+        return _counted(plan, settings, lockstep)
+    positions, squares, counts, narrowest = got
+    if lockstep and settings.world_size > 1:
+        fillers = (counts.max(axis=0) - counts).sum(axis=0)  # per step, over the ranks
+        positions += int((fillers * narrowest).sum())
+        squares += int((fillers * narrowest * narrowest).sum())
+        counts = counts + (counts.max(axis=0) - counts)
+    return positions, int(counts.sum()), squares
+
+
+def _sorted_rank_counts(
+    plan: Plan, settings: BatchSettings
+) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """(positions, attention squares, micro-batches [world, n_steps], each step's narrowest
+    row) of rows sorted longest first in each step, before lockstep; None for rows in
+    another order."""
     world, msl = settings.world_size, plan.max_seq_len
     n_steps = plan.n_steps
     bounds = np.asarray(plan.step_bounds, dtype=np.int64)
@@ -731,7 +856,7 @@ def _sorted_rows_counts(
     step_of = np.repeat(np.arange(n_steps), np.diff(bounds))
     same_step = step_of[1:] == step_of[:-1]
     if np.any(np.diff(widths)[same_step] > 0):
-        return _counted(plan, settings, lockstep)
+        return None
     place = np.arange(len(widths)) - bounds[step_of]  # the row's place in its step
     # A rank without rows of a step computes one filler row as wide as the step's
     # narrowest row (its last), or max_seq_len for a step without rows.
@@ -762,12 +887,7 @@ def _sorted_rows_counts(
         counts[rank][empty] = 1
         positions += int(narrowest[empty].sum())
         squares += int((narrowest[empty] ** 2).sum())
-    if lockstep and world > 1:
-        fillers = (counts.max(axis=0) - counts).sum(axis=0)  # per step, over the ranks
-        positions += int((fillers * narrowest).sum())
-        squares += int((fillers * narrowest * narrowest).sum())
-        counts += counts.max(axis=0) - counts
-    return positions, int(counts.sum()), squares
+    return positions, squares, counts, narrowest
 
 
 def _greedy_starts(widths: np.ndarray, step_first: np.ndarray, budget: int) -> np.ndarray:
@@ -804,22 +924,53 @@ def _fixed_width_counts(
     rank is filled up to the most micro-batches. tests/test_batching_plan.py holds the two
     equal."""
     msl, world = plan.max_seq_len, settings.world_size
+    micro = _fixed_width_micro(plan, settings)
+    n = _rows_per_step(plan)
+    rows = [np.maximum(0, (n - r + world - 1) // world) for r in range(world)]
+    positions = sum(int(np.where(k == 0, 1, k).sum()) for k in rows) * msl
+    count = int(micro.sum())
+    if lockstep and world > 1:
+        fillers = int((micro.max(axis=0) - micro).sum())
+        count += fillers
+        positions += fillers * msl
+    return positions, count, positions * msl
+
+
+def _rows_per_step(plan: Plan) -> np.ndarray:
+    """Rows of each step over every rank."""
+    if plan.step_rows_all is not None:
+        return np.asarray(plan.step_rows_all, dtype=np.int64)
+    return np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
+
+
+def _fixed_width_micro(plan: Plan, settings: BatchSettings) -> np.ndarray:
+    """int64 [world, n_steps]: each rank's micro-batches of each step, rows max_seq_len wide."""
+    world, msl = settings.world_size, plan.max_seq_len
     if settings.micro_batch_size is not None:
         per = settings.micro_batch_size
     else:
         assert settings.tokens_per_micro_batch is not None
         per = max(1, settings.tokens_per_micro_batch // msl)  # whole rows of msl positions
-    n = np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
-    rows = [np.maximum(0, (n - r + world - 1) // world) for r in range(world)]
-    micro = [np.where(k == 0, 1, -(-k // per)) for k in rows]
-    positions = sum(int(np.where(k == 0, 1, k).sum()) for k in rows) * msl
-    count = sum(int(m.sum()) for m in micro)
-    if lockstep and world > 1:
-        most = np.max(np.stack(micro), axis=0)
-        fillers = sum(int((most - m).sum()) for m in micro)
-        count += fillers
-        positions += fillers * msl
-    return positions, count, positions * msl
+    n = _rows_per_step(plan)
+    rows = np.stack([np.maximum(0, (n - r + world - 1) // world) for r in range(world)])
+    return np.where(rows == 0, 1, -(-rows // per))
+
+
+def micro_counts(plan: Plan, settings: BatchSettings) -> np.ndarray:
+    """int64 [world, n_steps]: the micro-batches each rank gets in each step of a whole plan,
+    before lockstep evens them out (rank_plan keeps each step's most)."""
+    if Layout.parse(plan.strategy).fixed_rows or settings.micro_batch_size is not None:
+        return _fixed_width_micro(plan, settings)  # k rows to a micro-batch either way
+    got = _sorted_rank_counts(plan, settings)
+    if got is not None:
+        return got[2]
+    return np.asarray(
+        [
+            [len(_rank_micro_batches(plan, step, settings, r)) for step in range(plan.n_steps)]
+            for r in range(settings.world_size)
+        ],
+        dtype=np.int64,
+    ).reshape(settings.world_size, plan.n_steps)
 
 
 def _packed_attention_squares(plan: Plan, lengths: np.ndarray, positions: int) -> int:
