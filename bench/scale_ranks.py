@@ -10,9 +10,11 @@ build the loader for its rank of that world size (the step plan of epoch 0, pack
 resident memory (VmHWM) above what it held after its imports. Writes
 bench/results/scale_ranks.md.
 
-What it shows: every rank plans the whole epoch (the plan is one pass in which each row
-depends on all earlier ones; the ranks take their rows from it), so a rank's start-up
-memory is the single process's, not its share of it.
+What it shows: each rank keeps only its share of the plan (batching/rank_plan.py): it still
+fills every row of the epoch (one pass in which each row depends on the earlier ones), a
+block of steps at a time, so beyond its share it holds the epoch's shuffle while planning
+(4 bytes per document) and the store's per-document facts it maps (8 bytes per document,
+pages the ranks on a machine share).
 """
 
 from __future__ import annotations
@@ -101,9 +103,10 @@ def main() -> None:
     body += (
         "\n\nPeak resident memory above the process's imports while it opens the store, plans "
         f"epoch 0 (pack, rows of {MSL}, {TPS} tokens per step) and reads its first micro-batch "
-        "as that rank; torchrun with gloo. The plan is one pass whose rows each depend on all "
-        "earlier ones, so every rank builds all of it: a rank holds what one process holds, "
-        "not its share.\n"
+        "as that rank; torchrun with gloo. Each rank keeps its share of the plan "
+        "(batching/rank_plan.py); beyond it a rank holds the epoch's shuffle while planning "
+        "(4 bytes per document: every rank fills every row) and maps the store's per-document "
+        "facts (8 bytes per document, pages shared by the ranks on a machine).\n"
     )
     path = write_result("scale_ranks", "Start-up memory per rank under torchrun", body)
     print(body)
