@@ -65,3 +65,23 @@ def test_malformed_epoch_steps_are_ignored(store, bad) -> None:
     b = _loader(store)
     b.load_state_dict(state)
     assert b._next_step == a._next_step  # counted from the plans, not the damaged list
+
+
+def test_a_run_of_three_epochs_plans_each_once_before_its_first_step(store, monkeypatch) -> None:
+    """The schedule's total counts the later epochs' steps at start; their plans are not
+    kept, so epoch 0's stays planned for the first step (it was evicted and built again)."""
+    planned: list[int] = []
+    real = loader_mod.build_plan
+
+    def counting(*args, **kw):
+        planned.append(kw["epoch"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loader_mod, "build_plan", counting)
+    a = _loader(store)
+    total = a.total_steps
+    first = next(iter(a))
+    assert planned == [0, 1, 2] and first["meta"].step == 0
+    assert total == sum(a.steps_in_epoch(e) for e in range(3)) and planned == [0, 1, 2]
+    steps = [b["meta"].step for b in a]  # the rest of the run: each later epoch planned again
+    assert planned == [0, 1, 2, 1, 2] and steps[-1] == total - 1

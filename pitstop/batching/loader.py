@@ -288,39 +288,50 @@ class MicroBatchLoader:
     def plan(self, epoch: int) -> Plan:
         """The plan of `epoch` (the two most recent are cached)."""
         if epoch not in self._plans:
-            s = self.settings
-            if s.world_size > 1:  # this rank's share only (rank_plan)
-                self._plans[epoch] = build_rank_plans(
-                    self.lengths,
-                    settings={s.strategy: s},
-                    seed=self.seed,
-                    epoch=epoch,
-                    rank=self.rank,
-                    indices=self.indices,
-                    trained=self.targets,
-                    lockstep=self.lockstep,
-                )[s.strategy]
-            else:
-                self._plans[epoch] = build_plan(
-                    self.lengths,
-                    strategy=s.strategy,
-                    max_seq_len=s.max_seq_len,
-                    tokens_per_step=s.tokens_per_step,
-                    seed=self.seed,
-                    epoch=epoch,
-                    indices=self.indices,
-                    trained=self.targets,
-                )
-            release_step_plans()  # the layouts `auto` compared are done with it (16 B/doc)
+            self._plans[epoch] = self._build(epoch)
             for old in [e for e in self._plans if e not in (epoch, epoch - 1)]:
                 del self._plans[old]
                 self._step_targets.pop(old, None)
         return self._plans[epoch]
 
+    def _build(self, epoch: int) -> Plan:
+        s = self.settings
+        if s.world_size > 1:  # this rank's share only (rank_plan)
+            plan = build_rank_plans(
+                self.lengths,
+                settings={s.strategy: s},
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
+                indices=self.indices,
+                trained=self.targets,
+                lockstep=self.lockstep,
+            )[s.strategy]
+        else:
+            plan = build_plan(
+                self.lengths,
+                strategy=s.strategy,
+                max_seq_len=s.max_seq_len,
+                tokens_per_step=s.tokens_per_step,
+                seed=self.seed,
+                epoch=epoch,
+                indices=self.indices,
+                trained=self.targets,
+            )
+        release_step_plans()  # the layouts `auto` compared are done with it (16 B/doc)
+        return plan
+
     def steps_in_epoch(self, epoch: int) -> int:
         """Optimizer steps of `epoch` (bucket and pad may differ by a step between epochs)."""
         while len(self._epoch_steps) <= epoch:
-            self._epoch_steps.append(self.plan(len(self._epoch_steps)).n_steps)
+            e = len(self._epoch_steps)
+            if e in self._plans or not self._plans:
+                self._epoch_steps.append(self.plan(e).n_steps)
+            else:
+                # A later epoch counted ahead (the schedule's total, at start) is not kept:
+                # keeping it evicted epoch 0's plan, built again for the first step (a plan
+                # costs ~5 s at 10M documents on 2 cores).
+                self._epoch_steps.append(self._build(e).n_steps)
         return self._epoch_steps[epoch]
 
     @property

@@ -13,7 +13,7 @@ The names are what users write (`--batching pack`, YAML, run records, checkpoint
 and serialises to JSON as it. The config's choices, the batching settings' checks, the run
 record's validator, tune's search space and the doctor's rules read the facts below instead
 of comparing names, so adding a layout means a member here, its rows in the planner
-(`batching/plan.py: _layout`), and whatever else its properties do not already say
+(`batching/plan.py: layout_rows`), and whatever else its properties do not already say
 (docs/architecture.md lists the files). `tests/test_layouts.py` keeps the names out of
 every other module as string literals.
 
