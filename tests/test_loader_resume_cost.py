@@ -27,13 +27,8 @@ def _loader(store) -> MicroBatchLoader:
     return MicroBatchLoader(store, settings, LoaderOptions(seed=1, epochs=3, workers=0))
 
 
-def test_resume_in_a_later_epoch_plans_that_epoch_only(store, monkeypatch) -> None:
-    a = _loader(store)
-    a._next_step = a.steps_in_epoch(0) + a.steps_in_epoch(1) + 2  # epoch 2, step 2
-    state = a.state_dict()
-    assert state["epoch"] == 2 and state["epoch_steps"] == [a.steps_in_epoch(e) for e in (0, 1)]
-    want = next(iter(a))
-
+def _count_plans(monkeypatch) -> list[int]:
+    """The epochs the loader plans from now on, in order."""
     planned: list[int] = []
     real = loader_mod.build_plan
 
@@ -42,6 +37,17 @@ def test_resume_in_a_later_epoch_plans_that_epoch_only(store, monkeypatch) -> No
         return real(*args, **kw)
 
     monkeypatch.setattr(loader_mod, "build_plan", counting)
+    return planned
+
+
+def test_resume_in_a_later_epoch_plans_that_epoch_only(store, monkeypatch) -> None:
+    a = _loader(store)
+    a._next_step = a.steps_in_epoch(0) + a.steps_in_epoch(1) + 2  # epoch 2, step 2
+    state = a.state_dict()
+    assert state["epoch"] == 2 and state["epoch_steps"] == [a.steps_in_epoch(e) for e in (0, 1)]
+    want = next(iter(a))
+
+    planned = _count_plans(monkeypatch)
     b = _loader(store)
     b.load_state_dict(state)
     got = next(iter(b))
@@ -70,14 +76,7 @@ def test_malformed_epoch_steps_are_ignored(store, bad) -> None:
 def test_a_run_of_three_epochs_plans_each_once_before_its_first_step(store, monkeypatch) -> None:
     """The schedule's total counts the later epochs' steps at start; their plans are not
     kept, so epoch 0's stays planned for the first step (it was evicted and built again)."""
-    planned: list[int] = []
-    real = loader_mod.build_plan
-
-    def counting(*args, **kw):
-        planned.append(kw["epoch"])
-        return real(*args, **kw)
-
-    monkeypatch.setattr(loader_mod, "build_plan", counting)
+    planned = _count_plans(monkeypatch)
     a = _loader(store)
     total = a.total_steps
     first = next(iter(a))
