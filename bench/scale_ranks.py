@@ -12,9 +12,9 @@ bench/results/scale_ranks.md.
 
 What it shows: each rank keeps only its share of the plan (batching/rank_plan.py): it still
 fills every row of the epoch (one pass in which each row depends on the earlier ones), a
-block of steps at a time, so beyond its share it holds the epoch's shuffle while planning
-(4 bytes per document) and the store's per-document facts it maps (8 bytes per document,
-pages the ranks on a machine share).
+block of steps at a time, handing the shuffle's memory back as it goes; beyond its share it
+maps the store's per-document facts (8 bytes per document, pages the ranks on a machine
+share).
 """
 
 from __future__ import annotations
@@ -104,9 +104,8 @@ def main() -> None:
         "\n\nPeak resident memory above the process's imports while it opens the store, plans "
         f"epoch 0 (pack, rows of {MSL}, {TPS} tokens per step) and reads its first micro-batch "
         "as that rank; torchrun with gloo. Each rank keeps its share of the plan "
-        "(batching/rank_plan.py); beyond it a rank holds the epoch's shuffle while planning "
-        "(4 bytes per document: every rank fills every row) and maps the store's per-document "
-        "facts (8 bytes per document, pages shared by the ranks on a machine).\n"
+        "(batching/rank_plan.py); beyond it a rank maps the store's per-document facts (8 bytes "
+        "per document, pages shared by the ranks on a machine).\n"
     )
     path = write_result("scale_ranks", "Start-up memory per rank under torchrun", body)
     print(body)

@@ -160,13 +160,20 @@ def _assemble(
     seed: int,
     epoch: int,
 ) -> Plan:
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    def cat(parts: list[np.ndarray], *, lead: int = 0) -> np.ndarray:
+        """The parts one after another (after `lead` zeros), each part dropped once copied:
+        the share is not held twice while it is put together."""
+        out = np.zeros(lead + sum(len(x) for x in parts), dtype=np.int64)
+        at = lead
+        while parts:
+            part = parts.pop(0)
+            out[at : at + len(part)] = part
+            at += len(part)
+        return out
 
     def bounds(sizes: list[np.ndarray]) -> np.ndarray:
-        out = np.zeros(sum(len(x) for x in sizes) + 1, dtype=np.int64)
-        if sizes:
-            np.cumsum(np.concatenate(sizes), out=out[1:])
+        out = cat(sizes, lead=1)
+        np.cumsum(out, out=out)
         return out
 
     rows_all = cat(share.rows_all)
