@@ -34,6 +34,11 @@ So every layout trains the same documents in the same step and the same trained
 tokens per step: the losses differ only by floating-point summation order, and
 `auto`/`tune` compare like with like. Micro-batches and ranks are cut from each
 step afterwards (`step_micro_batches`). Every sequence appears exactly once per epoch.
+
+Memory: the step plan comes out a block of whole steps at a time as the fill hands its
+chunks over (`step_plan_blocks`), and laying out, counting and summing go a block
+(BLOCK) at a time, so planning holds its answer and a few blocks beyond the store's
+memory-mapped facts. Under several ranks each keeps only its rows (`rank_plan.py`).
 """
 
 from __future__ import annotations
