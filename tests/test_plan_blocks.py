@@ -60,13 +60,12 @@ def test_blocks_and_chunks_change_no_plan_and_no_count(monkeypatch, strategy, bl
         for name in FIELDS:
             assert np.array_equal(getattr(blocked[0], name), getattr(chunked_whole[0], name))
         assert blocked[1] == chunked_whole[1] and np.array_equal(blocked[2], chunked_whole[2])
-        if len(lengths) <= plan_mod.FILL_CHUNK:  # one chunk: the blocks alone
-            with monkeypatch.context() as m:
-                m.setattr(plan_mod, "BLOCK", block)
-                small = _everything(lengths, trained, strategy, indices)
-            for name in FIELDS:
-                assert np.array_equal(getattr(small[0], name), getattr(whole[0], name)), name
-            assert small[1] == whole[1] and np.array_equal(small[2], whole[2])
+        with monkeypatch.context() as m:  # one chunk (the default): the blocks alone
+            m.setattr(plan_mod, "BLOCK", block)
+            small = _everything(lengths, trained, strategy, indices)
+        for name in FIELDS:
+            assert np.array_equal(getattr(small[0], name), getattr(whole[0], name)), name
+        assert small[1] == whole[1] and np.array_equal(small[2], whole[2])
         assert blocked[0].n_steps > 10
 
 

@@ -165,6 +165,15 @@ def test_the_loader_releases_the_shared_step_plan(tmp_path) -> None:
     assert loader.steps_per_epoch > 1 and not plan_mod._STEP_PLANS
 
 
+def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fill's rows over `lengths` in the order given: (positions row by row, bounds)."""
+    flats, bounds = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)]
+    for a, flat, rb in plan_mod._filled(lengths, np.arange(len(lengths)), msl):
+        flats.append(flat + a)
+        bounds.append(rb[1:] + a)
+    return np.concatenate(flats), np.concatenate(bounds)
+
+
 def test_rows_are_filled_chunk_by_chunk_the_same_in_parallel(monkeypatch) -> None:
     """Past FILL_CHUNK sequences the fill runs per chunk (in processes where there are
     cores): each chunk's rows are exactly its own fill, and the plan does not depend on the
@@ -172,9 +181,9 @@ def test_rows_are_filled_chunk_by_chunk_the_same_in_parallel(monkeypatch) -> Non
     monkeypatch.setattr(plan_mod, "FILL_CHUNK", 1000)
     lengths = _lengths("long_tailed", 4500, 256, 12)
     monkeypatch.setattr(plan_mod, "FILL_WORKERS", 1)
-    flat1, bounds1 = plan_mod._fill_chunks(lengths, 256)
+    flat1, bounds1 = _fill_chunks(lengths, 256)
     monkeypatch.setattr(plan_mod, "FILL_WORKERS", 8)
-    flat2, bounds2 = plan_mod._fill_chunks(lengths, 256)
+    flat2, bounds2 = _fill_chunks(lengths, 256)
     assert np.array_equal(flat1, flat2) and np.array_equal(bounds1, bounds2)
     want_flat, want_bounds, placed = [], [0], 0
     for a in range(0, 4500, 1000):
@@ -188,5 +197,5 @@ def test_rows_are_filled_chunk_by_chunk_the_same_in_parallel(monkeypatch) -> Non
     assert rows.max() <= 256
     # one chunk (the plans of up to FILL_CHUNK sequences) is the plain fill, as before
     f, b = _fill_rows(lengths[:1000], 256)
-    one_flat, one_bounds = plan_mod._fill_chunks(lengths[:1000], 256)
+    one_flat, one_bounds = _fill_chunks(lengths[:1000], 256)
     assert one_flat.tolist() == list(f) and one_bounds.tolist() == list(b)

@@ -53,7 +53,7 @@ import sys
 from array import array
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -294,17 +294,17 @@ def _fill_job(job: tuple[np.ndarray, int]) -> tuple[array, array]:
 
 
 def _filled(
-    lengths: np.ndarray, order: np.ndarray | None, msl: int
+    lengths: np.ndarray, order: np.ndarray, msl: int
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Per FILL_CHUNK of the planned order (`order`, positions into `lengths`; None: as
-    given), in order: (the chunk's first place, its places row by row counted from that
-    first one, its row bounds). The same answer whatever the number of processes; at most
-    one chunk per process plus one is in flight, so memory does not grow with the data."""
-    n = len(lengths) if order is None else len(order)
+    """Per FILL_CHUNK of the planned order (`order`, positions into `lengths`), in order:
+    (the chunk's first place, its places row by row counted from that first one, its row
+    bounds). The same answer whatever the number of processes; at most one chunk per
+    process plus one is in flight, so memory does not grow with the data."""
+    n = len(order)
     spans = [(a, min(n, a + FILL_CHUNK)) for a in range(0, n, FILL_CHUNK)]
 
     def job(a: int, b: int) -> tuple[np.ndarray, int]:
-        return (lengths[a:b] if order is None else lengths[order[a:b]]), msl
+        return lengths[order[a:b]], msl
 
     def arrays(a: int, part: tuple[array, array]) -> tuple[int, np.ndarray, np.ndarray]:
         return a, np.frombuffer(part[0], dtype=np.int64), np.frombuffer(part[1], dtype=np.int64)
@@ -329,16 +329,6 @@ def _filled(
         while pending:
             first, fut = pending.popleft()
             yield arrays(first, fut.result())
-
-
-def _fill_chunks(lengths: np.ndarray, msl: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sequence positions row by row, row bounds) over `lengths` in planned order, filled
-    chunk by chunk (FILL_CHUNK); the same answer whatever the number of processes."""
-    flats, bounds = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)]
-    for a, flat, rb in _filled(lengths, None, msl):
-        flats.append(flat + a)
-        bounds.append(rb[1:] + a)
-    return np.concatenate(flats), np.concatenate(bounds)
 
 
 class _StepCutter:
@@ -407,14 +397,16 @@ def step_plan_blocks(
     cutter = _StepCutter(tps)
     seqs: list[np.ndarray] = []  # the rows not yet in a closed step, as the chunks gave them
     sizes: list[np.ndarray] = []  # their sequences per row
-    trained_rows: list[np.ndarray] = []
-    tokens_rows: list[np.ndarray] = []
+    tokens_rows: list[np.ndarray] = []  # their tokens
     first_row = rows_seen = 0  # global index of the first pending row; rows filled so far
 
+    def row_sums(per_seq: np.ndarray, chunk: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        csum = np.concatenate([[0], np.cumsum(per_seq[chunk], dtype=np.int64)])
+        return np.diff(csum[rb])
+
     def closed(ends: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        nonlocal seqs, sizes, trained_rows, tokens_rows, first_row
-        size, tok = np.concatenate(sizes), np.concatenate(tokens_rows)
-        flat, tr = np.concatenate(seqs), np.concatenate(trained_rows)
+        nonlocal seqs, sizes, tokens_rows, first_row
+        size, tok, flat = np.concatenate(sizes), np.concatenate(tokens_rows), np.concatenate(seqs)
         k = ends[-1] - first_row  # rows of the closed steps
         bounds = np.zeros(len(size) + 1, dtype=np.int64)
         np.cumsum(size, out=bounds[1:])
@@ -425,7 +417,7 @@ def step_plan_blocks(
             np.asarray([0] + [e - first_row for e in ends], dtype=np.int64),
             tok[:k],
         )
-        seqs, sizes, trained_rows, tokens_rows = [flat[cut:]], [size[k:]], [tr[k:]], [tok[k:]]
+        seqs, sizes, tokens_rows = [flat[cut:]], [size[k:]], [tok[k:]]
         first_row = ends[-1]
         return block
 
@@ -434,10 +426,8 @@ def step_plan_blocks(
         release(a, a + len(flat))  # every job that reads it was made before this chunk's
         seqs.append(chunk)
         sizes.append(np.diff(rb))
-        for per_seq, out in ((trained, trained_rows), (lengths, tokens_rows)):
-            csum = np.concatenate([[0], np.cumsum(per_seq[chunk], dtype=np.int64)])
-            out.append(np.diff(csum[rb]))
-        ends = cutter.feed(trained_rows[-1].tolist(), rows_seen)
+        tokens_rows.append(row_sums(lengths, chunk, rb))
+        ends = cutter.feed(row_sums(trained, chunk, rb).tolist(), rows_seen)
         rows_seen += len(rb) - 1
         if ends:
             yield closed(ends)
@@ -609,43 +599,63 @@ def build_plan(
     the plan are still store ids, each index exactly once per epoch. Only the rows
     depend on `strategy`: which sequences form each step does not.
     """
-    # As given (the store's int32 facts, memory-mapped): an int64 copy of each was 16
-    # bytes per document per plan; every sum below is taken in int64.
-    all_lengths = np.asarray(lengths)
-    all_trained = all_lengths if trained is None else np.asarray(trained)
-    if indices is not None:
-        idx = np.asarray(indices, np.int64)
-        all_lengths, all_trained = all_lengths[idx], all_trained[idx]
-    lengths = all_lengths
-    n = len(lengths)
-    if n and lengths.max() > max_seq_len:
-        raise ValueError(
-            f"a sequence has {int(lengths.max())} tokens, above max_seq_len {max_seq_len}"
-        )  # the store was prepared for a longer max length: a caller bug, the loader checks first
-    key = plan_key(all_trained, lengths, indices, max_seq_len, tokens_per_step, seed, epoch)
-    kept = _KEPT.get((key, Layout.parse(strategy)))
+    sub_lengths, sub_trained = planned_facts(lengths, trained, indices, max_seq_len)
+    key = plan_key(sub_trained, sub_lengths, indices, max_seq_len, tokens_per_step, seed, epoch)
+    kept = kept_plan(key, strategy)
     if kept is not None:
         return kept
     step_plan = _shared_plan_steps(
-        key, all_trained, lengths, max_seq_len, tokens_per_step, seed, epoch
+        key, sub_trained, sub_lengths, max_seq_len, tokens_per_step, seed, epoch
     )
-    rng = layout_rng(seed, epoch)
+    shape = (epoch, seed, max_seq_len, tokens_per_step)
+    plan = laid_out(step_plan, sub_lengths, strategy, layout_rng(seed, epoch), indices, shape)
+    object.__setattr__(plan, "key", key)
+    return plan
+
+
+def planned_facts(
+    lengths: np.ndarray, trained: np.ndarray | None, indices: np.ndarray | None, msl: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, trained tokens) of the sequences a plan covers (`indices`, else all).
+    As given (the store's uint32 facts, memory-mapped): an int64 copy of each was 16 bytes
+    per document per plan; every sum is taken in int64."""
+    sub_lengths = np.asarray(lengths)
+    sub_trained = sub_lengths if trained is None else np.asarray(trained)
+    if indices is not None:
+        idx = np.asarray(indices, np.int64)
+        sub_lengths, sub_trained = sub_lengths[idx], sub_trained[idx]
+    if len(sub_lengths) and sub_lengths.max() > msl:
+        raise ValueError(
+            f"a sequence has {int(sub_lengths.max())} tokens, above max_seq_len {msl}"
+        )  # the store was prepared for a longer max length: a caller bug, the loader checks first
+    return sub_lengths, sub_trained
+
+
+def laid_out(
+    step_plan: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    lengths: np.ndarray,
+    strategy: Layout,
+    rng: np.random.Generator,
+    indices: np.ndarray | None,
+    shape: tuple[int, int, int, int],
+) -> Plan:
+    """The Plan of a step plan (or a block of one) laid out as `strategy` (`layout_rows`),
+    its sequences as store ids. `shape`: (epoch, seed, max_seq_len, tokens_per_step)."""
     seqs, row_bounds, step_bounds, row_tokens = layout_rows(*step_plan, lengths, strategy, rng)
     if indices is not None:
         seqs = np.asarray(indices, np.int64)[seqs]  # positions in the subset -> store ids
-    plan = Plan(
+    epoch, seed, msl, tps = shape
+    return Plan(
         strategy=strategy,
         epoch=epoch,
         seed=seed,
-        max_seq_len=max_seq_len,
-        tokens_per_step=tokens_per_step,
+        max_seq_len=msl,
+        tokens_per_step=tps,
         seqs=np.asarray(seqs, dtype=np.int64),
         row_bounds=row_bounds,
         step_bounds=step_bounds,
         row_tokens=np.asarray(row_tokens, dtype=np.int64),
     )
-    object.__setattr__(plan, "key", key)
-    return plan
 
 
 @dataclass(frozen=True)
@@ -817,12 +827,17 @@ def _plan_efficiency(
                 "ask for the settings and lockstep it was built with"
             )
         return block_efficiency(plan, settings, lockstep, None)
+    parts = (block_efficiency(part, settings, lockstep, lengths) for part in plan.step_blocks())
+    return summed_efficiency(parts, plan.n_steps)
+
+
+def summed_efficiency(parts: Iterable[Efficiency], steps: int) -> Efficiency:
+    """The efficiency of consecutive blocks of whole steps (every count adds up over steps)."""
     seen = positions = micro = squares = 0
-    for part in plan.step_blocks():
-        e = block_efficiency(part, settings, lockstep, lengths)
+    for e in parts:
         seen, positions = seen + e.seen_tokens, positions + e.positions
         micro, squares = micro + e.micro_batches, squares + e.attention_squares
-    return Efficiency(seen, positions, plan.n_steps, micro, squares)
+    return Efficiency(seen, positions, steps, micro, squares)
 
 
 def block_efficiency(
@@ -899,7 +914,7 @@ def _sorted_rank_counts(
     positions = squares = 0
     for rank in range(world):
         if world == 1:  # every row is the rank's: views, not gathers of every row
-            mine, w, steps, j = slice(None), widths, step_of, place
+            w, steps, j = widths, step_of, place
         else:
             mine = np.flatnonzero(place % world == rank)
             w, steps = widths[mine], step_of[mine]
@@ -957,9 +972,7 @@ def _fixed_width_counts(
     equal."""
     msl, world = plan.max_seq_len, settings.world_size
     micro = _fixed_width_micro(plan, settings)
-    n = _rows_per_step(plan)
-    rows = [np.maximum(0, (n - r + world - 1) // world) for r in range(world)]
-    positions = sum(int(np.where(k == 0, 1, k).sum()) for k in rows) * msl
+    positions = int(np.maximum(1, _rank_rows(plan, world)).sum()) * msl  # a filler if none
     count = int(micro.sum())
     if lockstep and world > 1:
         fillers = int((micro.max(axis=0) - micro).sum())
@@ -968,11 +981,13 @@ def _fixed_width_counts(
     return positions, count, positions * msl
 
 
-def _rows_per_step(plan: Plan) -> np.ndarray:
-    """Rows of each step over every rank."""
-    if plan.step_rows_all is not None:
-        return np.asarray(plan.step_rows_all, dtype=np.int64)
-    return np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
+def _rank_rows(plan: Plan, world: int) -> np.ndarray:
+    """int64 [world, n_steps]: each rank's rows of each step (dealt round-robin)."""
+    if plan.step_rows_all is not None:  # a rank's share: counted over every rank
+        n = np.asarray(plan.step_rows_all, dtype=np.int64)
+    else:
+        n = np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
+    return np.stack([np.maximum(0, (n - r + world - 1) // world) for r in range(world)])
 
 
 def _fixed_width_micro(plan: Plan, settings: BatchSettings) -> np.ndarray:
@@ -983,8 +998,7 @@ def _fixed_width_micro(plan: Plan, settings: BatchSettings) -> np.ndarray:
     else:
         assert settings.tokens_per_micro_batch is not None
         per = max(1, settings.tokens_per_micro_batch // msl)  # whole rows of msl positions
-    n = _rows_per_step(plan)
-    rows = np.stack([np.maximum(0, (n - r + world - 1) // world) for r in range(world)])
+    rows = _rank_rows(plan, world)
     return np.where(rows == 0, 1, -(-rows // per))
 
 

@@ -46,7 +46,7 @@ class _Share:
     narrowest: list[np.ndarray] = dataclasses.field(default_factory=list)
     trained: list[np.ndarray] = dataclasses.field(default_factory=list)
     most: list[np.ndarray] = dataclasses.field(default_factory=list)
-    counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(4, dtype=object))
+    efficiencies: list[plan_module.Efficiency] = dataclasses.field(default_factory=list)
 
 
 def build_rank_plans(
@@ -77,12 +77,7 @@ def build_rank_plans(
         raise ValueError(f"rank {rank} outside world size {world}")
     store_lengths = np.asarray(lengths)
     store_trained = store_lengths if trained is None else np.asarray(trained)
-    sub_lengths, sub_trained = store_lengths, store_trained
-    ids = None if indices is None else np.asarray(indices, dtype=np.int64)
-    if ids is not None:
-        sub_lengths, sub_trained = store_lengths[ids], store_trained[ids]
-    if len(sub_lengths) and int(sub_lengths.max()) > msl:
-        raise ValueError(f"a sequence has {int(sub_lengths.max())} tokens, above max_seq_len {msl}")
+    sub_lengths, sub_trained = plan_module.planned_facts(lengths, trained, indices, msl)
     base = plan_module.plan_key(sub_trained, sub_lengths, indices, msl, tps, seed, epoch)
     keys = {k: _rank_key(base, rank, lockstep, s) for k, s in layouts.items()}
     kept = {k: plan_module.kept_plan(keys[k], k) for k in layouts}
@@ -91,20 +86,10 @@ def build_rank_plans(
     shares = {k: _Share() for k in layouts}
     rngs = {k: plan_module.layout_rng(seed, epoch) for k in layouts}
     blocks = plan_module.step_plan_blocks(sub_trained, sub_lengths, msl, tps, seed, epoch)
+    shape = (epoch, seed, msl, tps)
     for block in blocks:
         for layout, s in layouts.items():
-            seqs, rb, sb, tok = plan_module.layout_rows(*block, sub_lengths, layout, rngs[layout])
-            whole = Plan(
-                strategy=layout,
-                epoch=epoch,
-                seed=seed,
-                max_seq_len=msl,
-                tokens_per_step=tps,
-                seqs=seqs if ids is None else ids[seqs],
-                row_bounds=rb,
-                step_bounds=sb,
-                row_tokens=np.asarray(tok, dtype=np.int64),
-            )
+            whole = plan_module.laid_out(block, sub_lengths, layout, rngs[layout], indices, shape)
             _add_block(shares[layout], whole, s, rank, lockstep, store_lengths, store_trained)
     out = {}
     for layout, s in layouts.items():
@@ -129,10 +114,7 @@ def _add_block(
 ) -> None:
     """Count a block of whole steps over every rank, and keep `rank`'s rows of it."""
     world = settings.world_size
-    e = plan_module.block_efficiency(whole, settings, lockstep, lengths)
-    share.counts += np.asarray(
-        [e.seen_tokens, e.positions, e.micro_batches, e.attention_squares], dtype=object
-    )
+    share.efficiencies.append(plan_module.block_efficiency(whole, settings, lockstep, lengths))
     rows_all = np.diff(whole.step_bounds)
     starts = whole.step_bounds[:-1]
     share.rows_all.append(rows_all)
@@ -195,7 +177,6 @@ def _assemble(
         step_trained=cat(share.trained),
         step_most=cat(share.most) if lockstep else None,
     )
-    seen, positions, micro, squares = (int(x) for x in share.counts)
-    eff = plan_module.Efficiency(seen, positions, len(rows_all), micro, squares)
+    eff = plan_module.summed_efficiency(share.efficiencies, len(rows_all))
     plan.efficiencies[efficiency_key(settings, lockstep, with_lengths=True)] = eff
     return plan
