@@ -60,10 +60,10 @@ from pitstop.core.atomic import write_json_atomic
 from pitstop.core.cache_layout import cache_root
 from pitstop.core.run_record import RunSummary, StepLine, write_steps, write_summary
 from pitstop.measure.flops import flops_model
-from pitstop.measure.flops import mfu as mfu_of
+from pitstop.measure.forward_inputs import add_counts, batch_counts
 from pitstop.measure.machine import cpu_snapshot, machine_load
 from pitstop.measure.memory import peak_memory
-from pitstop.measure.peak import device_peak
+from pitstop.measure.peak import trusted_mfu
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.probe import DeviceInfo, detect_device
@@ -208,6 +208,7 @@ class PitstopCallback(TrainerCallback):
         self._t_begin = time.perf_counter()
         self._dataset: Any = None
         self._world_size: int | None = None
+        self._peak: tuple[float | None, str | None] = (None, None)  # MFU's denominator, its source
 
     def _open(self, now: float) -> None:
         self._cur = {
@@ -264,24 +265,13 @@ class PitstopCallback(TrainerCallback):
             self._event("worker_shutdowns")
 
     def _count_batch(self, batch: Any) -> None:
-        cur = self._cur
-        if cur is None or not hasattr(batch, "get"):
+        """Count a training batch's rows, positions, non-padding and loss-carrying tokens
+        (kept on the device and summed at the end: reading them now would sync)."""
+        if self._cur is None:
             return
-        ids = batch.get("input_ids")
-        labels = batch.get("labels")
-        if ids is not None and hasattr(ids, "numel"):
-            cur["positions"] += int(ids.numel())
-            cur["rows"] += int(ids.shape[0]) if ids.dim() > 1 else 1
-        if ids is not None and hasattr(ids, "numel"):
-            mask = batch.get("attention_mask")
-            cur["seen"].append(mask.sum() if mask is not None else int(ids.numel()))
-        if labels is not None and hasattr(labels, "ne"):
-            # Kept on the device and summed only at the end: reading it now would sync.
-            # The model shifts labels by one, so the first position of a row is never a target.
-            cur["targets"].append(labels[..., 1:].ne(-100).sum())
-        elif ids is not None and hasattr(ids, "shape"):
-            mask = batch.get("attention_mask")
-            cur["targets"].append(mask[..., 1:].sum() if mask is not None else ids[..., 1:].numel())
+        counts = batch_counts(batch)
+        if counts is not None:
+            add_counts(self._cur, counts)
 
     def _sync(self) -> None:
         if self._cuda and self.cuda_sync:
@@ -447,6 +437,7 @@ class PitstopCallback(TrainerCallback):
         last = lines[-1] if lines else StepLine()
         train_s = sum(s["seconds"] for s in self._steps)
         trained = last.trained_tokens or 0
+        seen, padded = float(last.seen_tokens or 0), float(last.padded_tokens or 0)
         losses = [r.loss for r in lines if r.loss is not None]
         rows = sum(s["rows"] for s in self._steps)
         # The phases of the steps the profile measured (after its warm-up), so a share read
@@ -481,6 +472,10 @@ class PitstopCallback(TrainerCallback):
             tokens_per_second=trained / train_s if train_s > 0 else None,
             trained_tokens_per_step=trained / len(lines) if lines else None,
             mfu=p.get("mfu"),
+            flops_per_token=p.get("flops_per_token"),
+            peak_flops=self._peak[0],
+            peak_flops_source=self._peak[1],
+            padding_waste=1 - seen / padded if padded else None,
             peak_memory_bytes=p.get("peak_memory_bytes"),
             final_loss=losses[-1] if losses else None,
             time_breakdown=breakdown,
@@ -527,24 +522,30 @@ class PitstopCallback(TrainerCallback):
             if getattr(args, "bf16", False)
             else ("fp16" if getattr(args, "fp16", False) else "fp32")
         )
-        mfu = None
+        mfu = flops_per_token = None
+        notes = []
         fm = getattr(self, "_flops_model", None)
         if fm is not None and positions and seconds and rows:
-            cache = cache_root(self.cache_dir)
             import torch
 
-            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-            try:
-                peak, _ = device_peak(dev, precision, tf32, cache)
-            except Exception:  # peak unknown: MFU is reported as null
-                peak = None
-            mfu = mfu_of(positions / seconds, fm.per_token(round(positions / rows)), peak)
+            flops_per_token = fm.per_token(round(positions / rows))
+            got = trusted_mfu(
+                positions / seconds,
+                flops_per_token,
+                dev,
+                precision,
+                bool(torch.backends.cuda.matmul.allow_tf32),
+                cache_root(self.cache_dir),
+            )
+            mfu = got["mfu"]
+            self._peak = (got["peak_flops"], got["peak_source"])
+            if got["note"]:
+                notes.append(got["note"])
         peak_mem = peak_memory("cuda" if self._cuda else "cpu")
         events: dict[str, int] = {"checkpoints": 0, "evals": 0, "logs": 0}
         for s in measured:
             for k, n in s["events"].items():
                 events[k] = events.get(k, 0) + n
-        notes = []
         if not self._hooks and getattr(args, "torch_compile", False):
             notes.append("torch_compile: forward and backward are reported together as backward")
         if self._dataloader is None and not any(s["phases"]["data_wait"] for s in steps):
@@ -567,6 +568,9 @@ class PitstopCallback(TrainerCallback):
             events=events,
             notes=notes,
         )
+        seen = sum(float(sum(float(t) for t in s["seen"])) for s in measured)
+        profile["seen_tokens"], profile["padded_tokens"] = seen, positions
+        profile["flops_per_token"] = flops_per_token
         if any(s["events"].get("worker_startups") for s in steps):
             # Inside data_wait, named apart: the warm-up's start-up is left out of every share
             # (spawned workers can take seconds), a start-up in measured steps (workers started
@@ -591,7 +595,7 @@ class PitstopCallback(TrainerCallback):
 
         assert self.profile is not None
         dev = device_from_dict(self.profile["device"])
-        cls = type(args).__name__
+        cls = self._args_class(args)
         env = environment(compile_check=False, device=dev)
         return doctor(
             hf_args=self.profile["config"],
@@ -601,6 +605,10 @@ class PitstopCallback(TrainerCallback):
             device=dev,
             data=self._data_facts(),
         )
+
+    def _args_class(self, args: Any) -> str:
+        """The arguments' class name the doctor names fields by (SFTConfig, TrainingArguments)."""
+        return type(args).__name__
 
     def _data_facts(self) -> Any:
         """Row lengths of the Trainer's train dataset, sampled evenly, in bounded time.

@@ -27,6 +27,8 @@ def is_custom_loop(profile: dict[str, Any] | None) -> bool:
     its source is "script" (pitstop.anyloop.recorder); a profile written before that field
     said so carries the recorder's note instead."""
     p = profile or {}
+    if p.get("program"):  # recorded by the watch: a Trainer script's fixes are its fields
+        return p["program"] != "trainer"
     if p.get("source") == SOURCE_SCRIPT:
         return True
     return any(CUSTOM_LOOP_NOTE in str(n) for n in p.get("notes") or [])

@@ -12,6 +12,7 @@ from typing import Any
 
 from pitstop.core.run_record import SOURCE_SCRIPT, RunSummary
 from pitstop.hf import PitstopCallback
+from pitstop.measure.forward_inputs import add_counts, batch_counts
 
 # What the run's summary says produced it (`pitstop compare` lists it with the settings).
 SOURCE = SOURCE_SCRIPT
@@ -24,8 +25,33 @@ class LoopRecorder(PitstopCallback):
         super().__init__(**kwargs)
         self._owner = owner
 
+    def _open(self, now: float) -> None:
+        super()._open(now)
+        assert self._cur is not None
+        self._cur["fallback"] = {"rows": 0, "positions": 0, "seen": [], "targets": []}
+
     def _count_batch(self, batch: Any) -> None:
-        super()._count_batch(_as_mapping(batch))
+        """A training DataLoader batch: counted apart, and used only for a step whose model
+        forwards held no token ids (the forwards' own inputs are what a step trains)."""
+        if self._cur is None:
+            return
+        counts = batch_counts(batch)
+        if counts is not None:
+            add_counts(self._cur["fallback"], counts)
+
+    def _close(self, end: float) -> None:
+        cur = self._cur
+        if cur is not None:
+            fallback = cur.pop("fallback", None)
+            if fallback and not cur.pop("forward_counted", False):
+                cur.update(fallback)
+        super()._close(end)
+
+    def _args_class(self, args: Any) -> str:
+        program = self._owner._program
+        if program is not None and program.args_class:
+            return program.args_class  # a Trainer script's own TrainingArguments / SFTConfig
+        return super()._args_class(args)
 
     def _build_summary(self) -> RunSummary:
         summary = super()._build_summary()
@@ -40,6 +66,11 @@ class LoopRecorder(PitstopCallback):
     def _build_profile(self, args: Any, model: Any) -> dict[str, Any]:
         profile = super()._build_profile(args, model)
         profile["source"] = SOURCE  # its config is what the hooks observed, not declared
+        program = self._owner._program
+        profile["program"] = program.kind if program is not None else "loop"
+        shapes = self._owner._settings.get("model_shapes")
+        if shapes:
+            profile["model_shapes"] = dict(shapes)
         precision = profile["choices"].get("precision")
         if isinstance(precision, dict):  # the callback's reason names TrainingArguments
             precision["reason"] = "observed: the autocast dtype, else the parameters' dtype"
@@ -53,10 +84,18 @@ class LoopRecorder(PitstopCallback):
                 f"torch.get_float32_matmul_precision()={flags['float32_matmul_precision']!r}",
                 "flags": dict(flags),
             }
-        profile["notes"].append(
-            "a custom loop timed by pitstop.watch / `pitstop profile -- COMMAND`: its settings "
-            "were observed and are written as the TrainingArguments fields the rules read"
-        )
+        if program is not None and program.args:
+            profile["notes"].append(
+                f"a {program.args_class or 'Trainer'} script timed by pitstop.watch / "
+                "`pitstop profile -- COMMAND`: its own arguments, with the precision and "
+                "accumulation the hooks observed"
+            )
+        else:
+            profile["notes"].append(
+                "a custom loop timed by pitstop.watch / `pitstop profile -- COMMAND`: its "
+                "settings were observed and are written as the TrainingArguments fields the "
+                "rules read"
+            )
         return profile
 
     def _step_records(self) -> list[dict[str, Any]]:
@@ -65,24 +104,3 @@ class LoopRecorder(PitstopCallback):
             if losses:
                 s["loss"] = sum(float(x) for x in losses) / len(losses)
         return super()._step_records()
-
-
-def _as_mapping(batch: Any) -> Any:
-    """A batch in the shape PitstopCallback counts: {"input_ids", "labels"?, "attention_mask"?}."""
-    if hasattr(batch, "get"):
-        return batch
-    import torch
-
-    def ints(x: Any) -> bool:
-        return isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() >= 1
-
-    if ints(batch):
-        return {"input_ids": batch}
-    if isinstance(batch, (tuple, list)):
-        tensors = [x for x in batch if ints(x)]
-        if tensors:
-            out = {"input_ids": tensors[0]}
-            if len(tensors) > 1 and tensors[1].shape == tensors[0].shape:
-                out["labels"] = tensors[1]
-            return out
-    return batch

@@ -55,8 +55,11 @@ from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any
 
+from pitstop.anyloop.program import Program, detect_program
 from pitstop.core.errors import ConfigError
 from pitstop.measure.flops import flops_model
+from pitstop.measure.forward_inputs import add_counts, forward_counts
+from pitstop.measure.peak import module_shapes
 
 
 class Watch:
@@ -109,6 +112,12 @@ class Watch:
         self._calling = False  # inside an observed call (one calling another is not timed twice)
         self._fetching = False  # inside a DataLoader next(): its time is data_wait
         self._tail = (0.0, False)  # an epoch end's wait after a step ended: see _epoch_end
+        self._seen_train_mode = False  # the model was seen in train() mode (eval(): evaluation)
+        self._eval: dict[str, Any] | None = None  # the evaluation in progress: see _begin_eval
+        self._eval_steps: set[int] = set()  # the steps (1-based) an evaluation ran in
+        self._in_eval_forward = False
+        self._closure_s = 0.0  # this step's time inside optimizer.step(closure)'s closure
+        self._program: Program | None = None  # what runs the loop: see anyloop/program.py
 
     @property
     def _rec(self) -> Any:
@@ -175,7 +184,9 @@ class Watch:
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
             nn_module.register_module_forward_pre_hook(self._fwd_pre),
-            nn_module.register_module_forward_hook(self._fwd_post, always_call=True),
+            nn_module.register_module_forward_hook(
+                self._fwd_post, with_kwargs=True, always_call=True
+            ),
         ]
         original = DataLoader.__iter__
         watch = self
@@ -237,6 +248,8 @@ class Watch:
                 return original(*args, **kwargs)
             # Inside a timed phase the call's time is already that phase's: count it only.
             inside = watch._depth > 0 or watch._opt_t0 is not None or watch._fetching
+            if not inside:
+                watch._end_eval()  # a save after an evaluation is not the evaluation's
             watch._calling = True
             try:
                 if not inside:
@@ -282,6 +295,7 @@ class Watch:
             Watch._active = None
         if os.getpid() != self._pid or self._step_optimizer is None:
             return None  # a forked worker, or no optimizer stepped: nothing to say
+        self._end_eval()
         rank, _ = self._settings.get("process") or _process()
         rank0 = rank == 0
         args = self._args()
@@ -297,10 +311,10 @@ class Watch:
     # --- the hooks ----------------------------------------------------------------------
 
     def _wrap(self, loader: Any, it: Any, t_iter: float, iter_s: float, starts: bool) -> Any:
-        if self._loader is None and _grad_enabled():
+        if self._loader is None and _grad_enabled() and not self._model_in_eval():
             self._loader = loader
             self._rec._dataset = getattr(loader, "dataset", None)
-        return _TimedIterator(it, self, t_iter, iter_s, starts)
+        return _TimedIterator(it, self, loader, t_iter, iter_s, starts)
 
     def _epoch_end(self, wait: float, stops: bool) -> None:
         """The wait of the `next()` that ended an epoch (workers shut down there).
@@ -333,23 +347,97 @@ class Watch:
             self._micro.append(0)
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
-        if self._depth == 0 and self._is_root(module):
-            self._rec  # noqa: B018  (made before the step's clock starts)
-            self._open_if_needed()
-            self._micro[-1] += 1
-            self._fwd_t0 = time.perf_counter()
+        if self._depth == 0:
+            kind = self._forward_kind(module)
+            if kind == "train":
+                self._rec  # noqa: B018  (made before the step's clock starts)
+                self._end_eval()
+                self._open_if_needed()
+                self._micro[-1] += 1
+                self._fwd_t0 = time.perf_counter()
+            elif kind == "eval":
+                self._begin_eval(time.perf_counter())
+                self._in_eval_forward = True
         self._depth += 1
 
-    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
+    def _fwd_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
-        if self._depth == 0 and self._fwd_t0 is not None and module is self._root:
+        if self._depth != 0 or module is not self._root:
+            return
+        if self._in_eval_forward:
+            self._in_eval_forward = False
             self._rec._sync()
-            self._rec._add("forward", time.perf_counter() - self._fwd_t0)
-            self._fwd_t0 = None
-            loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
-            cur = self._rec._cur
-            if cur is not None and hasattr(loss, "detach") and loss.numel() == 1:
-                cur.setdefault("loss_t", []).append(loss.detach())
+            self._touch_eval(time.perf_counter(), forwards=1)
+            return
+        if self._fwd_t0 is None:
+            return
+        self._rec._sync()
+        self._rec._add("forward", time.perf_counter() - self._fwd_t0)
+        self._fwd_t0 = None
+        cur = self._rec._cur
+        if cur is None:
+            return
+        counts = forward_counts(module, args, kwargs)
+        if counts is not None:
+            add_counts(cur, counts)
+            cur["forward_counted"] = True
+        loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
+        if loss is None and isinstance(output, (tuple, list)):  # nanoGPT: (logits, loss)
+            loss = next((x for x in output[1:] if _scalar(x)), None)
+        if _scalar(loss):
+            cur.setdefault("loss_t", []).append(loss.detach())
+
+    def _forward_kind(self, module: Any) -> str | None:
+        """ "train" for the model's training forward, "eval" for its evaluation forward (no
+        gradients, or eval() mode once it was seen training), None for any other call."""
+        if self._root is None:
+            return "train" if self._is_root(module) else None
+        if module is not self._root:
+            return None
+        if not _grad_enabled() or (self._seen_train_mode and not module.training):
+            return "eval"
+        self._seen_train_mode = self._seen_train_mode or bool(module.training)
+        return "train"
+
+    def _model_in_eval(self) -> bool:
+        """The model is in eval() mode after being seen training: an evaluation is running."""
+        root = self._root
+        return root is not None and self._seen_train_mode and not root.training
+
+    # --- evaluation: a phase of its own -------------------------------------------------
+
+    def _begin_eval(self, t: float) -> None:
+        """An evaluation forward or fetch at `t`: opens an evaluation unless one is open.
+
+        An evaluation runs from its first forward or fetch to its last; the time between
+        them (the loop cutting its next batch, moving it to the device, reading the loss)
+        is the evaluation's too. It ends at the next training forward, training fetch,
+        optimizer step, timed save, or the watch's end."""
+        if self._eval is None:
+            rec = self._rec
+            named = _named(rec._cur)
+            self._eval = {"t0": t, "end": t, "forwards": 0, "named": named}
+
+    def _touch_eval(self, now: float, forwards: int = 0) -> None:
+        if self._eval is not None:
+            self._eval["end"] = now
+            self._eval["forwards"] += forwards
+
+    def _end_eval(self) -> None:
+        ev, self._eval = self._eval, None
+        if ev is None:
+            return
+        rec = self._rec
+        if rec._cur is None:
+            return  # before the first step (an evaluation before training): no step to charge
+        # Time another phase took inside the evaluation (a save, a gc) is that phase's.
+        seconds = max(0.0, ev["end"] - ev["t0"] - (_named(rec._cur) - ev["named"]))
+        rec._add("eval", seconds)
+        rec._event("evals")
+        rec._event("eval_forwards", ev["forwards"])
+        self._eval_steps.add(len(rec._steps) + 1)
+        if rec._after_step_end:  # between steps: the last step ends after it
+            rec._mark = ev["end"]
 
     def _is_root(self, module: Any) -> bool:
         if not _grad_enabled():
@@ -359,11 +447,13 @@ class Watch:
             if not params:
                 return False
             self._root = module
+            self._seen_train_mode = bool(module.training)
             self._observe_model(module, params[0])
         return module is self._root
 
-    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._rec  # noqa: B018  (made before the clock is read)
+        self._end_eval()
         if self._step_optimizer is None:
             self._step_optimizer = id(optimizer)
             self._observe_optimizer(optimizer)
@@ -377,14 +467,44 @@ class Watch:
             named = sum(v for k, v in cur["phases"].items() if k != "other")
             rec._add("backward", max(0.0, now - cur["t0"] - named))
         self._opt_t0 = now
+        return self._time_closure(args, kwargs)
+
+    def _time_closure(self, args: Any, kwargs: Any) -> Any:
+        """`step(closure)` (Lightning's automatic optimization, LBFGS): the closure runs the
+        forward and backward inside the step, so it is timed apart and charged to them;
+        only the rest of the step is the optimizer's. None when there is no closure."""
+        closure = (kwargs or {}).get("closure")
+        positional = closure is None and len(args) > 1 and callable(args[1])
+        if positional:
+            closure = args[1]
+        if closure is None or not callable(closure):
+            return None
+        watch = self
+
+        def timed_closure(*a: Any, **k: Any) -> Any:
+            rec = watch._rec
+            forward0 = _phase(rec._cur, "forward")
+            t = time.perf_counter()
+            try:
+                return closure(*a, **k)
+            finally:
+                rec._sync()
+                dt = time.perf_counter() - t
+                watch._closure_s += dt
+                rec._add("backward", max(0.0, dt - (_phase(rec._cur, "forward") - forward0)))
+
+        if positional:
+            return (args[0], timed_closure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": timed_closure}
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         rec = self._rec
         rec._sync()
         now = time.perf_counter()
         if self._opt_t0 is not None:
-            rec._add("optimizer", now - self._opt_t0)
+            rec._add("optimizer", max(0.0, now - self._opt_t0 - self._closure_s))
             self._opt_t0 = None
+        self._closure_s = 0.0
         if id(optimizer) == self._step_optimizer:
             rec._mark = now
             rec._after_step_end = True
@@ -399,8 +519,12 @@ class Watch:
         rec._cuda = dev.type == "cuda"
         try:
             rec._flops_model = flops_model(model)
-        except Exception:  # an exotic model without the embeddings API: no MFU
+        except Exception:  # a model whose parameters cannot be counted: no MFU
             rec._flops_model = None
+        try:
+            self._settings["model_shapes"] = module_shapes(model)
+        except Exception:  # shapes unreadable: the precision finding measures no ratio
+            self._settings["model_shapes"] = None
         amp = torch.is_autocast_enabled(dev.type) if dev.type in ("cpu", "cuda") else False
         dtype = torch.get_autocast_dtype(dev.type) if amp else param.dtype
         self._settings.update(
@@ -419,6 +543,7 @@ class Watch:
         # (a process group is often destroyed before the interpreter exits, where stop() runs).
         self._settings["tf32"] = tf32_state()
         self._settings["process"] = _process()
+        self._program = detect_program()
 
     def _args(self) -> SimpleNamespace:
         """The loop's settings, as the TrainingArguments fields the doctor reads."""
@@ -443,6 +568,14 @@ class Watch:
         every = _save_interval(sorted(self._save_steps))
         if every is not None:
             hf.update(save_strategy="steps", save_steps=every)
+        every = _save_interval(sorted(self._eval_steps))
+        if every is not None:
+            hf.update(eval_strategy="steps", eval_steps=every)
+        program = self._program or Program()
+        if program.args:  # a Trainer's own arguments: the truth where the hooks saw less
+            observed = {k: hf[k] for k in ("bf16", "fp16", "gradient_accumulation_steps")}
+            hf = {**hf, **program.args, **observed, "max_steps": hf["max_steps"]}
+            loader = None
         if loader is not None:
             hf.update(
                 per_device_train_batch_size=getattr(loader, "batch_size", None) or 1,
@@ -468,12 +601,16 @@ class _TimedIterator:
 
     The first `next()` also carries `iter()`'s own `iter_s` seconds, and opens the step at
     `iter()`'s start `t_iter`; with `starts` (that `iter()` started workers) both are
-    recorded as one worker start-up.
+    recorded as one worker start-up. A fetch for an evaluation (no gradients, or another
+    loader than the training one while the model is in eval() mode) is the evaluation's.
     """
 
-    def __init__(self, it: Any, watch: Watch, t_iter: float, iter_s: float, starts: bool) -> None:
+    def __init__(
+        self, it: Any, watch: Watch, loader: Any, t_iter: float, iter_s: float, starts: bool
+    ) -> None:
         self._it = it
         self._watch = watch
+        self._loader = loader
         self._first: tuple[float, float, bool] | None = (t_iter, iter_s, starts)
         # Its workers are shut down (joined) when the epoch ends, unless they persist.
         self._stops = int(getattr(it, "_num_workers", 0) or 0) > 0 and not getattr(
@@ -486,17 +623,21 @@ class _TimedIterator:
     def __len__(self) -> int:
         return len(self._it)
 
+    def _evaluating(self) -> bool:
+        w = self._watch
+        return not _grad_enabled() or (self._loader is not w._loader and w._model_in_eval())
+
     def __next__(self) -> Any:
         w = self._watch
-        if not _grad_enabled():  # an evaluation loop's fetch: eval time, no trained tokens
+        if self._evaluating():  # an evaluation loop's fetch: its time is the evaluation's
             t = time.perf_counter()
+            w._begin_eval(t if self._first is None else self._first[0])
+            self._first = None
             try:
                 return next(self._it)
             finally:
-                now = time.perf_counter()
-                w._rec._add("eval", now - t)
-                if w._rec._after_step_end:  # between steps: the last step ends after it
-                    w._rec._mark = now
+                w._touch_eval(time.perf_counter())
+        w._end_eval()
         first, self._first = self._first, None
         t = time.perf_counter()
         w._fetching = True
@@ -513,11 +654,26 @@ class _TimedIterator:
         rec._add("data_wait", wait)
         if first is not None and first[2]:
             rec._worker_started(wait)
-        rec._count_batch(batch)
+        rec._count_batch(batch)  # the fallback count, for forwards whose inputs hold no ids
         return batch
 
     def __getattr__(self, name: str) -> Any:  # anything else a loop asks the iterator
         return getattr(self._it, name)
+
+
+def _named(cur: dict[str, Any] | None) -> float:
+    """Seconds a step's named phases hold so far (every phase but "other")."""
+    if cur is None:
+        return 0.0
+    return sum(v for k, v in cur["phases"].items() if k != "other")
+
+
+def _phase(cur: dict[str, Any] | None, name: str) -> float:
+    return 0.0 if cur is None else float(cur["phases"].get(name, 0.0))
+
+
+def _scalar(x: Any) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "numel") and x.numel() == 1
 
 
 def _checkpointing(model: Any) -> bool:

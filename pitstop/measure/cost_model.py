@@ -332,24 +332,83 @@ def flops_for_shape(shape: ModelShape, lora_r: int | None = None) -> FlopsModel:
 
 
 def flops_model(model: Any) -> FlopsModel:
-    """Count a loaded (HF, possibly PEFT-wrapped) causal LM's parameters for the FLOPs formula."""
-    emb = model.get_input_embeddings()
-    emb_ids = {id(p) for p in emb.parameters()} if emb is not None else set()
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    out_ids = {id(p) for p in out.parameters()} if out is not None else set()
+    """Count a loaded model's parameters for the FLOPs formula: a Hugging Face causal LM
+    (possibly PEFT-wrapped), or any `nn.Module` that trains on tokens (a nanoGPT `GPT`, a
+    LightningModule holding a model).
+
+    Lookup tables are left out: the input embeddings (Hugging Face's `get_input_embeddings`,
+    else every `nn.Embedding`), unless a table is also an output matmul (tied weights). The
+    layers and width come from the model's config (`num_hidden_layers` / `n_layer`,
+    `hidden_size` / `n_embd`), else from its outermost attention modules and its widest
+    embedding table."""
+    hf = _hf_model(model)
+    if hf is not None:
+        emb = hf.get_input_embeddings()
+        tables = {id(p) for p in emb.parameters()} if emb is not None else set()
+        out = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+        matmuls = {id(p) for p in out.parameters()} if out is not None else set()
+    else:
+        tables, matmuls = _embedding_tables(model)
     trainable = frozen = 0
     for p in model.parameters():
-        if id(p) in emb_ids and id(p) not in out_ids:
+        if id(p) in tables and id(p) not in matmuls:
             continue  # a lookup table; a tied table is also the output matmul, which counts
         if p.requires_grad:
             trainable += p.numel()
         else:
             frozen += p.numel()
-    cfg = model.config
-    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    layers = int(getattr(text_cfg, "num_hidden_layers", 0) or getattr(text_cfg, "n_layer", 0))
-    width = int(getattr(text_cfg, "hidden_size", 0) or getattr(text_cfg, "n_embd", 0))
+    layers, width = _depth_and_width(hf if hf is not None else model)
     return FlopsModel(n_trainable=trainable, n_frozen=frozen, n_layers=layers, d_model=width)
+
+
+def _hf_model(model: Any) -> Any:
+    """The model itself or the first module inside it with Hugging Face's embeddings API and
+    a config (a LightningModule's model), else None."""
+    import torch
+
+    mods = model.modules() if isinstance(model, torch.nn.Module) else [model]
+    for m in mods:
+        if hasattr(m, "get_input_embeddings") and hasattr(m, "config"):
+            try:
+                m.get_input_embeddings()
+            except (NotImplementedError, AttributeError):
+                continue
+            return m
+    return None
+
+
+def _embedding_tables(model: Any) -> tuple[set[int], set[int]]:
+    """(ids of every nn.Embedding's parameters, ids of every nn.Linear's parameters)."""
+    import torch
+
+    tables, matmuls = set(), set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding):
+            tables |= {id(p) for p in m.parameters()}
+        elif isinstance(m, torch.nn.Linear):
+            matmuls |= {id(p) for p in m.parameters()}
+    return tables, matmuls
+
+
+def _depth_and_width(model: Any) -> tuple[int, int]:
+    cfg = getattr(model, "config", None)
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers = int(getattr(text_cfg, "num_hidden_layers", 0) or getattr(text_cfg, "n_layer", 0) or 0)
+    width = int(getattr(text_cfg, "hidden_size", 0) or getattr(text_cfg, "n_embd", 0) or 0)
+    if layers and width:
+        return layers, width
+    import torch
+
+    # No config: the outermost modules named like attention are the layers, and the widest
+    # embedding table's width is the model's.
+    inside: set[int] = set()
+    found = 0
+    for m in model.modules():
+        if id(m) not in inside and "attention" in type(m).__name__.lower():
+            found += 1
+            inside |= {id(x) for x in m.modules()}
+    widths = [m.embedding_dim for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return layers or found, width or max(widths, default=0)
 
 
 @dataclass

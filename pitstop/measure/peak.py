@@ -51,9 +51,17 @@ def _cpu_key() -> CpuKey:
     return CpuKey(cpu=cpu_name(), threads=torch.get_num_threads(), torch=str(torch.__version__))
 
 
-def measure_cpu_peak(size: int = 1024, repeats: int = 3, precision: str = "fp32") -> float:
+# The peak is the best of repeated products over at least this long, so a busy moment of the
+# machine (another process on a core) shows in the CPU times read around it.
+_PEAK_WINDOW_S = 0.25
+
+
+def measure_cpu_peak(
+    size: int = 1024, repeats: int = 3, precision: str = "fp32", min_seconds: float = 0.0
+) -> float:
     """Best FLOP/s of `size`^3 matrix products on this CPU with torch's threads, in
-    `precision` (fp32, or bf16 inputs with the BLAS's fp32 accumulation)."""
+    `precision` (fp32, or bf16 inputs with the BLAS's fp32 accumulation): `repeats` timed
+    products at least, and more until `min_seconds` have passed."""
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -62,11 +70,36 @@ def measure_cpu_peak(size: int = 1024, repeats: int = 3, precision: str = "fp32"
     b = torch.randn(size, size, generator=g).to(dtype)
     torch.mm(a, b)  # warm-up: thread pool start, page faults, the kernel's first dispatch
     best = float("inf")
-    for _ in range(repeats):
+    n, start = 0, time.perf_counter()
+    while n < repeats or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
+        n += 1
     return 2 * size**3 / best
+
+
+class PeakMeasurement(TypedDict):
+    """A measured CPU peak and the machine's load while it was measured."""
+
+    flops: float
+    other_cores: float | None  # cores other processes used meanwhile (None: not measurable)
+    cores: int | None
+    busy: bool  # others held SHARED_CORE_SHARE of the cores or more: the peak reads low
+
+
+def measure_cpu_peak_quietly(precision: str = "fp32") -> PeakMeasurement:
+    """`measure_cpu_peak` over `_PEAK_WINDOW_S`, with the CPU time other processes took."""
+    from pitstop.measure.machine import SHARED_CORE_SHARE, cpu_snapshot, other_cpu
+
+    before = cpu_snapshot()
+    flops = measure_cpu_peak(precision=precision, min_seconds=_PEAK_WINDOW_S)
+    load = other_cpu(before, cpu_snapshot())
+    others = load.get("other_cores")
+    cores = load.get("machine_cores")
+    used = None if others is None else float(others) + float(load.get("steal_cores") or 0.0)
+    busy = used is not None and bool(cores) and used >= SHARED_CORE_SHARE * float(cores or 1)
+    return PeakMeasurement(flops=flops, other_cores=used, cores=cores, busy=busy)
 
 
 def _read_cached(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -79,19 +112,40 @@ def _read_cached(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | Non
     return rec if isinstance(rec, dict) and rec.get("key") == key else None
 
 
-def cpu_peak(cache_dir: str | Path | None, precision: str = "fp32") -> tuple[float, str]:
-    """The measured CPU peak in `precision` (fp32 or bf16), cached under `cache_dir`."""
+def cpu_peak(
+    cache_dir: str | Path | None, precision: str = "fp32", *, fresh: bool = False
+) -> tuple[float, str]:
+    """The measured CPU peak in `precision` (fp32 or bf16), cached under `cache_dir`.
+
+    A peak measured while other processes held the cores reads low, and every MFU divided
+    by it reads high (a run "faster than its peak"): such a measurement is cached marked
+    busy and measured again at the next use, a quiet one replaces it, and of two quiet
+    ones the higher is kept. `fresh` measures again whatever the cache holds."""
     precision = "bf16" if precision == "bf16" else "fp32"
     key = _cpu_key()
     name = CPU_PEAK_BF16 if precision == "bf16" else CPU_PEAK
     path = keyed_cache_path(cache_dir, name, key)
     rec = _read_cached(path, key)
-    if rec is not None and isinstance(rec.get("flops"), (int, float)):
-        return float(rec["flops"]), f"measured {precision} matmul peak (cached in {path})"
-    flops = measure_cpu_peak(precision=precision)
+    cached = rec.get("flops") if rec is not None else None
+    cached_ok = isinstance(cached, (int, float)) and cached > 0
+    if cached_ok and not rec.get("busy") and not fresh:  # type: ignore[union-attr]
+        return float(cached), f"measured {precision} matmul peak (cached in {path})"  # type: ignore[arg-type]
+    m = measure_cpu_peak_quietly(precision)
+    flops, busy = m["flops"], m["busy"]
+    if cached_ok and not rec.get("busy") and float(cached) > flops:  # type: ignore[union-attr, arg-type]
+        flops, busy = float(cached), False  # type: ignore[arg-type]
     if path is not None:
-        write_cache_entry(path, json.dumps({"key": key, "flops": flops}))
-    return flops, f"measured {precision} 1024x1024 matmul peak on this CPU"
+        write_cache_entry(
+            path,
+            json.dumps({"key": key, "flops": flops, "busy": busy, "other_cores": m["other_cores"]}),
+        )
+    how = f"measured {precision} 1024x1024 matmul peak on this CPU"
+    if busy:
+        how += (
+            f" while other processes used {m['other_cores']:.1f} of {m['cores']} cores "
+            "(it reads low; measured again at the next run)"
+        )
+    return flops, how
 
 
 # The precision measurement's budget: FLOPs of one forward+backward over all shapes
@@ -119,6 +173,23 @@ def model_matmul_shapes(
     per_token = sum(6 * k * n for k, n in dims)
     m = max(64, min(int(tokens), int(_PRECISION_FLOPS_BUDGET // per_token)))
     return tuple((m, k, n) for k, n in dims)
+
+
+def module_shapes(model: Any) -> dict[str, int] | None:
+    """{"hidden_size", "intermediate_size", "vocab_size"} of a model read off its linear
+    layers (any nn.Module, not only a Hugging Face one): the widest output is the LM head
+    (its input the width), the widest other output from that width the MLP's up projection.
+    None for a model without linear layers."""
+    import torch
+
+    linears = [
+        (m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)
+    ]
+    if not linears:
+        return None
+    width, vocab = max(linears, key=lambda io: io[1])
+    ffn = max((o for i, o in linears if i == width and o != vocab), default=4 * width)
+    return {"hidden_size": int(width), "intermediate_size": int(ffn), "vocab_size": int(vocab)}
 
 
 def measure_precision_speed(shapes: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
@@ -186,10 +257,60 @@ def model_precision_speed(
 
 
 def device_peak(
-    dev: Any, precision: str, tf32: bool, cache_dir: str | Path | None
+    dev: Any, precision: str, tf32: bool, cache_dir: str | Path | None, *, fresh: bool = False
 ) -> tuple[float | None, str]:
-    """Peak FLOP/s for MFU on the device described by a `pitstop.probe.DeviceInfo`."""
+    """Peak FLOP/s for MFU on the device described by a `pitstop.probe.DeviceInfo`
+    (`fresh`: a CPU's peak measured again, not read from the cache)."""
     if dev.type == "cpu":
-        return cpu_peak(cache_dir, precision)
+        return cpu_peak(cache_dir, precision, fresh=fresh)
     prec = precision if precision in ("bf16", "fp16") else ("tf32" if tf32 else "fp32")
     return gpu_peak(dev.name, prec)
+
+
+class TrustedMfu(TypedDict):
+    """An MFU that can be true, the peak behind it, and why it is missing when it is."""
+
+    mfu: float | None
+    peak_flops: float | None
+    peak_source: str
+    note: str | None  # set when the MFU is withheld or the peak was measured again
+
+
+def trusted_mfu(
+    positions_per_second: float,
+    flops_per_token: float,
+    dev: Any,
+    precision: str,
+    tf32: bool,
+    cache_dir: str | Path | None,
+) -> TrustedMfu:
+    """MFU against the device's peak, never above 100%.
+
+    A run cannot compute faster than its device's peak: an MFU over 1 means the peak is
+    wrong (a CPU peak measured while the machine was busy). The CPU peak is then measured
+    again; if the run still beats it, no MFU is reported and the note says why. A GPU's
+    peak comes from the catalogue: beating it withholds the MFU the same way."""
+    from pitstop.measure.flops import mfu as mfu_of
+
+    try:
+        peak, source = device_peak(dev, precision, tf32, cache_dir)
+    except Exception as e:  # a peak that cannot be measured here: no MFU, and why
+        return TrustedMfu(mfu=None, peak_flops=None, peak_source=str(e), note=None)
+    value = mfu_of(positions_per_second, flops_per_token, peak)
+    note = None
+    if value is not None and value > 1.0 and dev.type == "cpu":
+        first = peak
+        peak, source = device_peak(dev, precision, tf32, cache_dir, fresh=True)
+        value = mfu_of(positions_per_second, flops_per_token, peak)
+        note = (
+            f"the cached {precision} peak ({(first or 0) / 1e9:.0f} GFLOP/s) was below what "
+            f"this run computed; measured again: {(peak or 0) / 1e9:.0f} GFLOP/s"
+        )
+    if value is not None and value > 1.0:
+        achieved = positions_per_second * flops_per_token
+        note = (
+            f"MFU not reported: the run computed {achieved / 1e9:.0f} GFLOP/s, above the "
+            f"device's peak of {(peak or 0) / 1e9:.0f} GFLOP/s ({source}); the peak is suspect"
+        )
+        value = None
+    return TrustedMfu(mfu=value, peak_flops=peak, peak_source=source, note=note)

@@ -22,6 +22,15 @@ either. Keys (units in the names where a user reads them)::
     config             the RunConfig dict (pitstop) or TrainingArguments.to_dict() (hf)
     utilisation        pitstop.measure.sampler.Sampler.summary() (optional)
     notes              [str], anything the producer wants the doctor to see (optional)
+    seen_tokens        non-padding positions of the K steps (optional; the padding share is
+                       1 - seen_tokens / padded_tokens)
+    padded_tokens      positions computed in the K steps, padding included (optional)
+    flops_per_token    the FLOPs per position MFU was computed with (optional)
+    program            what ran the loop (optional): "trainer" (a Hugging Face / TRL Trainer),
+                       "lightning", "accelerate" or "loop" (pitstop.anyloop.program)
+    model_shapes       {"hidden_size", "intermediate_size", "vocab_size"} of the trained model,
+                       read off its layers (optional): the shapes a CPU's fp32 / bf16 speed is
+                       measured at for the precision finding
 """
 
 from __future__ import annotations
@@ -92,6 +101,8 @@ FIELD_KINDS = {
     "phases": "num_map", "events": "num_map", "tokens_per_second": "num", "tokens_per_step": "num",
     "mfu": "num", "peak_memory_bytes": "num", "device": "dict_or_str", "choices": "dict",
     "config": "dict", "utilisation": "dict", "notes": "list", "machine": "dict",
+    "seen_tokens": "num", "padded_tokens": "num", "flops_per_token": "num", "program": "str",
+    "model_shapes": "dict",
 }  # fmt: skip
 
 
