@@ -28,6 +28,8 @@ from pitstop.report.compare import (
     verdict_text,
 )
 from pitstop.report.runs import (
+    FINDINGS_MISSING,
+    FINDINGS_READ,
     LoadedRun,
     breakdown,
     load_run,
@@ -333,7 +335,14 @@ def _cost_section(runs: list[LoadedRun], price: float | None) -> str:
 
 def _findings(run: LoadedRun) -> str:
     if not run.findings:
-        return f'<p class="muted">{text(run.name)}: no findings.json (run <code>pitstop doctor</code>).</p>'
+        # Say what findings.json held: an empty list is the doctor's answer, not a missing file.
+        if run.findings_state == FINDINGS_READ:
+            said = "the doctor found nothing to change (findings.json lists no findings)"
+        elif run.findings_state == FINDINGS_MISSING:
+            said = "no findings.json (run <code>pitstop doctor</code>)"
+        else:
+            said = f"{text(run.findings_state)}; run <code>pitstop doctor</code> again"
+        return f'<p class="muted">{text(run.name)}: {said}.</p>'
     rows = []
     for f in run.findings:
         sev = str(f.get("severity", ""))

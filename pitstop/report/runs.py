@@ -18,9 +18,18 @@ from pitstop.core.errors import DataError
 from pitstop.core.run_record import RunSummary, StepLine, read_steps, read_summary
 from pitstop.measure.timeline import PHASES
 
-__all__ = ["LoadedRun", "load_run", "read_steps", "summary_from_steps"]
+__all__ = [
+    "FINDINGS_MISSING",
+    "FINDINGS_READ",
+    "LoadedRun",
+    "load_run",
+    "read_steps",
+    "summary_from_steps",
+]
 
 PHASE_ORDER = PHASES  # the trainer's phase names, in its order
+FINDINGS_MISSING = "missing"
+FINDINGS_READ = "read"
 
 
 @dataclass
@@ -34,6 +43,10 @@ class LoadedRun:
     # annotates the report, which reads each key with a default, so it is not validated into
     # advise.finding.FindingRecord and stays a mapping.
     findings: list[dict[str, Any]] = field(default_factory=list)
+    # What findings.json said, so the report says what it saw: FINDINGS_MISSING (no file),
+    # FINDINGS_READ (its list, which may be empty: the doctor found nothing to change), or
+    # why the file could not be read.
+    findings_state: str = FINDINGS_MISSING
 
     @property
     def name(self) -> str:
@@ -60,19 +73,30 @@ def load_run(path: str | Path) -> LoadedRun:
             "give the --output directory of `pitstop train`, or the output_dir of a Hugging Face "
             "Trainer run with pitstop.hf.PitstopCallback"
         )
-    return LoadedRun(p, summary, steps, _findings(p / run_record.FINDINGS))
+    findings, state = _findings(p / run_record.FINDINGS)
+    return LoadedRun(p, summary, steps, findings, state)
 
 
-def _findings(path: Path) -> list[dict[str, Any]]:
-    """The doctor's findings beside a run; unreadable ones are left out (they only annotate)."""
+def _findings(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """The doctor's findings beside a run and what the file held (LoadedRun.findings_state).
+
+    findings.json is the doctor's whole report with its list under "findings"
+    (run_record.write_findings); a bare list is read too. A file that cannot be read only
+    costs the report its findings table, and the report says why.
+    """
     if not path.is_file():
-        return []
+        return [], FINDINGS_MISSING
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return []
-    raw = data.get("findings", []) if isinstance(data, dict) else data
-    return [x for x in raw if isinstance(x, dict)] if isinstance(raw, list) else []
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return [], f"{path.name} could not be read ({type(e).__name__}: {e})"
+    raw = data.get("findings") if isinstance(data, dict) else data
+    if not isinstance(raw, list):
+        return [], f'{path.name} holds no list of findings (under "findings")'
+    records = [x for x in raw if isinstance(x, dict)]
+    if raw and not records:
+        return [], f"{path.name} holds {len(raw)} entries, none of them a finding"
+    return records, FINDINGS_READ
 
 
 def _last(steps: list[StepLine], key: str) -> float | None:
