@@ -42,6 +42,7 @@ Importing this module needs nothing beyond transformers (and torch).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -63,7 +64,7 @@ from pitstop.measure.flops import flops_model
 from pitstop.measure.forward_inputs import add_counts, batch_counts
 from pitstop.measure.machine import cpu_snapshot, machine_load
 from pitstop.measure.memory import peak_memory
-from pitstop.measure.peak import trusted_mfu
+from pitstop.measure.peak import module_shapes, trusted_mfu
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.probe import DeviceInfo, detect_device
@@ -436,6 +437,8 @@ class PitstopCallback(TrainerCallback):
         self._lines = lines
         last = lines[-1] if lines else StepLine()
         train_s = sum(s["seconds"] for s in self._steps)
+        # Training throughput leaves out the evaluations' seconds (they train nothing).
+        training_s = train_s - sum(s["phases"].get("eval", 0.0) for s in self._steps)
         trained = last.trained_tokens or 0
         seen, padded = float(last.seen_tokens or 0), float(last.padded_tokens or 0)
         losses = [r.loss for r in lines if r.loss is not None]
@@ -469,7 +472,7 @@ class PitstopCallback(TrainerCallback):
             train_seconds=train_s,
             # Trainer.train() start to end: the process's own start-up is not visible here.
             wall_seconds=time.perf_counter() - self._t_begin,
-            tokens_per_second=trained / train_s if train_s > 0 else None,
+            tokens_per_second=trained / training_s if training_s > 0 else None,
             trained_tokens_per_step=trained / len(lines) if lines else None,
             mfu=p.get("mfu"),
             flops_per_token=p.get("flops_per_token"),
@@ -529,8 +532,10 @@ class PitstopCallback(TrainerCallback):
             import torch
 
             flops_per_token = fm.per_token(round(positions / rows))
+            # Training's rate: evaluation computes no training FLOPs and is a phase of its own.
+            training = seconds - sum(s["phases"].get("eval", 0.0) for s in measured)
             got = trusted_mfu(
-                positions / seconds,
+                positions / max(training, 1e-9),
                 flops_per_token,
                 dev,
                 precision,
@@ -568,6 +573,10 @@ class PitstopCallback(TrainerCallback):
             events=events,
             notes=notes,
         )
+        if model is not None:
+            # Shapes unreadable: the precision finding then measures no ratio.
+            with contextlib.suppress(Exception):
+                profile["model_shapes"] = module_shapes(model)
         seen = sum(float(sum(float(t) for t in s["seen"])) for s in measured)
         profile["seen_tokens"], profile["padded_tokens"] = seen, positions
         profile["flops_per_token"] = flops_per_token
@@ -604,6 +613,8 @@ class PitstopCallback(TrainerCallback):
             environment=env,
             device=dev,
             data=self._data_facts(),
+            measured_here=True,
+            cache_dir=cache_root(self.cache_dir),
         )
 
     def _args_class(self, args: Any) -> str:

@@ -116,7 +116,7 @@ def test_reported_drops_only_measured_zero_gains() -> None:
 def test_verdict_fixes_of_a_custom_loop_are_written_for_the_loop() -> None:
     """optimizer-bound and sync-bound: torch terms for a plain loop, not TrainingArguments."""
     for phase, rule, loop_word in (("optimizer", "optimizer-bound", "fused=True"),
-                                   ("other", "sync-bound", "every 50 steps")):  # fmt: skip
+                                   ("other", "sync-bound", "per-step Python work")):  # fmt: skip
         prof = loop_profile(0, TWO_CORES, wait=0.0)
         prof["phases"][phase] = 0.5 * sum(prof["step_seconds"])  # half of every step
         found = findings(prof)

@@ -26,7 +26,7 @@ from pitstop.core.config import FIELDS, RunConfig
 from pitstop.core.errors import ConfigError
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
-from pitstop.measure.peak import model_precision_speed
+from pitstop.measure.peak import model_precision_speed, profile_precision_speed
 from pitstop.measure.verdict import VerdictRecord
 from pitstop.measure.verdict import verdict as profile_verdict
 from pitstop.probe import Choice, DeviceInfo, PrecisionSpeed, choose_precision, cpu_bf16_candidate
@@ -90,6 +90,7 @@ def planned_precision(
     here: bool,
     model_dir: str | Path | None,
     cache_dir: str | Path | None,
+    profile: dict[str, Any] | None = None,
 ) -> tuple[Choice, PrecisionSpeed | None]:
     """The precision `pitstop train` would train this setup with, and the measurement behind it.
 
@@ -99,6 +100,10 @@ def planned_precision(
     Only where the audit is for this machine as probed (`here`): a target machine, a
     pretended device or a profile's device is not timed on this one.
     """
+    if setup.precision == "fp32" and here and profile and device.type == "cpu" and device.bf16:
+        # A profiled fp32 run on a CPU with native bf16: what bf16 would give it, measured
+        # at its model's shapes (the precision finding's prediction).
+        return Choice("fp32", "as run"), profile_precision_speed(cache_dir, profile)
     if setup.precision != "auto":  # as configured (a rule reports one the device cannot run)
         return Choice(setup.precision, "as configured"), None
     measured = None
@@ -186,7 +191,8 @@ def make_setup(
         # The profile's own record (PitstopCallback passes it back as hf_args): what the run
         # did not record stays unknown; a TrainingArguments default would describe another run.
         setup = from_hf_args(recorded, hf_class, recorded=True)
-        return replace(setup, custom_loop=is_custom_loop(profile))
+        program = profile.get("program") if isinstance(profile.get("program"), str) else None
+        return replace(setup, custom_loop=is_custom_loop(profile), program=program)
     if recorded:
         return from_run_config(run_config_from_dict(recorded))
     return from_run_config(RunConfig())
@@ -238,6 +244,7 @@ def doctor(
     disk_check: bool = True,
     target: Target | None = None,
     progress: bool = False,
+    measured_here: bool = False,
 ) -> DoctorReport:
     """Audit a setup; returns {"environment", "findings", "verdict", "setup", "fields", "target"}.
 
@@ -246,6 +253,8 @@ def doctor(
     `target` (pitstop.advise.target) judges the rules for another machine and run: its
     device, process count, LoRA/4-bit and transformers release; the report says so.
     `progress` prints a line to stderr before steps that can take seconds (preparing --data).
+    `measured_here`: the profile was measured on this machine, in this process (the Trainer
+    callback and the watch), so what depends on the machine may be measured now.
     """
     setup = make_setup(config, hf_args, hf_class, profile)
     if target is not None:
@@ -290,7 +299,12 @@ def doctor(
     here = this_machine is not None and dev is this_machine
     precision_cache = cache_root((config.cache_dir if config is not None else None) or cache_dir)
     precision, measured = planned_precision(
-        setup, dev, here=here, model_dir=model_dir, cache_dir=precision_cache
+        setup,
+        dev,
+        here=here or measured_here,
+        model_dir=model_dir,
+        cache_dir=precision_cache,
+        profile=None if foreign else profile,
     )
     ctx = Context(
         setup=setup,

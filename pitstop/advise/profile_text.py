@@ -34,8 +34,10 @@ def format_profile(profile: dict[str, Any] | None, report: DoctorReport | None) 
     lines = [
         f"pitstop profile: {p['steps']} steps after {p['warmup']} warm-up, "
         f"{total / max(p['steps'], 1):.4f} s/step, {p['tokens_per_second']:,.0f} tokens/s"
-        + (f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""),
+        + (f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else "")
+        + (" (training time: evaluation left out)" if p["phases"].get("eval") else ""),
     ]
+    lines += [f"  note: {n}" for n in p.get("notes") or [] if str(n).startswith("MFU not")]
     events = p.get("events") or {}
     extra = [k for k in p["phases"] if k not in PHASES]  # a producer's own phases
     for name in (*PHASES, *extra):

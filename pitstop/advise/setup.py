@@ -75,11 +75,20 @@ class Setup:
     # A plain PyTorch loop (`pitstop profile -- python loop.py`): fixes name DataLoader and
     # torch arguments, not TrainingArguments fields the loop does not have.
     custom_loop: bool = False
+    # What ran the loop, where a profile recorded it (pitstop.anyloop.program): "trainer",
+    # "lightning", "accelerate" or "loop"; None for a declared config.
+    program: str | None = None
 
-    def fix(self, pitstop: str, hf: str, loop: str | None = None) -> str:
-        """The remedy in the setup's own vocabulary; `loop` for a custom loop (else `hf`)."""
+    def fix(
+        self, pitstop: str, hf: str, loop: str | None = None, lightning: str | None = None
+    ) -> str:
+        """The remedy in the setup's own vocabulary, the one place that decides it: a pitstop
+        flag, a TrainingArguments / SFTConfig field, `L.Trainer(...)` arguments for a
+        Lightning script (`lightning`, else `loop`), or a code line for a loop (`loop`)."""
         if self.source == "pitstop":
             return pitstop
+        if self.custom_loop and self.program == "lightning" and lightning is not None:
+            return lightning
         return loop if self.custom_loop and loop is not None else hf
 
     @property

@@ -360,7 +360,10 @@ class Watch:
                 self._in_eval_forward = True
         self._depth += 1
 
-    def _fwd_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _fwd_post(self, module: Any, args: Any, *rest: Any) -> None:
+        # (kwargs, output); torch calls an always_call hook with (output,) alone when the
+        # forward raised.
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[-1] if rest else None)
         self._depth = max(0, self._depth - 1)
         if self._depth != 0 or module is not self._root:
             return

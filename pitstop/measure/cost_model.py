@@ -357,7 +357,7 @@ def flops_model(model: Any) -> FlopsModel:
             trainable += p.numel()
         else:
             frozen += p.numel()
-    layers, width = _depth_and_width(hf if hf is not None else model)
+    layers, width = depth_and_width(hf if hf is not None else model)
     return FlopsModel(n_trainable=trainable, n_frozen=frozen, n_layers=layers, d_model=width)
 
 
@@ -390,7 +390,8 @@ def _embedding_tables(model: Any) -> tuple[set[int], set[int]]:
     return tables, matmuls
 
 
-def _depth_and_width(model: Any) -> tuple[int, int]:
+def depth_and_width(model: Any) -> tuple[int, int]:
+    """(layers, width) of a model: from its config, else counted off its modules."""
     cfg = getattr(model, "config", None)
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layers = int(getattr(text_cfg, "num_hidden_layers", 0) or getattr(text_cfg, "n_layer", 0) or 0)

@@ -176,8 +176,8 @@ def model_matmul_shapes(
 
 
 def module_shapes(model: Any) -> dict[str, int] | None:
-    """{"hidden_size", "intermediate_size", "vocab_size"} of a model read off its linear
-    layers (any nn.Module, not only a Hugging Face one): the widest output is the LM head
+    """{"hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"} of a model
+    read off its linear layers (any nn.Module, not only a Hugging Face one): the widest output is the LM head
     (its input the width), the widest other output from that width the MLP's up projection.
     None for a model without linear layers."""
     import torch
@@ -187,9 +187,15 @@ def module_shapes(model: Any) -> dict[str, int] | None:
     ]
     if not linears:
         return None
+    from pitstop.measure.cost_model import depth_and_width
+
     width, vocab = max(linears, key=lambda io: io[1])
     ffn = max((o for i, o in linears if i == width and o != vocab), default=4 * width)
-    return {"hidden_size": int(width), "intermediate_size": int(ffn), "vocab_size": int(vocab)}
+    layers, _ = depth_and_width(model)
+    out = {"hidden_size": int(width), "intermediate_size": int(ffn), "vocab_size": int(vocab)}
+    if layers:
+        out["num_hidden_layers"] = int(layers)
+    return out
 
 
 def measure_precision_speed(shapes: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
@@ -254,6 +260,27 @@ def model_precision_speed(
     An unreadable config.json measures default shapes: the model's own loading reports it."""
     model_config = ModelConfig.read_optional(model_dir)
     return cpu_precision_speed(cache_dir, model_matmul_shapes(model_config, max_seq_len))
+
+
+def profile_precision_speed(
+    cache_dir: str | Path | None, profile: Mapping[str, Any]
+) -> PrecisionSpeed | None:
+    """fp32 against bf16 autocast at the matmul shapes of a profiled run's model (its
+    "model_shapes", rows of its mean computed length): what the precision finding predicts
+    a profiled fp32 run's bf16 gain from, the measurement `pitstop train` decides with.
+    None when the profile does not hold the shapes."""
+    shapes = profile.get("model_shapes")
+    if not isinstance(shapes, Mapping) or not shapes.get("hidden_size"):
+        return None
+    positions = profile.get("padded_tokens")
+    steps = max(1, int(profile.get("steps") or 1))
+    rows = (profile.get("config") or {}).get("per_device_train_batch_size") or 1
+    accum = (profile.get("config") or {}).get("gradient_accumulation_steps") or 1
+    tokens = 512
+    if isinstance(positions, (int, float)) and positions > 0:
+        tokens = max(1, round(positions / (steps * max(1, int(rows)) * max(1, int(accum)))))
+    cfg = ModelConfig.from_mapping(dict(shapes))
+    return cpu_precision_speed(cache_dir, model_matmul_shapes(cfg, tokens))
 
 
 def device_peak(

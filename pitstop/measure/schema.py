@@ -13,7 +13,8 @@ either. Keys (units in the names where a user reads them)::
                        pitstop.measure.timeline.PHASES; "other" is the unexplained rest,
                        so the phases add up to sum(step_seconds)
     events             {"checkpoints": n, "evals": n, "logs": n} within the K steps (optional)
-    tokens_per_second  trained (loss-carrying) tokens / sum(step_seconds)
+    tokens_per_second  trained (loss-carrying) tokens / training seconds: sum(step_seconds)
+                       less the evaluation phase (an evaluation trains nothing)
     tokens_per_step    trained tokens per optimizer step, mean (optional)
     mfu                model FLOPs utilisation, or null when the device peak is unknown
     peak_memory_bytes  peak accelerator memory allocated (CUDA) or peak RSS (CPU)
@@ -74,6 +75,8 @@ def make_profile(
         for name, sec in rec.items():
             phases[name] = phases.get(name, 0.0) + float(sec)
     total = float(sum(step_seconds))
+    # Throughput is training's: an evaluation's seconds train nothing (they are its phase).
+    training = total - phases.get("eval", 0.0)
     k = len(step_seconds)
     return {
         "schema": SCHEMA,
@@ -83,7 +86,9 @@ def make_profile(
         "step_seconds": [round(float(s), 6) for s in step_seconds],
         "phases": {n: round(v, 6) for n, v in phases.items()},
         "events": dict(events or {}),
-        "tokens_per_second": (float(trained_tokens) / total) if trained_tokens and total else 0.0,
+        "tokens_per_second": (float(trained_tokens) / training)
+        if trained_tokens and training > 0
+        else 0.0,
         "tokens_per_step": (float(trained_tokens) / k) if trained_tokens and k else None,
         "mfu": mfu,
         "peak_memory_bytes": int(peak_memory_bytes),

@@ -7,6 +7,9 @@ Every verdict is read off the measured phase shares of a profile (see
   moderate, ≥ 20% severe. Time spent waiting is time the device idles, so the
   share is also the most a faster loader can save.
 - checkpoint-bound: saving takes ≥ 5% (moderate) / ≥ 20% (severe) of step time.
+- eval-bound: evaluation (forward passes without gradients or in eval() mode, with their
+  batches) takes ≥ 10% / ≥ 30% of step time: the run trains nothing meanwhile. An
+  evaluation is meant to cost something, so its thresholds are higher than a checkpoint's.
 - optimizer-bound: the optimizer step takes ≥ 25% / ≥ 40%. The AdamW update is
   memory-bound (it reads and writes ~16 bytes per parameter) while forward+backward
   do 6 FLOPs per parameter per token, so a large optimizer share means few tokens
@@ -14,7 +17,7 @@ Every verdict is read off the measured phase shares of a profile (see
 - sync-bound: host-side time nobody's phase explains ("other") plus logging takes
   ≥ 15% / ≥ 30% of the step (host-device synchronisation on a GPU, Python overhead,
   `.item()` calls, allocator flushes). On a CPU there is no device to synchronise
-  with, and the verdict does not name one.
+  with, and the verdict does not name one; logging is named only where it was measured.
 - noisy-machine: step times are erratic (coefficient of variation ≥ 0.5 with the
   slowest step ≥ 3x the median, while checkpoint and eval, which legitimately make
   single steps long, take under 1%) and the machine was measured busy: other processes
@@ -49,6 +52,7 @@ from pitstop.measure.machine import loaded_by_average, shared_by_others
 
 INPUT_MODERATE, INPUT_SEVERE = 0.05, 0.20
 CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
+EVAL_MODERATE, EVAL_SEVERE = 0.10, 0.30
 OPTIMIZER_MODERATE, OPTIMIZER_SEVERE = 0.25, 0.40
 SYNC_MODERATE, SYNC_SEVERE = 0.15, 0.30
 SPREAD_CV, SPREAD_MAX_OVER_MEDIAN = 0.5, 3.0
@@ -73,7 +77,7 @@ class VerdictRecord(TypedDict):
 class Verdict:
     """One bottleneck: its kind, how bad, the share of step time it takes, and the evidence."""
 
-    kind: str  # input-bound | checkpoint-bound | optimizer-bound | sync-bound | noisy-machine | compute-bound
+    kind: str  # input-bound | checkpoint-bound | eval-bound | optimizer-bound | sync-bound | noisy-machine | compute-bound
     severity: str  # severe | moderate | ok
     share: float  # fraction of step time the bottleneck takes (what fixing it could save at most)
     summary: str
@@ -105,214 +109,322 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def verdict(profile: dict[str, Any]) -> Verdict:
-    """The bottleneck verdict of a profile; `also` lists every further bottleneck found."""
+@dataclass
+class _Read:
+    """What every verdict rule reads off one profile, computed once."""
+
+    profile: dict[str, Any]
+    shares: dict[str, float]
+    total: float
+    steps: int
+    step_s: float
+    base: dict[str, Any]
+    spread: dict[str, float] | None
+    erratic: bool
+    machine: dict[str, Any]
+    shared: str | None  # measured: others' CPU time during the run
+    busy: bool  # the load average reached the cores (no measure of the others' time)
+    unmeasured: bool  # no word on the machine's load at all
+    on_cpu: bool
+
+    def share(self, phase: str) -> float:
+        return self.shares.get(phase, 0.0)
+
+    @property
+    def host(self) -> float:
+        """Host-side time nobody's phase explains, plus logging."""
+        return self.share("other") + self.share("logging")
+
+    @property
+    def logged(self) -> bool:
+        """Logging was measured (a Trainer's on_log, pitstop's log steps)."""
+        return self.share("logging") > 0 or bool((self.profile.get("events") or {}).get("logs"))
+
+
+def _read(profile: dict[str, Any]) -> _Read:
     shares, total = phase_shares(profile)
     steps = max(1, int(profile.get("steps") or len(profile.get("step_seconds") or []) or 1))
     step_s = total / steps
-    base = {"steps": steps, "mean_step_seconds": round(step_s, 6), "total_seconds": round(total, 6)}
-    found: list[Verdict] = []
-
-    data = shares.get("data_wait", 0.0)
-    lvl = _level(data, INPUT_MODERATE, INPUT_SEVERE)
-    if lvl:
-        found.append(
-            Verdict(
-                kind="input-bound",
-                severity=lvl,
-                share=data,
-                summary=f"the step waits for the data loader {_pct(data)} of the time "
-                f"({data * step_s:.4f} s of a {step_s:.4f} s step); the device idles meanwhile",
-                evidence={
-                    **base,
-                    "data_wait_share": round(data, 4),
-                    "data_wait_seconds": round(data * total, 6),
-                    "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE},
-                },
-            )
-        )
-
-    ckpt = shares.get("checkpoint", 0.0)
-    lvl = _level(ckpt, CHECKPOINT_MODERATE, CHECKPOINT_SEVERE)
-    if lvl:
-        n = (profile.get("events") or {}).get("checkpoints")
-        found.append(
-            Verdict(
-                kind="checkpoint-bound",
-                severity=lvl,
-                share=ckpt,
-                summary=f"saving checkpoints takes {_pct(ckpt)} of step time"
-                + (f" ({n} save(s) in {steps} steps)" if n else ""),
-                evidence={
-                    **base,
-                    "checkpoint_share": round(ckpt, 4),
-                    "checkpoint_seconds": round(ckpt * total, 6),
-                    "checkpoints": n,
-                    "thresholds": {"moderate": CHECKPOINT_MODERATE, "severe": CHECKPOINT_SEVERE},
-                },
-            )
-        )
-
-    opt = shares.get("optimizer", 0.0)
-    lvl = _level(opt, OPTIMIZER_MODERATE, OPTIMIZER_SEVERE)
-    if lvl:
-        found.append(
-            Verdict(
-                kind="optimizer-bound",
-                severity=lvl,
-                share=opt,
-                summary=f"the optimizer step takes {_pct(opt)} of step time: few tokens per optimizer step "
-                "for the parameter count, or an unfused optimizer",
-                evidence={
-                    **base,
-                    "optimizer_share": round(opt, 4),
-                    "tokens_per_step": profile.get("tokens_per_step"),
-                    "thresholds": {"moderate": OPTIMIZER_MODERATE, "severe": OPTIMIZER_SEVERE},
-                },
-            )
-        )
-
-    host = shares.get("other", 0.0) + shares.get("logging", 0.0)
-    lvl = _level(host, SYNC_MODERATE, SYNC_SEVERE)
     spread = _spread(profile.get("step_seconds") or [])
+    periodic = shares.get("checkpoint", 0.0) + shares.get("eval", 0.0)
     erratic = (
         spread is not None
         and spread["cv"] >= SPREAD_CV
         and spread["max_over_median"] >= SPREAD_MAX_OVER_MEDIAN
-        and shares.get("checkpoint", 0.0) + shares.get("eval", 0.0) < 0.01
+        and periodic < 0.01
     )
     machine = profile.get("machine") or {}
-    load, cores = machine.get("load_average_1m"), machine.get("cpu_cores")
-    shared = shared_by_others(machine)  # measured: others' CPU time during the run
-    # The load average counts the run's own workers too: evidence of another process only
-    # without a measure of the others' CPU time.
-    busy = loaded_by_average(machine, BUSY_LOAD_PER_CORE) is not None
-    unmeasured = machine.get("other_cores") is None and load is None  # no word on quiet
     dev = profile.get("device")  # an object, or a bare name ("cpu") in hand-written profiles
-    on_cpu = (dev.get("type") if isinstance(dev, dict) else dev) == "cpu"
-    noisy = (
-        erratic and spread is not None and (busy or shared is not None or (unmeasured and not lvl))
+    return _Read(
+        profile=profile,
+        shares=shares,
+        total=total,
+        steps=steps,
+        step_s=step_s,
+        base={
+            "steps": steps,
+            "mean_step_seconds": round(step_s, 6),
+            "total_seconds": round(total, 6),
+        },
+        spread=spread,
+        erratic=erratic,
+        machine=machine,
+        shared=shared_by_others(machine),
+        # The load average counts the run's own workers too: evidence of another process
+        # only without a measure of the others' CPU time.
+        busy=loaded_by_average(machine, BUSY_LOAD_PER_CORE) is not None,
+        unmeasured=machine.get("other_cores") is None and machine.get("load_average_1m") is None,
+        on_cpu=(dev.get("type") if isinstance(dev, dict) else dev) == "cpu",
     )
-    # Erratic steps of a run that waits for data are its loader's bursts: input-bound says so.
-    own_bursts = erratic and not noisy and data >= INPUT_MODERATE
-    shared_v = None
-    if shared is not None and not noisy:  # steady steps, but each one shared the machine
-        shared_v = Verdict(
-            kind="noisy-machine",
-            severity="moderate",
-            share=0.0,
-            summary=f"{shared} while this profile was measured (their CPU time, not a guess from the "
-            "step times, which stayed steady): every figure here is slower than this machine "
-            "gives a run alone, and no configuration change follows from it",
-            evidence={
-                **base,
-                "step_spread": spread,
-                "host_share": round(host, 4),
-                "load_average_1m": load,
-                "cpu_cores": cores,
-                "busy": True,
-                "shared": shared,
-                "erratic": False,
-            },
-        )
-    if noisy and spread is not None:
-        why = shared or (
-            f"load average {load:.1f} on {cores} cores"
-            if busy
-            else f"host-side time (other + logging) is only {_pct(host)} of the step (this "
-            "profile recorded no machine load, so that other process is inferred)"
-        )
-        found.append(
-            Verdict(
-                kind="noisy-machine",
-                severity="moderate",
-                share=spread["excess_share"],
-                summary=f"step times are erratic (coefficient of variation {spread['cv']:.2f}, slowest step "
-                f"{spread['max_over_median']:.1f}x the median) while {why}: another process competes "
-                "for the machine; the steady (median) step is the better figure and no configuration "
-                "change follows from this profile",
-                evidence={
-                    **base,
-                    "step_spread": spread,
-                    "host_share": round(host, 4),
-                    "load_average_1m": load,
-                    "cpu_cores": cores,
-                    "busy": busy or shared is not None,
-                    "shared": shared,
-                    "erratic": True,
-                },
-            )
-        )
-    elif lvl or (erratic and not own_bursts):
-        why = []
-        if lvl:
-            why.append(
-                f"unattributed host time ('other') plus logging take {_pct(host)} of step time"
-            )
-        if erratic and spread and not own_bursts:
-            why.append(
-                f"step times are erratic (coefficient of variation {spread['cv']:.2f}, "
-                f"slowest step {spread['max_over_median']:.1f}x the median)"
-                + (
-                    ""
-                    if unmeasured
-                    else " on a machine no other process loaded: the run's own pauses"
-                )
-            )
-        excess = spread["excess_share"] if erratic and spread and not own_bursts else 0.0
-        causes = (
-            "Python overhead, logging or allocator stalls (a CPU run: no device to wait on)"
-            if on_cpu
-            else "host-device syncs, Python overhead or allocator stalls"
-        )
-        found.append(
-            Verdict(
-                kind="sync-bound",
-                severity=lvl or "moderate",
-                share=max(host, excess),
-                summary="; ".join(why) + ": " + causes,
-                evidence={
-                    **base,
-                    "other_share": round(shares.get("other", 0.0), 4),
-                    "logging_share": round(shares.get("logging", 0.0), 4),
-                    "step_spread": spread,
-                    "thresholds": {
-                        "moderate": SYNC_MODERATE,
-                        "severe": SYNC_SEVERE,
-                        "spread_cv": SPREAD_CV,
-                        "spread_max_over_median": SPREAD_MAX_OVER_MEDIAN,
-                    },
-                },
-            )
-        )
 
+
+def _input_bound(r: _Read) -> Verdict | None:
+    data = r.share("data_wait")
+    lvl = _level(data, INPUT_MODERATE, INPUT_SEVERE)
+    if not lvl:
+        return None
+    return Verdict(
+        kind="input-bound",
+        severity=lvl,
+        share=data,
+        summary=f"the step waits for the data loader {_pct(data)} of the time "
+        f"({data * r.step_s:.4f} s of a {r.step_s:.4f} s step); the device idles meanwhile",
+        evidence={
+            **r.base,
+            "data_wait_share": round(data, 4),
+            "data_wait_seconds": round(data * r.total, 6),
+            "thresholds": {"moderate": INPUT_MODERATE, "severe": INPUT_SEVERE},
+        },
+    )
+
+
+def _checkpoint_bound(r: _Read) -> Verdict | None:
+    ckpt = r.share("checkpoint")
+    lvl = _level(ckpt, CHECKPOINT_MODERATE, CHECKPOINT_SEVERE)
+    if not lvl:
+        return None
+    n = (r.profile.get("events") or {}).get("checkpoints")
+    return Verdict(
+        kind="checkpoint-bound",
+        severity=lvl,
+        share=ckpt,
+        summary=f"saving checkpoints takes {_pct(ckpt)} of step time"
+        + (f" ({n} save(s) in {r.steps} steps)" if n else ""),
+        evidence={
+            **r.base,
+            "checkpoint_share": round(ckpt, 4),
+            "checkpoint_seconds": round(ckpt * r.total, 6),
+            "checkpoints": n,
+            "thresholds": {"moderate": CHECKPOINT_MODERATE, "severe": CHECKPOINT_SEVERE},
+        },
+    )
+
+
+def _eval_bound(r: _Read) -> Verdict | None:
+    share = r.share("eval")
+    lvl = _level(share, EVAL_MODERATE, EVAL_SEVERE)
+    if not lvl:
+        return None
+    events = r.profile.get("events") or {}
+    n, forwards = events.get("evals"), events.get("eval_forwards")
+    what = ""
+    if n:
+        what = f" ({n} evaluation(s) in {r.steps} steps" + (
+            f", {forwards} forward passes)" if forwards else ")"
+        )
+    return Verdict(
+        kind="eval-bound",
+        severity=lvl,
+        share=share,
+        summary=f"evaluation takes {_pct(share)} of step time{what}; no training happens meanwhile",
+        evidence={
+            **r.base,
+            "eval_share": round(share, 4),
+            "eval_seconds": round(share * r.total, 6),
+            "evals": n,
+            "eval_forwards": forwards,
+            "thresholds": {"moderate": EVAL_MODERATE, "severe": EVAL_SEVERE},
+        },
+    )
+
+
+def _optimizer_bound(r: _Read) -> Verdict | None:
+    opt = r.share("optimizer")
+    lvl = _level(opt, OPTIMIZER_MODERATE, OPTIMIZER_SEVERE)
+    if not lvl:
+        return None
+    return Verdict(
+        kind="optimizer-bound",
+        severity=lvl,
+        share=opt,
+        summary=f"the optimizer step takes {_pct(opt)} of step time: few tokens per optimizer step "
+        "for the parameter count, or an unfused optimizer",
+        evidence={
+            **r.base,
+            "optimizer_share": round(opt, 4),
+            "tokens_per_step": r.profile.get("tokens_per_step"),
+            "thresholds": {"moderate": OPTIMIZER_MODERATE, "severe": OPTIMIZER_SEVERE},
+        },
+    )
+
+
+def _machine_evidence(r: _Read, erratic: bool) -> dict[str, Any]:
+    return {
+        **r.base,
+        "step_spread": r.spread,
+        "host_share": round(r.host, 4),
+        "load_average_1m": r.machine.get("load_average_1m"),
+        "cpu_cores": r.machine.get("cpu_cores"),
+        "busy": True if not erratic else r.busy or r.shared is not None,
+        "shared": r.shared,
+        "erratic": erratic,
+    }
+
+
+def _noisy(r: _Read) -> bool:
+    """Erratic steps on a machine measured (or, unmeasured, inferred) busy."""
+    host_lvl = _level(r.host, SYNC_MODERATE, SYNC_SEVERE)
+    return r.erratic and (r.busy or r.shared is not None or (r.unmeasured and not host_lvl))
+
+
+def _noisy_machine(r: _Read) -> Verdict | None:
+    if not _noisy(r) or r.spread is None:
+        return None
+    load, cores = r.machine.get("load_average_1m"), r.machine.get("cpu_cores")
+    why = r.shared or (
+        f"load average {load:.1f} on {cores} cores"
+        if r.busy
+        else f"host-side time (other + logging) is only {_pct(r.host)} of the step (this "
+        "profile recorded no machine load, so that other process is inferred)"
+    )
+    sp = r.spread
+    return Verdict(
+        kind="noisy-machine",
+        severity="moderate",
+        share=sp["excess_share"],
+        summary=f"step times are erratic (coefficient of variation {sp['cv']:.2f}, slowest step "
+        f"{sp['max_over_median']:.1f}x the median) while {why}: another process competes "
+        "for the machine; the steady (median) step is the better figure and no configuration "
+        "change follows from this profile",
+        evidence=_machine_evidence(r, erratic=True),
+    )
+
+
+def _shared_machine(r: _Read) -> Verdict | None:
+    """Steady steps, but each one shared the machine: listed last, never the verdict's head."""
+    if r.shared is None or _noisy(r):
+        return None
+    return Verdict(
+        kind="noisy-machine",
+        severity="moderate",
+        share=0.0,
+        summary=f"{r.shared} while this profile was measured (their CPU time, not a guess from the "
+        "step times, which stayed steady): every figure here is slower than this machine "
+        "gives a run alone, and no configuration change follows from it",
+        evidence=_machine_evidence(r, erratic=False),
+    )
+
+
+def _sync_bound(r: _Read) -> Verdict | None:
+    if _noisy(r):
+        return None
+    lvl = _level(r.host, SYNC_MODERATE, SYNC_SEVERE)
+    # Erratic steps of a run that waits for data are its loader's bursts: input-bound says so.
+    bursts = r.erratic and r.spread is not None and r.share("data_wait") < INPUT_MODERATE
+    if not (lvl or bursts):
+        return None
+    why = []
+    if lvl:
+        what = "plus logging " if r.logged else ""
+        why.append(f"unattributed host time ('other') {what}take {_pct(r.host)} of step time")
+    if bursts and r.spread is not None:
+        why.append(
+            f"step times are erratic (coefficient of variation {r.spread['cv']:.2f}, "
+            f"slowest step {r.spread['max_over_median']:.1f}x the median)"
+            + (
+                ""
+                if r.unmeasured
+                else " on a machine no other process loaded: the run's own pauses"
+            )
+        )
+    logging = "logging, " if r.logged else ""
+    causes = (
+        f"Python overhead, {logging}or allocator stalls (a CPU run: no device to wait on)"
+        if r.on_cpu
+        else f"host-device syncs, Python overhead, {logging}or allocator stalls"
+    )
+    excess = r.spread["excess_share"] if bursts and r.spread else 0.0
+    return Verdict(
+        kind="sync-bound",
+        severity=lvl or "moderate",
+        share=max(r.host, excess),
+        summary="; ".join(why) + ": " + causes,
+        evidence={
+            **r.base,
+            "other_share": round(r.share("other"), 4),
+            "logging_share": round(r.share("logging"), 4),
+            "step_spread": r.spread,
+            "thresholds": {
+                "moderate": SYNC_MODERATE,
+                "severe": SYNC_SEVERE,
+                "spread_cv": SPREAD_CV,
+                "spread_max_over_median": SPREAD_MAX_OVER_MEDIAN,
+            },
+        },
+    )
+
+
+# The verdict rules, each reading one share (or the step spread) with its evidence.
+RULES = (
+    _input_bound,
+    _checkpoint_bound,
+    _eval_bound,
+    _optimizer_bound,
+    _noisy_machine,
+    _sync_bound,
+)
+
+
+def _compute_bound(r: _Read, also: list[Verdict]) -> Verdict:
+    compute = sum(r.share(p) for p in COMPUTE_PHASES)
+    mfu = r.profile.get("mfu")
+    mfu_txt = f" at {_pct(mfu)} MFU" if isinstance(mfu, (int, float)) else ""
+    seen, padded = r.profile.get("seen_tokens"), r.profile.get("padded_tokens")
+    fewer = "less padding, no recomputation"
+    if isinstance(seen, (int, float)) and isinstance(padded, (int, float)) and padded > 0:
+        fewer = f"{_pct(max(0.0, 1 - seen / padded))} of the positions computed were padding"
+    return Verdict(
+        kind="compute-bound",
+        severity="ok",
+        share=compute,
+        summary=f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
+        f"fewer FLOPs ({fewer}) or faster kernels",
+        evidence={
+            **r.base,
+            "compute_share": round(compute, 4),
+            "mfu": mfu,
+            "shares": {k: round(v, 4) for k, v in r.shares.items()},
+        },
+        also=also,
+    )
+
+
+def verdict(profile: dict[str, Any]) -> Verdict:
+    """The bottleneck verdict of a profile; `also` lists every further bottleneck found."""
+    r = _read(profile)
+    found = [v for v in (rule(r) for rule in RULES) if v is not None]
     rank = {"severe": 0, "moderate": 1}
     # A noisy machine comes first: every other share was measured through that noise. A
-    # steadily shared one comes last (`shared_v`): it slowed every phase alike, so the shares
-    # still say where the step goes, and it is no bottleneck a setting can fix.
+    # steadily shared one comes last: it slowed every phase alike, so the shares still say
+    # where the step goes, and it is no bottleneck a setting can fix.
     found.sort(key=lambda v: (v.kind != "noisy-machine", rank[v.severity], -v.share))
-    last = [shared_v] if shared_v is not None else []
-    compute = sum(shares.get(p, 0.0) for p in COMPUTE_PHASES)
-    mfu = profile.get("mfu")
+    shared = _shared_machine(r)
+    last = [shared] if shared is not None else []
     if not found:
-        mfu_txt = f" at {_pct(mfu)} MFU" if isinstance(mfu, (int, float)) else ""
-        return Verdict(
-            kind="compute-bound",
-            severity="ok",
-            share=compute,
-            summary=f"forward+backward take {_pct(compute)} of step time{mfu_txt}: gains now come from "
-            "fewer FLOPs (less padding, no recomputation) or faster kernels",
-            evidence={
-                **base,
-                "compute_share": round(compute, 4),
-                "mfu": mfu,
-                "shares": {k: round(v, 4) for k, v in shares.items()},
-            },
-            also=last,
-        )
+        return _compute_bound(r, last)
     first, rest = found[0], found[1:]
-    first.evidence["compute_share"] = round(compute, 4)
-    first.evidence["shares"] = {k: round(v, 4) for k, v in shares.items()}
+    first.evidence["compute_share"] = round(sum(r.share(p) for p in COMPUTE_PHASES), 4)
+    first.evidence["shares"] = {k: round(v, 4) for k, v in r.shares.items()}
     first.also = rest + last
     return first
 

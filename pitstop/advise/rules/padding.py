@@ -36,6 +36,11 @@ def _padding(ctx: Context) -> tuple[float, str] | None:
     return None
 
 
+# What packing, padding-free batches and length grouping do to the training math: the same
+# tokens per epoch, but other documents share a step (tune -- tries them only when allowed).
+BATCH_CHANGE = "changes which tokens form a step"
+
+
 def _packing_fix(ctx: Context) -> str:
     s = ctx.setup
     if s.source == "pitstop":
@@ -43,25 +48,32 @@ def _packing_fix(ctx: Context) -> str:
             "--batching pack (or --batching auto, which times pack, bucket and pad on this model)"
         )
     if s.custom_loop:
+        where = "the LightningDataModule's Dataset" if s.program == "lightning" else "the Dataset"
         return (
             "pack the rows: concatenate the tokenized documents (EOS between them) and cut "
-            "them into rows of the max length in the Dataset, or sort rows of similar "
-            "length into the same batch (a length-grouped sampler)"
+            f"them into rows of the max length in {where}, or sort rows of similar "
+            f"length into the same batch (a length-grouped sampler) ({BATCH_CHANGE})"
         )
     if s.hf_class == "SFTConfig":
         return (
-            "packing=True (SFTConfig; with the default packing_strategy='bfd' TRL trains "
-            "padding-free, which needs attn_implementation='flash_attention_2' to keep documents "
-            f"from attending to each other), or {s.group_by_length_fix}"
+            "padding_free=True (SFTConfig: each batch's rows are joined into one row with "
+            "restarting position_ids, no pad computed; the same rows per step), or "
+            "packing=True (with the default packing_strategy='bfd' TRL trains padding-free; "
+            f"{BATCH_CHANGE}), or {s.group_by_length_fix} ({BATCH_CHANGE})"
         )
     return (
-        f"{s.group_by_length_fix} (TrainingArguments), or train with TRL's SFTTrainer and "
-        "SFTConfig(packing=True)"
+        f"{s.group_by_length_fix} (TrainingArguments; {BATCH_CHANGE}), or "
+        "data_collator=DataCollatorWithFlattening() (no pad computed; the same rows per step), "
+        "or train with TRL's SFTTrainer and SFTConfig(padding_free=True)"
     )
 
 
 @rule("padding-waste")
 def padding_waste(ctx: Context) -> Finding | None:
+    """Padding computed from the data for a padded setup; a profile that measured it
+    (`packing-off`) says it instead, from what was computed."""
+    if _measured_padding(ctx) is not None:
+        return None
     got = _padding(ctx)
     if got is None or got[0] < PADDING_LIMIT:
         return None
@@ -101,32 +113,14 @@ def packing_off(ctx: Context) -> Finding | None:
     (one row per dynamically padded batch has nothing to pad to)."""
     s = ctx.setup
     measured = _measured_padding(ctx)
-    # A custom loop's collator is not recorded (batching unknown): only a measured padding
-    # share says its rows were padded.
-    unknown = s.batching == UNKNOWN and measured is not None
-    if not (s.batching_is_padded or unknown) or ctx.data is not None:
+    if measured is not None:  # what the run computed, whatever its collator: it decides
+        return _measured_padding_finding(ctx, measured)
+    if not s.batching_is_padded or ctx.data is not None:
         return None
     if s.source == "hf" and s.hf_class != "SFTConfig" and s.batching not in ("dynamic", UNKNOWN):
         return None
-    if measured is not None and measured < PADDING_LIMIT:
-        return None
-    if measured is None and s.batching == "dynamic" and s.micro_batch_rows == 1:
+    if s.batching == "dynamic" and s.micro_batch_rows == 1:
         return None  # each batch is padded to its own longest (and only) row: no padding
-    if measured is not None:
-        return Finding(
-            id="packing-off",
-            severity="high" if measured >= 0.3 else "medium",
-            title=f"{pct(measured)} of computed positions were padding (measured)",
-            evidence={
-                "batching": s.batching,
-                "max_len": s.max_len,
-                "padding_fraction": round(measured, 4),
-            },
-            effect=f"packing computes {pct(measured)} fewer positions for the same tokens",
-            basis="measured in this profile",
-            fix=_packing_fix(ctx),
-            gain=measured,
-        )
     return Finding(
         id="packing-off",
         severity="low",
@@ -140,6 +134,30 @@ def packing_off(ctx: Context) -> Finding | None:
         "(--data FILE_OR_STORE) to compute the waste",
         basis="FLOPs arithmetic",
         fix=_packing_fix(ctx),
+    )
+
+
+def _measured_padding_finding(ctx: Context, measured: float) -> Finding | None:
+    if measured < PADDING_LIMIT:
+        return None
+    s, p = ctx.setup, ctx.profile or {}
+    return Finding(
+        id="packing-off",
+        severity="high" if measured >= 0.3 else "medium",
+        title=f"{pct(measured)} of computed positions were padding (measured)",
+        evidence={
+            "batching": s.batching,
+            "max_len": s.max_len,
+            "padding_fraction": round(measured, 4),
+            "seen_tokens": p.get("seen_tokens"),
+            "padded_tokens": p.get("padded_tokens"),
+        },
+        effect=f"{pct(measured)} of the positions the model computed were padding (the "
+        "attention masks of the batches it trained on): padding-free or packed rows compute "
+        f"{pct(measured)} fewer positions for the same tokens",
+        basis="measured in this profile",
+        fix=_packing_fix(ctx),
+        gain=measured,
     )
 
 

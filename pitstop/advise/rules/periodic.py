@@ -7,7 +7,7 @@ import math
 
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, pct, rule
-from pitstop.measure.verdict import CHECKPOINT_SEVERE
+from pitstop.measure.verdict import CHECKPOINT_SEVERE, EVAL_SEVERE
 
 # A fix should bring a periodic cost under this share of the run (pitstop's target).
 PERIODIC_TARGET = 0.01
@@ -117,25 +117,52 @@ def logging_overhead(ctx: Context) -> Finding | None:
 
 @rule("eval-overhead")
 def eval_overhead(ctx: Context) -> Finding | None:
-    got = _periodic(ctx, "eval", "evals", ctx.setup.eval_steps)
-    if got is None or got[0] <= EVAL_LIMIT:
+    s = ctx.setup
+    got = _periodic(ctx, "eval", "evals", s.eval_steps)
+    if got is None or ctx.shares.get("eval", 0.0) <= EVAL_LIMIT:
         return None
-    share, per, every, base = got
+    _, per, every, base = got
+    share = ctx.shares.get("eval", 0.0)  # of the measured steps: the share the verdict reads
+    events = (ctx.profile or {}).get("events") or {}
+    evals, forwards = events.get("evals"), events.get("eval_forwards")
+    per_eval = round(forwards / evals) if evals and forwards else None
+    how = ", ".join(
+        x
+        for x in (
+            f"{per_eval} forward passes" if per_eval else None,
+            f"every {every} steps" if every else None,
+        )
+        if x
+    )
     n = _every_for(per, base, PERIODIC_TARGET) if base else None
     effect = "evaluate less often or on less data"
     if n:
         effect = (
             f"evaluating every {n} steps would cost about {pct(PERIODIC_TARGET)}; "
-            "or evaluate on a smaller held-out set"
+            "or evaluate on fewer batches"
         )
     return Finding(
         id="eval-overhead",
-        severity="medium" if share >= 0.05 else "low",
-        title=f"evaluation costs {pct(share)} of the run",
-        evidence={"seconds_per_eval": round(per, 4), "eval_steps": every, "share": round(share, 4)},
-        effect=effect,
+        severity="high" if share >= EVAL_SEVERE else "medium" if share >= 0.05 else "low",
+        title=f"evaluation takes {pct(share)} of the run" + (f": {how}" if how else ""),
+        evidence={
+            "seconds_per_eval": round(per, 4),
+            "eval_steps": every,
+            "evals": evals,
+            "eval_forwards": forwards,
+            "share": round(share, 4),
+        },
+        effect=effect + " (the training math is unchanged: evaluation only reads the model)",
         basis="measured in this profile",
-        fix=ctx.setup.fix(f"--eval-steps {n or 500}", f"eval_steps={n or 500}"),
+        fix=s.fix(
+            f"--eval-steps {n or 500}",
+            f"eval_steps={n or 500}; or a smaller eval_dataset (fewer rows per evaluation), "
+            "and eval_accumulation_steps if predictions are gathered",
+            f"evaluate every {n or 500} steps instead of every {every or 'few'} (nanoGPT's "
+            "eval_interval), or on fewer batches (eval_iters)",
+            f"L.Trainer(val_check_interval={n or 500}, limit_val_batches=...): validate less "
+            "often, or on fewer batches",
+        ),
         gain=share - PERIODIC_TARGET,
     )
 

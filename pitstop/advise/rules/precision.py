@@ -8,7 +8,7 @@ from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, lora_rank, pct, rule
 from pitstop.measure.peak import gpu_peak
 from pitstop.measure.verdict import COMPUTE_PHASES
-from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS
+from pitstop.probe import COMPILE_GAIN_BASIS, COMPILE_SECONDS_BASIS, CPU_BF16_MIN_GAIN
 
 
 @rule("fp16-on-bf16-gpu")
@@ -59,6 +59,61 @@ def fp32_on_gpu(ctx: Context) -> Finding | None:
         basis="documented",
         reference="NVIDIA datasheets (pitstop/catalog/gpus.py)",
         fix=ctx.setup.fix(f"--precision {half} (or auto)", f"{half}=True"),
+        gain=gain,
+    )
+
+
+@rule("fp32-on-bf16-cpu")
+def fp32_on_bf16_cpu(ctx: Context) -> Finding | None:
+    """A run in fp32 on a CPU with native bf16: what bf16 autocast would give it, from the
+    measurement `pitstop train --precision auto` decides with (fp32 against bf16 autocast
+    at the model's matmul shapes, pitstop.measure.peak), taken for the run's own model."""
+    dev = ctx.device
+    if ctx.cuda or dev.type != "cpu" or not dev.bf16 or ctx.precision != "fp32":
+        return None
+    m = ctx.measured_precision
+    s = ctx.setup
+    fix = s.fix(
+        "--precision auto (or bf16)",
+        "bf16=True (bf16 autocast on the CPU; fp32 master weights and optimizer state)",
+        "wrap the forward and the loss in `with torch.autocast('cpu', dtype=torch.bfloat16):` "
+        "(fp32 weights and optimizer state stay)",
+        "L.Trainer(precision='bf16-mixed')",
+    )
+    ev: dict[str, Any] = {"precision": "fp32", "device": dev.name, "bf16_native": True}
+    if m is None:
+        return Finding(
+            id="fp32-on-bf16-cpu",
+            severity="low",
+            title="training in fp32 on a CPU with native bf16 (its speed here not measured)",
+            evidence=ev,
+            effect="bf16 autocast runs the matmuls in bf16 where the CPU computes it natively; "
+            "whether it is faster depends on the model's shapes",
+            basis="documented",
+            reference="pitstop/probe.py (CPU_BF16_FLAGS)",
+            fix=fix + "; `pitstop tune --` measures it on the script",
+        )
+    ev.update(m.to_dict())
+    compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
+    faster = m.gain >= CPU_BF16_MIN_GAIN
+    gain = (1 - 1 / m.gain) * compute if faster else 0.0
+    effect = f"{m.describe()}; forward and backward are {pct(compute)} of the step"
+    if faster:
+        effect += f", so the step would take about {pct(gain)} less"
+    else:
+        effect += (
+            f": below the {CPU_BF16_MIN_GAIN:.2f}x pitstop train asks before it switches, so "
+            "keep fp32 here"
+        )
+    return Finding(
+        id="fp32-on-bf16-cpu",
+        severity=("high" if gain >= 0.3 else "medium") if faster else "low",
+        title=f"training in fp32 on a CPU with native bf16: bf16 autocast measured {m.gain:.2f}x "
+        "at this model's shapes",
+        evidence=ev,
+        effect=effect + " (same math up to precision: bf16 matmul inputs, fp32 accumulation)",
+        basis="measured in this profile",
+        fix=fix if faster else f"none: keep fp32 ({fix.split(' (')[0]} measured slower here)",
         gain=gain,
     )
 

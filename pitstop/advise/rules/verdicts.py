@@ -112,6 +112,12 @@ def noisy_machine(ctx: Context) -> Finding | None:
     )
 
 
+def _logging_measured(ctx: Context) -> bool:
+    p = ctx.profile or {}
+    logs = (p.get("events") or {}).get("logs")
+    return bool(logs) or ctx.shares.get("logging", 0.0) > 0 or ctx.setup.source == "pitstop"
+
+
 @rule("sync-bound")
 def sync_bound(ctx: Context) -> Finding | None:
     """Stays quiet where noisy-machine explains the erratic steps (no sync advice then)."""
@@ -124,15 +130,25 @@ def sync_bound(ctx: Context) -> Finding | None:
         return None
     x = found[0]
     s = ctx.setup
-    hf_fix = "logging_steps=50; remove per-step .item()/print calls from callbacks"
+    # "Log less" only where logging was measured (a Trainer's on_log, pitstop's log steps):
+    # a plain loop's prints are not timed, so its host time is not known to be logging.
+    logged = _logging_measured(ctx)
+    hf_fix = (
+        "logging_steps=50; remove per-step .item()/print calls from callbacks"
+        if logged
+        else "remove per-step .item()/print calls from callbacks"
+    )
     if not ctx.cuda:  # no device to synchronise with: Python work between steps is the cost
-        title = "host-side time between steps: Python overhead, logging or allocator stalls"
+        title = "host-side time between steps: Python overhead" + (
+            ", logging or allocator stalls" if logged else " or allocator stalls"
+        )
         fix = s.fix(
             "--log-steps 50; look for per-step Python work (printing, .item(), "
             "tokenizing) in custom code",
             hf_fix,
-            "log every 50 steps, not every step; move per-step Python work (printing, "
-            ".item(), tokenizing) out of the loop",
+            "find the per-step Python work between optimizer.step() and the next forward "
+            "(printing, .item(), tokenizing, building tensors) and move it out of the loop, "
+            "or do it every N steps",
         )
     else:
         if s.nan_inf_filter:
