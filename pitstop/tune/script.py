@@ -71,6 +71,7 @@ class Candidate:
     math: str  # SAME, PRECISION or BATCH
     loader: dict[str, Value] = field(default_factory=dict)
     training_args: dict[str, Value] = field(default_factory=dict)
+    autocast: str | None = None  # a plain loop's model forward under this autocast dtype
     finding: str | None = None  # the doctor's finding id it answers
     predicted: str = "-"  # the doctor's predicted effect, short
 
@@ -219,6 +220,13 @@ def _short(effect: str, gain: float) -> str:
     return (m.group(0).strip() if m else "") or "-"
 
 
+def _precision_finding(by_id: dict[str, Finding], precision: str, cuda: bool) -> str:
+    """The doctor's finding whose prediction a bf16 trial answers."""
+    if not cuda:
+        return "fp32-on-bf16-cpu"
+    return "fp32-on-gpu" if precision == "fp32" else "fp16-on-bf16-gpu"
+
+
 def make_plan(
     findings: list[Finding],
     observed: dict[str, Value],
@@ -307,26 +315,30 @@ def make_plan(
                     "would be emulated, slower",
                 )
             )
-        elif not trainer:
-            skip.append(
-                NotTried(
-                    "bf16",
-                    "a plain loop's precision is in its code "
-                    "(torch.autocast(dtype=torch.bfloat16) around the forward)",
-                )
-            )
         else:
-            fid, pred = predicted("fp32-on-gpu" if precision == "fp32" else "fp16-on-bf16-gpu")
-            cands.append(
-                Candidate(
-                    "bf16=True",
-                    "precision",
-                    PRECISION,
-                    training_args={"bf16": True},
-                    finding=fid,
-                    predicted=pred,
+            fid, pred = predicted(_precision_finding(by_id, precision, cuda))
+            if trainer:
+                cands.append(
+                    Candidate(
+                        "bf16=True",
+                        "precision",
+                        PRECISION,
+                        training_args={"bf16": True},
+                        finding=fid,
+                        predicted=pred,
+                    )
                 )
-            )
+            else:  # the model's forward under bf16 autocast, applied from outside
+                cands.append(
+                    Candidate(
+                        "torch.autocast(bfloat16)",
+                        "precision",
+                        PRECISION,
+                        autocast="bf16",
+                        finding=fid,
+                        predicted=pred,
+                    )
+                )
     if cuda and precision == "fp32" and not cur.get("tf32"):
         if trainer:
             cands.append(Candidate("tf32=True", "tf32", PRECISION, training_args={"tf32": True}))
@@ -395,7 +407,7 @@ def make_plan(
                 predicted="fewer, larger micro-batches",
             )
         )
-    padding = [f for f in findings if f.id.startswith("padding")]
+    padding = [f for f in findings if f.id.startswith("padding") or f.id == "packing-off"]
     if trainer and padding and not cur.get("group_by_length"):
         fid, pred = predicted(padding[0].id)
         if allow_batch_changes:
@@ -417,17 +429,38 @@ def make_plan(
     # padding_free drops the pad tokens, which needs a varlen attention kernel (CUDA).
     if trainer and script_args is not None and script_args.get("packing") is False:
         if allow_batch_changes:
+            fid, pred = predicted(padding[0].id) if padding else (None, "-")
             cands.append(
-                Candidate("packing=True", "packing", BATCH, training_args={"packing": True})
+                Candidate(
+                    "packing=True",
+                    "packing",
+                    BATCH,
+                    training_args={"packing": True},
+                    finding=fid,
+                    predicted=pred,
+                )
             )
         else:
             skip.append(NotTried("packing=True", f"{BATCH}: tried only with --allow-batch-changes"))
-    if trainer and cuda and script_args is not None and script_args.get("padding_free") is False:
-        cands.append(
-            Candidate(
-                "padding_free=True", "padding_free", SAME, training_args={"padding_free": True}
+    # padding_free keeps each step's rows but computes no pad; without packing TRL no longer
+    # enforces max_length (longer rows train whole), so it is tried only when asked as well.
+    if trainer and script_args is not None and script_args.get("padding_free") is False:
+        fid, pred = predicted(padding[0].id) if padding else (None, "-")
+        if allow_batch_changes:
+            cands.append(
+                Candidate(
+                    "padding_free=True",
+                    "padding_free",
+                    BATCH,
+                    training_args={"padding_free": True},
+                    finding=fid,
+                    predicted=pred,
+                )
             )
-        )
+        else:
+            skip.append(
+                NotTried("padding_free=True", f"{BATCH}: tried only with --allow-batch-changes")
+            )
     if not trainer and cands == [] and not findings:
         skip.append(NotTried("anything", "the doctor found nothing to change"))
     return Plan("trainer" if trainer else "loop", cands, skip)
@@ -468,6 +501,7 @@ class _Search:
             loader=dict(cand.loader) if cand else {},
             training_args=dict(cand.training_args) if cand else {},
             bf16_native=self.bf16_native,
+            autocast=cand.autocast if cand else None,
         )
         self.log(f"trial {self.n}: {name} -> {run_dir}")
         t = time.monotonic()
@@ -525,6 +559,8 @@ def _finding(d: dict[str, object]) -> Finding:
 
 def _user_fields(applied: Applied, cand: Candidate) -> dict[str, Value]:
     """What the trial set that the user would write (the safety fields left out)."""
+    if cand.autocast:
+        return {"autocast": applied.autocast} if applied.autocast else {}
     if cand.loader:
         return {k: v for k, v in cand.loader.items()}
     args = applied.training_args
@@ -611,6 +647,7 @@ def tune_script(
             max((w.candidate.math for w in winners), key=[SAME, PRECISION, BATCH].index),
             loader={k: v for w in winners for k, v in w.candidate.loader.items()},
             training_args={k: v for w in winners for k, v in w.candidate.training_args.items()},
+            autocast=next((w.candidate.autocast for w in winners if w.candidate.autocast), None),
         )
         combined = search.measure(both, None, NOISE_FLOOR)
     elif winners:
@@ -634,12 +671,19 @@ def _measured(r: Result) -> str:
 
 def settings_code(rep: ScriptTuneReport) -> str:
     """The winning settings as code to paste: DataLoader or TrainingArguments arguments."""
-    rec = rep.recommended()
-    if not rec:
-        return ""
-    args = ", ".join(f"{k}={v!r}" for k, v in rec.items())
-    what = "DataLoader" if rep.plan.kind == "loop" else "TrainingArguments"
-    return f"{what}(..., {args})"
+    rec = dict(rep.recommended())
+    autocast = rec.pop("autocast", None)
+    parts = []
+    if rec:
+        args = ", ".join(f"{k}={v!r}" for k, v in rec.items())
+        what = "DataLoader" if rep.plan.kind == "loop" else "TrainingArguments"
+        parts.append(f"{what}(..., {args})")
+    if autocast:
+        parts.append(
+            "with torch.autocast(device_type, dtype=torch.bfloat16): around the model's "
+            "forward and the loss"
+        )
+    return "; ".join(parts)
 
 
 @dataclass
@@ -686,6 +730,7 @@ class TunedSettings:
     training_args: dict[str, Value]  # a Trainer script's recommendation (else empty)
     code: str
     results: list[ResultRecord]
+    autocast: str | None  # a plain loop's winning autocast dtype ("bf16"), else None
     combined: ResultRecord | None
     held_back: list[str]
     not_tried: list[NotTried]
@@ -695,7 +740,8 @@ class TunedSettings:
 
 def report_json(rep: ScriptTuneReport) -> dict[str, object]:
     """tuned_settings.json's content (TunedSettings as JSON)."""
-    rec = rep.recommended()
+    rec = dict(rep.recommended())
+    autocast = rec.pop("autocast", None)
     loop = rep.plan.kind == "loop"
     return asdict(
         TunedSettings(
@@ -706,6 +752,7 @@ def report_json(rep: ScriptTuneReport) -> dict[str, object]:
             training_args={} if loop else rec,
             code=settings_code(rep),
             results=[ResultRecord.of(r) for r in rep.results],
+            autocast=str(autocast) if autocast else None,
             combined=ResultRecord.of(rep.combined) if rep.combined else None,
             held_back=[r.candidate.name for r in rep.held_back],
             not_tried=rep.plan.not_tried,

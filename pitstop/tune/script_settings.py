@@ -64,6 +64,7 @@ class TrialSettings:
     loader: dict[str, Value] = field(default_factory=dict)  # DataLoader keyword arguments
     training_args: dict[str, Value] = field(default_factory=dict)  # TrainingArguments fields
     bf16_native: bool = False  # the device computes bf16 natively (decided by the caller)
+    autocast: str | None = None  # "bf16": a plain loop's model forward under bf16 autocast
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -84,6 +85,7 @@ class Applied:
     training_args: dict[str, Value] = field(default_factory=dict)  # the fields set
     refused: dict[str, str] = field(default_factory=dict)  # field -> why it was not applied
     stopped_after_steps: int | None = None
+    autocast: str | None = None  # the autocast dtype the model's forwards ran under
 
     def write(self, trial_dir: str) -> None:
         path = Path(trial_dir) / APPLIED
@@ -181,6 +183,7 @@ def apply(settings: TrialSettings) -> Applied:
     applied = Applied()
     _patch_dataloader(settings, applied)
     _patch_training_args(settings, applied)
+    _autocast_forward(settings, applied)
     _stop_after(settings, applied)
     applied.write(settings.trial_dir)
     return applied
@@ -251,6 +254,48 @@ def _patch_training_args(settings: TrialSettings, applied: Applied) -> None:
 
     TrainingArguments.__post_init__ = __post_init__  # type: ignore[method-assign]
     _UNDO.append(lambda: setattr(TrainingArguments, "__post_init__", original))
+
+
+def _autocast_forward(settings: TrialSettings, applied: Applied) -> None:
+    """A plain loop's precision trial: the model's outermost forward (the first module with
+    parameters called outside any other, with gradients enabled) runs under bf16 autocast,
+    entered by a forward pre-hook and left by its forward hook. The weights, gradients and
+    optimizer state stay fp32; a loss computed inside the forward runs under autocast too
+    (autocast keeps it in fp32)."""
+    if settings.autocast != "bf16":
+        return
+    if not settings.bf16_native:
+        applied.refused["autocast"] = "the device has no native bf16 (it would be emulated, slower)"
+        applied.write(settings.trial_dir)
+        return
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    state: dict[str, Any] = {"depth": 0, "model": None, "ctx": None}
+
+    def pre(module: Any, args: Any) -> None:
+        if state["depth"] == 0 and torch.is_grad_enabled():
+            if state["model"] is None and next(module.parameters(), None) is not None:
+                state["model"] = module
+                applied.autocast = "bf16"
+                applied.write(settings.trial_dir)
+            if module is state["model"]:
+                device = next(module.parameters()).device.type
+                state["ctx"] = torch.autocast(device, dtype=torch.bfloat16)
+                state["ctx"].__enter__()
+        state["depth"] += 1
+
+    def post(module: Any, args: Any, *rest: Any) -> None:
+        state["depth"] = max(0, state["depth"] - 1)
+        if state["depth"] == 0 and state["ctx"] is not None:
+            ctx, state["ctx"] = state["ctx"], None
+            ctx.__exit__(None, None, None)
+
+    handles = [
+        nn_module.register_module_forward_pre_hook(pre),
+        nn_module.register_module_forward_hook(post, always_call=True),
+    ]
+    _UNDO.extend(h.remove for h in handles)
 
 
 def _stop_after(settings: TrialSettings, applied: Applied) -> None:
