@@ -410,7 +410,9 @@ def throughput(
     flops_per_token: float | None,
     device_share: float | None = None,
 ) -> Throughput:
-    """The throughput the time estimate divides by, with the basis stated.
+    """The throughput the time estimate divides by, with the basis stated: the profile's
+    measured rate when it ran on the device asked about and no --mfu is given, else
+    positions per second computed from an MFU, the GPU's peak and the FLOPs per position.
 
     `device_share`: the measured step's share in forward/backward/optimizer, when the
     estimate adds the run's host time separately; a profile's MFU (model FLOPs over the
@@ -418,42 +420,7 @@ def throughput(
     pdev = profile.device if profile else None
     same_device = profile is not None and gpu is not None and find_gpu(pdev or "") == gpu
     if profile is not None and (gpu is None or same_device) and mfu is None:
-        startup = 0.0
-        if profile.wall_seconds and profile.train_seconds:
-            startup = max(0.0, float(profile.wall_seconds) - float(profile.train_seconds))
-        steady = profile.steady
-        if steady is not None:
-            tps = steady.tokens_per_second
-            startup += steady.extra_startup_seconds
-            basis = (
-                f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in "
-                f"{profile.path} on {pdev}"
-            )
-        else:
-            tps = profile.tokens_per_second
-            basis = f"measured: {tps:,.0f} trained tokens/s in {profile.path} on {pdev}"
-            tb = profile.time_breakdown
-            pauses = sum(float(tb.get(k, 0)) for k in ("checkpoint", "eval"))
-            if profile.train_seconds and pauses:
-                basis += (
-                    f"; checkpoint/eval pauses ({pauses / float(profile.train_seconds):.1%} "
-                    "of train time) are inside that rate"
-                )
-        if startup:
-            basis += f"; start-up {startup:.0f} s added once"
-        load = describe_load(profile.machine)
-        if load:  # a busy machine measures a slower rate than a quiet one would: say which
-            basis += f"; machine {load} when measured"
-        pm = float(profile.mfu) if profile.mfu else None
-        if pm is not None and pm > 1:
-            # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
-            # CPU, once, and cached) came out low, e.g. on a busy machine.
-            basis += (
-                f"; the profile's MFU {pm:.0%} is above 100%, so the peak it divides by was "
-                "measured low (a busy machine?): not shown; remeasure on a quiet machine"
-            )
-            pm = None
-        return Throughput(tps, None, pm, startup, basis, pdev)
+        return _measured_throughput(profile)
     if gpu is None:
         raise ConfigError("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
     if flops_per_token is None:
@@ -464,27 +431,7 @@ def throughput(
         raise ConfigError(
             f"{gpu.name} has no {peak_precision} peak in pitstop's table ({peak_src})"
         )
-    if mfu is not None:
-        used, why = mfu, f"MFU {mfu:.0%} (--mfu)"
-    elif profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
-        used = float(profile.mfu)
-        why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
-        if device_share and used / device_share <= 1:
-            why = (
-                f"MFU {used / device_share:.0%} over the device phases ({used:.0%} over the "
-                f"whole step ÷ {device_share:.0%} of it on the device) measured on {pdev} "
-                f"({profile.path}), assumed to carry over"
-            )
-            used /= device_share
-    else:
-        used = DEFAULT_MFU
-        on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
-        why = (
-            f"MFU {used:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
-            "measure with --from-profile)"
-        )
-        if profile is not None:
-            why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
+    used, why = _mfu_to_use(mfu, profile, precision, peak_precision, device_share)
     pps = used * peak / flops_per_token
     pauses = (
         "the device work only: the measured run's host time, its checkpoint and eval pauses "
@@ -497,6 +444,80 @@ def throughput(
         f"÷ {flops_per_token:.3g} training FLOPs per position; {pauses}"
     )
     return Throughput(None, pps, used, 0.0, basis, gpu.name)
+
+
+def _measured_throughput(profile: Measured) -> Throughput:
+    """The measured run's trained tokens per second (its steady rate where its steps were
+    kept), its start-up once, and the machine's load and MFU as measured."""
+    pdev = profile.device
+    startup = 0.0
+    if profile.wall_seconds and profile.train_seconds:
+        startup = max(0.0, float(profile.wall_seconds) - float(profile.train_seconds))
+    steady = profile.steady
+    if steady is not None:
+        tps = steady.tokens_per_second
+        startup += steady.extra_startup_seconds
+        basis = (
+            f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in {profile.path} on {pdev}"
+        )
+    else:
+        tps = profile.tokens_per_second
+        basis = f"measured: {tps:,.0f} trained tokens/s in {profile.path} on {pdev}"
+        tb = profile.time_breakdown
+        pauses = sum(float(tb.get(k, 0)) for k in ("checkpoint", "eval"))
+        if profile.train_seconds and pauses:
+            basis += (
+                f"; checkpoint/eval pauses ({pauses / float(profile.train_seconds):.1%} "
+                "of train time) are inside that rate"
+            )
+    if startup:
+        basis += f"; start-up {startup:.0f} s added once"
+    load = describe_load(profile.machine)
+    if load:  # a busy machine measures a slower rate than a quiet one would: say which
+        basis += f"; machine {load} when measured"
+    pm = float(profile.mfu) if profile.mfu else None
+    if pm is not None and pm > 1:
+        # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
+        # CPU, once, and cached) came out low, e.g. on a busy machine.
+        basis += (
+            f"; the profile's MFU {pm:.0%} is above 100%, so the peak it divides by was "
+            "measured low (a busy machine?): not shown; remeasure on a quiet machine"
+        )
+        pm = None
+    return Throughput(tps, None, pm, startup, basis, pdev)
+
+
+def _mfu_to_use(
+    mfu: float | None,
+    profile: Measured | None,
+    precision: str,
+    peak_precision: str,
+    device_share: float | None,
+) -> tuple[float, str]:
+    """(MFU, why): the user's --mfu, else one a profile measured on a GPU (over the device
+    phases when the host time is added apart), else DEFAULT_MFU, labelled an assumption."""
+    pdev = profile.device if profile else None
+    if mfu is not None:
+        return mfu, f"MFU {mfu:.0%} (--mfu)"
+    if profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
+        used = float(profile.mfu)
+        if device_share and used / device_share <= 1:
+            why = (
+                f"MFU {used / device_share:.0%} over the device phases ({used:.0%} over the "
+                f"whole step ÷ {device_share:.0%} of it on the device) measured on {pdev} "
+                f"({profile.path}), assumed to carry over"
+            )
+            return used / device_share, why
+        why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
+        return used, why
+    on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
+    why = (
+        f"MFU {DEFAULT_MFU:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
+        "measure with --from-profile)"
+    )
+    if profile is not None:
+        why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
+    return DEFAULT_MFU, why
 
 
 def options_table(
