@@ -62,9 +62,7 @@ def over_the_limit(lengths: dict[str, int], allowed: dict[str, int]) -> list[str
     problems = []
     for name, n in sorted(lengths.items()):
         if n > MAX_LINES and name not in allowed:
-            problems.append(
-                f"{name} is {n} lines (at most {MAX_LINES}): split it into named steps"
-            )
+            problems.append(f"{name} is {n} lines (at most {MAX_LINES}): split it into named steps")
         elif name in allowed and n > allowed[name]:
             problems.append(
                 f"{name} grew to {n} lines (allowed {allowed[name]}, and that only shrinks): "
