@@ -12,8 +12,8 @@ import importlib
 from typing import Any
 
 from pitstop.core.config import RunConfig, build_config, load_yaml
-from pitstop.core.errors import ConfigError, DataError, PitstopError
 from pitstop.core.version import __version__
+from pitstop.errors import ConfigError, DataError, PitstopError
 
 __all__ = [
     "ConfigError",

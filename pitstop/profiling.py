@@ -34,10 +34,10 @@ import numpy as np
 
 from pitstop.core import run_record
 from pitstop.core.config import RunConfig
-from pitstop.core.run_record import RunSummary, read_steps
+from pitstop.core.run_record import RunSummary, StepLine, read_steps
 from pitstop.measure.flops import mfu as mfu_of
 from pitstop.measure.memory import peak_memory, reset_peak_memory
-from pitstop.measure.sampler import Sampler
+from pitstop.measure.sampler import Sampler, SamplerSummary
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import Verdict, format_verdict, verdict
@@ -173,24 +173,95 @@ def run_profile(
 
     `loader` / `device` go to the Trainer (tests pass a slow loader or a pretend
     device). The run writes only to a temporary directory, removed at the end.
+    In steps: the run (`_run_steps`), the measured steps' phases and seconds, their MFU
+    (`_measured_mfu`), the device's utilisation over them (`_utilisation`), the profile
+    with its notes, then its spread and verdict.
     """
     if steps < 1:
         raise ValueError("steps must be at least 1")
     if warmup < 0:
         raise ValueError("warmup must be 0 or more")
+    run = _run_steps(
+        cfg,
+        warmup=warmup,
+        steps=steps,
+        trace_dir=Path(trace_dir) if trace_dir else None,
+        trainer_kwargs={k: v for k, v in (("loader", loader), ("device", device)) if v is not None},
+        sample_interval_s=sample_interval_s,
+    )
+    lines = sorted(run.lines, key=lambda r: r.step)
+    measured = [r for r in lines if r.step > warmup]
+    step_phases = [{p: r.phases.get(p, 0.0) for p in PHASES} for r in measured]
+    step_seconds = [r.seconds or 0.0 for r in measured]
+    summary = run.summary
+    notes: list[str] = []
+    util = _utilisation(run, warmup, notes)
+    if run.trace_path is not None:
+        notes.append(
+            f"torch.profiler traced steps {warmup + 1}-{warmup + min(steps, TRACE_MAX_STEPS)}; "
+            "profiling slows the steps it records, so compare timings without --trace"
+        )
+    if len(measured) < steps:
+        notes.append(f"only {len(measured)} of {steps} measured steps ran")
+    profile = make_profile(
+        step_phases,
+        step_seconds,
+        warmup=warmup,
+        source="pitstop",
+        trained_tokens=sum(int(r.step_trained_tokens or 0) for r in measured),
+        mfu=_measured_mfu(lines, warmup, sum(step_seconds), summary),
+        peak_memory_bytes=run.peak or int(summary.peak_memory_bytes or 0),
+        device=summary.device if isinstance(summary.device, dict) else None,
+        choices=summary.choices,
+        config=cfg.to_dict(),
+        events={
+            "checkpoints": sum(1 for r in step_phases if r["checkpoint"] > 0),
+            "evals": sum(1 for r in step_phases if r["eval"] > 0),
+            "logs": sum(1 for r in step_phases if r["logging"] > 0),
+        },
+        utilisation=util,
+        notes=notes,
+    )
+    profile["step_spread"] = step_spread(step_seconds)
+    profile["verdict"] = verdict(profile).to_dict()
+    trace = run.trace_path
+    return ProfileRun(profile, summary, trace if trace and trace.exists() else None)
 
+
+@dataclass
+class _StepsRun:
+    """What the instrumented run left: its summary and step lines (read before its
+    directory was removed), the device's peak memory, the step clock, the sampler and
+    when it started, and the trace file (None without --trace)."""
+
+    summary: RunSummary
+    lines: list[StepLine]
+    peak: int | None
+    clock: StepClock
+    sampler: Sampler
+    sampler_start: float  # time.perf_counter() when sampling began (about)
+    trace_path: Path | None
+
+
+def _run_steps(
+    cfg: RunConfig,
+    *,
+    warmup: int,
+    steps: int,
+    trace_dir: Path | None,
+    trainer_kwargs: dict[str, object],
+    sample_interval_s: float,
+) -> _StepsRun:
+    """`warmup` + `steps` optimizer steps of `cfg` through the trainer, in a temporary
+    output directory removed afterwards, with the step clock, the device sampler and
+    (given `trace_dir`) torch.profiler around them."""
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-profile-"))
     try:
         run_cfg = measurement_config(cfg, tmp / "run", warmup + steps)
-        kwargs: dict[str, Any] = {}
-        if loader is not None:
-            kwargs["loader"] = loader
-        if device is not None:
-            kwargs["device"] = device
         clock = StepClock()
-        trainer = measured_trainer(run_cfg, clock, **kwargs)
+        trainer = measured_trainer(run_cfg, clock, **trainer_kwargs)
         cuda = trainer.run.device.type == "cuda"
-        prof = _trace_context(Path(trace_dir) if trace_dir else None, warmup, steps, cuda)
+        prof = _trace_context(trace_dir, warmup, steps, cuda)
         if prof is not None:
             clock.on_step_end = lambda _step: prof.step()
         gpu_index = (trainer.run.device.index or 0) if cuda else None
@@ -204,64 +275,41 @@ def run_profile(
         lines = read_steps(tmp / "run" / run_record.METRICS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    trace_path = getattr(prof, "trace_path", None) if prof is not None else None
+    return _StepsRun(summary, lines, peak, clock, sampler, t_sampler0, trace_path)
 
-    lines.sort(key=lambda r: r.step)
+
+def _measured_mfu(
+    lines: list[StepLine], warmup: int, seconds: float, summary: RunSummary
+) -> float | None:
+    """Model FLOPs utilisation of the measured steps: the positions they computed (padded
+    tokens after the warm-up) per second, against the run's FLOPs per token and peak."""
     measured = [r for r in lines if r.step > warmup]
     before = [r for r in lines if r.step == warmup]
-    step_phases = [{p: r.phases.get(p, 0.0) for p in PHASES} for r in measured]
-    step_seconds = [r.seconds or 0.0 for r in measured]
-    trained = sum(int(r.step_trained_tokens or 0) for r in measured)
     padded0 = int(before[0].padded_tokens or 0) if before else 0
     positions = int(measured[-1].padded_tokens or 0) - padded0 if measured else 0
-    total = sum(step_seconds)
-    mfu = None
-    if total > 0 and summary.flops_per_token:
-        mfu = mfu_of(positions / total, float(summary.flops_per_token), summary.peak_flops)
-    events = {
-        "checkpoints": sum(1 for r in step_phases if r["checkpoint"] > 0),
-        "evals": sum(1 for r in step_phases if r["eval"] > 0),
-        "logs": sum(1 for r in step_phases if r["logging"] > 0),
-    }
-    # Device utilisation over the measured steps only (sampler clock starts at its start).
-    starts = clock.starts
-    notes: list[str] = []
-    util = sampler.summary()
-    if len(starts) > warmup and clock.end is not None:
-        w0, w1 = starts[warmup] - t_sampler0, clock.end - t_sampler0
-        win = window_utilisation(sampler.samples, w0, w1)
-        if win["samples"]:
-            util = {**win, "interval_s": sampler.interval_s, "gpu": sampler.gpu_status}
-        else:
-            notes.append(
-                f"the measured steps took {w1 - w0:.2f} s, shorter than one {sampler.interval_s} s "
-                "sample: device utilisation covers the whole run, model loading included"
-            )
-    trace_path = getattr(prof, "trace_path", None) if prof is not None else None
-    if trace_path is not None:
-        notes.append(
-            f"torch.profiler traced steps {warmup + 1}-{warmup + min(steps, TRACE_MAX_STEPS)}; "
-            "profiling slows the steps it records, so compare timings without --trace"
-        )
-    if len(measured) < steps:
-        notes.append(f"only {len(measured)} of {steps} measured steps ran")
-    profile = make_profile(
-        step_phases,
-        step_seconds,
-        warmup=warmup,
-        source="pitstop",
-        trained_tokens=trained,
-        mfu=mfu,
-        peak_memory_bytes=peak or int(summary.peak_memory_bytes or 0),
-        device=summary.device if isinstance(summary.device, dict) else None,
-        choices=summary.choices,
-        config=cfg.to_dict(),
-        events=events,
-        utilisation=util,
-        notes=notes,
+    if seconds > 0 and summary.flops_per_token:
+        return mfu_of(positions / seconds, float(summary.flops_per_token), summary.peak_flops)
+    return None
+
+
+def _utilisation(
+    run: _StepsRun, warmup: int, notes: list[str]
+) -> SamplerSummary | dict[str, object]:
+    """Device utilisation over the measured steps only (the sampler's clock starts at its
+    start), else over the whole run when they were shorter than one sample (noted)."""
+    starts, clock, sampler = run.clock.starts, run.clock, run.sampler
+    if len(starts) <= warmup or clock.end is None:
+        return sampler.summary()
+    w0, w1 = starts[warmup] - run.sampler_start, clock.end - run.sampler_start
+    win = window_utilisation(sampler.samples, w0, w1)
+    if win["samples"]:
+        return {**win, "interval_s": sampler.interval_s, "gpu": sampler.gpu_status}
+    notes.append(
+        f"the measured steps took {w1 - w0:.2f} s, shorter than one {sampler.interval_s} s "
+        "sample: device utilisation covers the whole run, model loading included"
     )
-    profile["step_spread"] = step_spread(step_seconds)
-    profile["verdict"] = verdict(profile).to_dict()
-    return ProfileRun(profile, summary, trace_path if trace_path and trace_path.exists() else None)
+    return sampler.summary()
 
 
 # --- the terminal report ------------------------------------------------------------

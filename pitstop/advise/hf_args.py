@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 import math
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,90 @@ def _int(v: Any) -> int | None:
     return int(f) if f >= 1 and f.is_integer() else None  # HF: a float < 1 is a ratio of the run
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    """How `from_hf_args` reads a field: the first of its names the values give, else the
+    first with a default (`merged`: the class's defaults under the values). In a record
+    (`recorded`) a field not given is unknown (None), never its default."""
+
+    values: Mapping[str, Any]
+    merged: Mapping[str, Any]
+    recorded: bool
+
+    def get(self, *names: str, default: Any = None) -> Any:
+        for n in names:
+            if n in self.values:
+                return self.values[n]
+        for n in names:
+            if n in self.merged and self.merged[n] is not None:
+                return self.merged[n]
+        return None if self.recorded else default
+
+    def given(self, *names: str) -> bool:
+        """Whether the field is known: always in a declared file (its default stands)."""
+        return not self.recorded or any(n in self.values for n in names)
+
+    def every(
+        self, strategy_keys: tuple[str, ...], steps_key: str, fallback: Any = None
+    ) -> int | None:
+        """The steps between events when their strategy is "steps", else None."""
+        raw = self.get(*strategy_keys, default="no")
+        strategy = str(getattr(raw, "value", raw))  # an IntervalStrategy enum or its string
+        if strategy != "steps":
+            return None
+        return _int(self.get(steps_key, default=fallback))
+
+    def flag(self, *names: str, default: bool) -> bool | None:
+        return bool(self.get(*names, default=default)) if self.given(*names) else None
+
+
+def _fields(values: Mapping[str, Any], cls: str, recorded: bool) -> _Fields:
+    defaults = {} if recorded else dict(training_args_defaults())
+    if cls == "SFTConfig" and not recorded:
+        defaults.update(SFT_DEFAULTS)
+        defaults["bf16"] = None  # resolved in _precision: TRL makes it `not fp16`
+    return _Fields(values, {**defaults, **values}, recorded)
+
+
+def _precision(f: _Fields, cls: str) -> str:
+    if not f.given("bf16", "fp16"):
+        return UNKNOWN
+    fp16 = bool(f.get("fp16", default=False))
+    bf16 = f.get("bf16")
+    if bf16 is None:
+        bf16 = (not fp16) if cls == "SFTConfig" else False
+    return "bf16" if bf16 else ("fp16" if fp16 else "fp32")
+
+
+def _batching(f: _Fields, cls: str) -> str:
+    """pitstop's name for how the run forms its rows."""
+    if cls == "SFTConfig" and (
+        f.get("packing", default=False) or f.get("padding_free", default=False)
+    ):
+        return Layout.PACK.value
+    if (
+        f.get("group_by_length", default=False)
+        or f.get("train_sampling_strategy") == "group_by_length"
+    ):
+        return Layout.BUCKET.value  # length-grouped batches: pitstop's bucket
+    if f.given("packing", "padding_free", "group_by_length", "train_sampling_strategy"):
+        return "dynamic"  # the default collators pad each batch to its longest row
+    # A custom loop's collator: padded, packed or fixed-length, the timer cannot tell.
+    return UNKNOWN
+
+
+def _max_len(f: _Fields, cls: str) -> int | None:
+    """SFTConfig's max length; a recorded one is a fact whatever the class (none: unknown)."""
+    if cls == "SFTConfig" or f.recorded:
+        return _int(f.get("max_length", "max_seq_length"))
+    return None
+
+
+def _optimizer(f: _Fields) -> str | None:
+    optim = f.get("optim")  # an OptimizerNames enum or its string
+    return str(getattr(optim, "value", optim) or "") or (None if f.recorded else "adamw_torch")
+
+
 def from_hf_args(
     values: dict[str, Any], hf_class: str = "auto", *, recorded: bool = False
 ) -> Setup:
@@ -233,88 +318,35 @@ def from_hf_args(
     field it omits is unknown (None, or UNKNOWN for the string fields), never the default.
     """
     cls = detect_class(values, hf_class)
-    defaults = {} if recorded else dict(training_args_defaults())
-    if cls == "SFTConfig" and not recorded:
-        defaults.update(SFT_DEFAULTS)
-        defaults["bf16"] = None  # resolved below: TRL makes it `not fp16`
-    v = {**defaults, **values}
-
-    def get(*names: str, default: Any = None) -> Any:
-        for n in names:
-            if n in values:
-                return values[n]
-        for n in names:
-            if n in v and v[n] is not None:
-                return v[n]
-        return None if recorded else default
-
-    def given(*names: str) -> bool:
-        return not recorded or any(n in values for n in names)
-
-    fp16 = bool(get("fp16", default=False))
-    bf16 = get("bf16")
-    if bf16 is None:
-        bf16 = (not fp16) if cls == "SFTConfig" else False
-    precision = "bf16" if bf16 else ("fp16" if fp16 else "fp32")
-    if not given("bf16", "fp16"):
-        precision = UNKNOWN
-
-    if cls == "SFTConfig" and (get("packing", default=False) or get("padding_free", default=False)):
-        batching = Layout.PACK.value
-    elif (
-        get("group_by_length", default=False) or get("train_sampling_strategy") == "group_by_length"
-    ):
-        batching = Layout.BUCKET.value  # length-grouped batches: pitstop's bucket
-    elif given("packing", "padding_free", "group_by_length", "train_sampling_strategy"):
-        batching = "dynamic"  # the default collators pad each batch to its longest row
-    else:  # a custom loop's collator: padded, packed or fixed-length, the timer cannot tell
-        batching = UNKNOWN
-
-    max_key = "max_seq_length" if "max_seq_length" in values else "max_length"
-    max_len = _int(get("max_length", "max_seq_length")) if cls == "SFTConfig" else None
-    if recorded:  # a recorded max length is a fact whatever the class; none is unknown
-        max_len = _int(get("max_length", "max_seq_length"))
-
-    def every(strategy_keys: tuple[str, ...], steps_key: str, fallback: Any = None) -> int | None:
-        raw = get(*strategy_keys, default="no")
-        strategy = str(getattr(raw, "value", raw))  # an IntervalStrategy enum or its string
-        if strategy != "steps":
-            return None
-        return _int(get(steps_key, default=fallback))
-
-    def flag(*names: str, default: bool) -> bool | None:
-        return bool(get(*names, default=default)) if given(*names) else None
-
-    log_steps = every(("logging_strategy",), "logging_steps")
-    tf32 = get("tf32")
-    optim = get("optim")  # an OptimizerNames enum or its string
-    optim_name = str(getattr(optim, "value", optim) or "") or (None if recorded else "adamw_torch")
-    workers = _int(get("dataloader_num_workers", default=0))
+    f = _fields(values, cls, recorded)
+    log_steps = f.every(("logging_strategy",), "logging_steps")
+    tf32 = f.get("tf32")
+    workers = _int(f.get("dataloader_num_workers", default=0))
     return Setup(
         source="hf",
         raw=dict(values),
         hf_class=cls,
-        loader_workers=(workers or 0) if given("dataloader_num_workers") else None,
-        batching=batching,
-        max_len=max_len,
-        max_len_key=max_key,
-        precision=precision,
+        loader_workers=(workers or 0) if f.given("dataloader_num_workers") else None,
+        batching=_batching(f, cls),
+        max_len=_max_len(f, cls),
+        max_len_key="max_seq_length" if "max_seq_length" in values else "max_length",
+        precision=_precision(f, cls),
         tf32=None if tf32 is None else bool(tf32),
-        gradient_checkpointing=flag(
+        gradient_checkpointing=f.flag(
             "activation_checkpointing", "gradient_checkpointing", default=False
         ),
-        optimizer=optim_name,
-        compile=("on" if get("torch_compile", default=False) else "off")
-        if given("torch_compile")
+        optimizer=_optimizer(f),
+        compile=("on" if f.get("torch_compile", default=False) else "off")
+        if f.given("torch_compile")
         else UNKNOWN,
-        micro_batch_rows=_int(get("per_device_train_batch_size", default=8)),
-        grad_accum=_int(get("gradient_accumulation_steps", default=1)),
+        micro_batch_rows=_int(f.get("per_device_train_batch_size", default=8)),
+        grad_accum=_int(f.get("gradient_accumulation_steps", default=1)),
         world=1,
-        save_steps=every(("save_strategy",), "save_steps"),
+        save_steps=f.every(("save_strategy",), "save_steps"),
         log_steps=log_steps,
-        eval_steps=every(("eval_strategy", "evaluation_strategy"), "eval_steps", log_steps),
-        empty_cache_steps=_int(get("torch_empty_cache_steps")),
-        nan_inf_filter=flag("logging_nan_inf_filter", default=True),
+        eval_steps=f.every(("eval_strategy", "evaluation_strategy"), "eval_steps", log_steps),
+        empty_cache_steps=_int(f.get("torch_empty_cache_steps")),
+        nan_inf_filter=f.flag("logging_nan_inf_filter", default=True),
         transformers_major=transformers_major(),
         recorded=frozenset(values) if recorded else None,
     )

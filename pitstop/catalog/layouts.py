@@ -17,15 +17,15 @@ of comparing names, so adding a layout means a member here, its rows in the plan
 (docs/architecture.md lists the files). `tests/test_layouts.py` keeps the names out of
 every other module as string literals.
 
-Sits on the ground floor with the rest of the catalogue: imports nothing of pitstop's but
-`errors`.
+Sits on the ground floor with the rest of the catalogue, under `pitstop.core` (whose config
+and run record read it): imports nothing of pitstop's but `pitstop.errors`.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from pitstop.core.errors import ConfigError
+from pitstop.errors import ConfigError
 
 
 class Layout(str, Enum):

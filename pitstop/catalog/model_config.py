@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pitstop.core.errors import DataError
+from pitstop.errors import DataError
 
 CONFIG_NAME = "config.json"
 

@@ -20,6 +20,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="memory, time and cost of a planned run (measured or from FLOPs and a GPU)",
         description="Memory per part, time and cost of a planned run, each with its basis.",
     )
+    _add_run_flags(p)
+    _add_device_flags(p)
+    _add_options_flags(p)
+    _add_plan_flags(p)
+    p.add_argument("--cache-dir", metavar="DIR", help="token-store cache for preparing --data")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """What is trained, and for how long: the model, the data, the epochs, the row length."""
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--model",
@@ -45,6 +57,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-seq-len", metavar="L", help="row length (default: the store's, else 1024)"
     )
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """What the time rests on: a measured run, or a GPU (the table's, or your own peak and
+    memory), with the optimizer whose states count in memory and the MFU to assume."""
     p.add_argument(
         "--from-profile",
         metavar="PROFILE",
@@ -68,6 +85,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "default: the measured run's, else adamw)",
     )
     p.add_argument("--mfu", metavar="X", help="model FLOPs utilisation to assume (0-1)")
+
+
+def _add_options_flags(p: argparse.ArgumentParser) -> None:
+    """The options table: the GPU counts, the scaling kept per doubling, the price."""
     p.add_argument(
         "--gpus",
         metavar="LIST",
@@ -83,6 +104,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--price-per-gpu-hour", metavar="P", help="your price (default: an example price for --gpu)"
     )
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    """The run's plan: adapters, micro-batch, precision, kernel, recomputation, saves,
+    tokens per step, and the memory kept free."""
     p.add_argument("--lora-r", metavar="R", help="LoRA rank (adapters on every block linear)")
     p.add_argument(
         "--load-in-4bit", action="store_true", help="4-bit (NF4) frozen base weights, with --lora-r"
@@ -129,10 +155,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default="0.1",
         help="fraction of GPU memory kept free (default: 0.1)",
     )
-    p.add_argument("--cache-dir", metavar="DIR", help="token-store cache for preparing --data")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

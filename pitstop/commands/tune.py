@@ -89,6 +89,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_config_flags(p, "tune")
     escape_percent(p)
+    _add_tuner_flags(p)
+    _add_script_flags(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_tuner_flags(p: argparse.ArgumentParser) -> None:
+    """The measured search's own flags: where the tuned config goes, the budget, the
+    memory cap, the knobs and how each trial is measured."""
     p.add_argument(
         "--output",
         dest="tuned_output",
@@ -131,6 +140,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="measure every trial again instead of reusing an earlier tune's",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _add_script_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `pitstop tune -- COMMAND` (tune/script.py), and the command itself."""
     p.add_argument(
         "--steps",
         default=None,
@@ -154,8 +167,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="measure the doctor's fixes on this training command, unchanged (e.g. "
         "`-- python train.py`): --output is then the trials' directory; see docs/tune.md",
     )
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

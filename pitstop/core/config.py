@@ -419,22 +419,38 @@ def required_problems(cfg: RunConfig, command: str) -> list[str]:
 def validate(cfg: RunConfig) -> list[str]:
     """The schema's cross-field checks, every problem at once. What a command requires is
     `required_problems`; what needs the machine is `pitstop.probe.preflight`."""
+    return [
+        *_count_problems(cfg),
+        *_batch_shape_problems(cfg),
+        *_schedule_problems(cfg),
+        *_run_problems(cfg),
+        *_method_problems(cfg),
+        *range_problems(cfg),
+    ]
+
+
+# Counts that must be positive (a loader's workers may be 0: the main process loads).
+_POSITIVE_COUNTS = (
+    "micro_batch_size",
+    "grad_accum",
+    "tokens_per_step",
+    "tokens_per_micro_batch",
+    "max_steps",
+    "save_steps",
+    "eval_steps",
+    "lora_r",
+    "loader_workers",
+)
+
+
+def _count_problems(cfg: RunConfig) -> list[str]:
+    """Lengths and counts: the row length, the workers, every positive count, the epochs."""
     p: list[str] = []
     if cfg.max_seq_len < 8:
         p.append(f"--max-seq-len is {cfg.max_seq_len}; it must be at least 8")
     if cfg.workers < 0:
         p.append("--workers must be 0 (one per core) or more")
-    for name in (
-        "micro_batch_size",
-        "grad_accum",
-        "tokens_per_step",
-        "tokens_per_micro_batch",
-        "max_steps",
-        "save_steps",
-        "eval_steps",
-        "lora_r",
-        "loader_workers",
-    ):
+    for name in _POSITIVE_COUNTS:
         v = getattr(cfg, name)
         if v is not None and (v < 0 or (v == 0 and name != "loader_workers")):
             p.append(f"--{name.replace('_', '-')} must be positive, got {v}")
@@ -442,6 +458,12 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"--epochs must be positive, got {cfg.epochs}")
     if cfg.epochs is not None and cfg.max_steps is not None:
         p.append("give --epochs or --max-steps, not both")
+    return p
+
+
+def _batch_shape_problems(cfg: RunConfig) -> list[str]:
+    """The batch shape: one way to give each size, and a full row in each."""
+    p: list[str] = []
     if cfg.tokens_per_step is not None and cfg.grad_accum is not None:
         p.append(
             "give --tokens-per-step or --grad-accum, not both (tokens per step fixes the accumulation)"
@@ -465,12 +487,24 @@ def validate(cfg: RunConfig) -> list[str]:
             f"--tokens-per-step {cfg.tokens_per_step} is not a whole number of packed rows of "
             f"{cfg.max_seq_len} tokens; use a multiple of --max-seq-len"
         )
+    return p
+
+
+def _schedule_problems(cfg: RunConfig) -> list[str]:
+    """The learning rate, its floor and gradient clipping."""
+    p: list[str] = []
     if cfg.lr <= 0:
         p.append(f"--lr must be positive, got {cfg.lr}")
     if not 0 <= cfg.min_lr_ratio <= 1:
         p.append(f"--min-lr-ratio must be between 0 and 1, got {cfg.min_lr_ratio}")
     if cfg.max_grad_norm < 0:
         p.append("--max-grad-norm must be 0 (off) or positive")
+    return p
+
+
+def _run_problems(cfg: RunConfig) -> list[str]:
+    """The run around the steps: saves, evaluation, logging, resuming, processes, reporters."""
+    p: list[str] = []
     if cfg.save_total_limit < 1:
         p.append("--save-total-limit must be at least 1")
     if cfg.save_minutes is not None and cfg.save_minutes <= 0:
@@ -495,6 +529,12 @@ def validate(cfg: RunConfig) -> list[str]:
     bad_reporters = [r for r in cfg.report_to if r not in ("tensorboard", "wandb", "none")]
     if bad_reporters:
         p.append(f"--report-to {','.join(bad_reporters)}: choose from tensorboard, wandb, none")
+    return p
+
+
+def _method_problems(cfg: RunConfig) -> list[str]:
+    """How the model is trained: the LoRA options, the optimizer's betas, the template."""
+    p: list[str] = []
     if cfg.lora_r is None and (cfg.lora_alpha is not None or cfg.lora_target_modules):
         p.append("LoRA options were given without --lora-r; add --lora-r R")
     try:
@@ -507,5 +547,4 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append("--load-in-4bit trains a LoRA adapter on frozen 4-bit weights; add --lora-r R")
     if cfg.template != "alpaca" and "{instruction}" not in cfg.template:
         p.append("--template must be 'alpaca' or contain {instruction} (and optionally {input})")
-    p += range_problems(cfg)
     return p

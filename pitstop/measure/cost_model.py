@@ -481,97 +481,19 @@ def activation_bytes_per_token_layer(
 def estimate_memory(shape: ModelShape, plan: Plan | None = None) -> MemoryEstimate:
     """Training memory per part for one data-parallel rank (formulas in the module docstring).
 
-    `plan`: the settings the memory depends on; None is `Plan()`'s defaults."""
+    `plan`: the settings the memory depends on; None is `Plan()`'s defaults. Each step
+    appends the assumptions behind its parts to `notes`, in the order of the parts."""
     plan = plan or Plan()
-    micro_batch_size, seq_len, precision = plan.micro_batch_size, plan.seq_len, plan.precision
-    attention, gradient_checkpointing = plan.attention, plan.gradient_checkpointing
-    lora_r, load_in_4bit, grad_accum = plan.lora_r, plan.load_in_4bit, plan.grad_accum
-    fused_optimizer, optimizer = plan.fused_optimizer, plan.optimizer
-    if precision not in COMPUTE_BYTES:
+    if plan.precision not in COMPUTE_BYTES:
         raise ValueError(f"precision must be one of {sorted(COMPUTE_BYTES)}")
-    pc = shape.params()
-    a = COMPUTE_BYTES[precision]
-    mixed = a != FP32
-    notes: list[str] = [f"model: {shape.source}"]
-    other = pc.embedding + pc.lm_head + pc.block_other + pc.final_norm  # not block linears
-    if load_in_4bit and lora_r is None:
+    if plan.load_in_4bit and plan.lora_r is None:
         raise ValueError("4-bit base weights need LoRA (lora_r)")
-    if lora_r is not None:
-        trainable = lora_params(shape, lora_r)
-        if load_in_4bit:
-            base = pc.block_linear * NF4_BYTES_PER_PARAM + other * FP32
-            notes.append(
-                f"4-bit: block linears NF4 with double quantisation ({NF4_BYTES_PER_PARAM:.4f} "
-                "B/param), embeddings/lm_head/norms fp32 (peft upcasts them)"
-            )
-        else:
-            base = pc.total * a
-            notes.append(f"LoRA: frozen base weights in {precision} ({a} B/param)")
-        weights = int(base) + trainable * FP32
-        notes.append(
-            f"LoRA r={lora_r} on every block linear: {trainable:,} trainable parameters in "
-            "fp32; only they get gradients and AdamW states. Activations are counted as for "
-            "full fine-tuning (the adapters save the same layer inputs); an approximation"
-        )
-        copies = 0
-    else:
-        trainable = pc.total
-        weights = pc.total * FP32
-        notes.append(
-            "full fine-tuning: fp32 weights (autocast computes in "
-            f"{precision}; no separate master copy)"
-        )
-        copies = pc.matmul * a if mixed else 0
-        if copies:
-            notes.append(f"autocast keeps a {precision} copy of each matmul weight for backward")
-    grads = trainable * FP32
-    states = trainable * optimizer_state_bytes_per_param(optimizer)
-    if is_eight_bit(optimizer):
-        notes.append(
-            f"8-bit AdamW (bitsandbytes): two 8-bit moments + an fp32 scale per 256 values, "
-            f"{OPTIM_8BIT_BYTES_PER_PARAM:.2f} B per trainable parameter; fp32 gradients"
-        )
-        fused_optimizer = True  # updates each tensor in place: no foreach temporaries
-    else:
-        notes.append("AdamW: two fp32 moments per trainable parameter; fp32 gradients")
-    opt_tmp = 0 if fused_optimizer else trainable * FP32
-    if not fused_optimizer:
-        notes.append("foreach AdamW: one fp32 temporary of the second moments during the step")
-
-    tokens = micro_batch_size * seq_len
-    per_layer = activation_bytes_per_token_layer(shape, precision, attention, seq_len)
-    final = 2 * shape.hidden * FP32 + shape.hidden * (a if mixed else FP32)
-    if gradient_checkpointing:
-        blocks = tokens * (shape.layers * shape.hidden * FP32 + per_layer)
-        notes.append(
-            "gradient checkpointing per decoder layer: each layer's input is kept, one "
-            "layer's activations are rebuilt at a time in backward"
-        )
-    else:
-        blocks = tokens * shape.layers * per_layer
-    activations = blocks + tokens * final
-    kernel = (
-        "eager attention keeps the T×T probabilities"
-        if attention == "eager"
-        else (f"{attention} attention keeps no T×T matrix")
-    )
-    notes.append(
-        f"activations: {per_layer:,} B per token per layer ({precision}, {kernel}); "
-        "Korthikanti et al. 2022 accounting adapted to a Llama block"
-    )
-    logits = tokens * shape.vocab * (a + 3 * FP32)
-    notes.append(
-        f"logits: B·T·V·{a + 3 * FP32} B (lm_head output, fp32 log-softmax, two fp32 "
-        "gradients at the start of backward)"
-    )
-    kept = activations + copies + (grads if grad_accum > 1 else 0)
-    if gradient_checkpointing:
-        # The recomputed layer only exists after the logits' gradients are freed; until
-        # then only the lm_head output (a bytes per value) of the logits is still held.
-        recomputed = tokens * per_layer
-        forward_peak = kept - recomputed + max(logits, recomputed + tokens * shape.vocab * a)
-    else:
-        forward_peak = kept + logits
+    notes: list[str] = [f"model: {shape.source}"]
+    trainable, weights, copies = _weight_bytes(shape, plan, notes)
+    grads, states, opt_tmp = _optimizer_bytes(plan, trainable, notes)
+    activations, logits, per_layer = _activation_bytes(shape, plan, notes)
+    kept = activations + copies + (grads if plan.grad_accum > 1 else 0)
+    forward_peak = _forward_peak(shape, plan, kept, logits, per_layer)
     peak = weights + states + max(forward_peak, grads + opt_tmp)
     return MemoryEstimate(
         weights=int(weights),
@@ -583,14 +505,118 @@ def estimate_memory(shape: ModelShape, plan: Plan | None = None) -> MemoryEstima
         optimizer_temporary=int(opt_tmp),
         peak=int(peak),
         trainable_params=int(trainable),
-        total_params=int(pc.total),
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        precision=precision,
+        total_params=int(shape.params().total),
+        micro_batch_size=plan.micro_batch_size,
+        seq_len=plan.seq_len,
+        precision=plan.precision,
         layers=shape.layers,
-        grad_accum=grad_accum,
+        grad_accum=plan.grad_accum,
         assumptions=notes,
     )
+
+
+def _weight_bytes(shape: ModelShape, plan: Plan, notes: list[str]) -> tuple[int, int, int]:
+    """(trainable parameters, weight bytes, autocast copy bytes): the full model in fp32
+    with a compute-precision copy of each matmul weight under autocast, or a frozen base
+    (compute precision, or NF4) with fp32 LoRA adapters."""
+    pc = shape.params()
+    a = COMPUTE_BYTES[plan.precision]
+    other = pc.embedding + pc.lm_head + pc.block_other + pc.final_norm  # not block linears
+    if plan.lora_r is None:
+        notes.append(
+            "full fine-tuning: fp32 weights (autocast computes in "
+            f"{plan.precision}; no separate master copy)"
+        )
+        copies = pc.matmul * a if a != FP32 else 0
+        if copies:
+            notes.append(
+                f"autocast keeps a {plan.precision} copy of each matmul weight for backward"
+            )
+        return pc.total, pc.total * FP32, copies
+    trainable = lora_params(shape, plan.lora_r)
+    if plan.load_in_4bit:
+        base = pc.block_linear * NF4_BYTES_PER_PARAM + other * FP32
+        notes.append(
+            f"4-bit: block linears NF4 with double quantisation ({NF4_BYTES_PER_PARAM:.4f} "
+            "B/param), embeddings/lm_head/norms fp32 (peft upcasts them)"
+        )
+    else:
+        base = pc.total * a
+        notes.append(f"LoRA: frozen base weights in {plan.precision} ({a} B/param)")
+    notes.append(
+        f"LoRA r={plan.lora_r} on every block linear: {trainable:,} trainable parameters in "
+        "fp32; only they get gradients and AdamW states. Activations are counted as for "
+        "full fine-tuning (the adapters save the same layer inputs); an approximation"
+    )
+    return trainable, int(base) + trainable * FP32, 0
+
+
+def _optimizer_bytes(plan: Plan, trainable: int, notes: list[str]) -> tuple[int, float, int]:
+    """(gradient bytes, optimizer state bytes, the step's temporary bytes) for `trainable`
+    parameters: fp32 gradients, AdamW's moments (8-bit or fp32), and foreach AdamW's
+    copy of the second moments (none when fused or 8-bit)."""
+    grads = trainable * FP32
+    states = trainable * optimizer_state_bytes_per_param(plan.optimizer)
+    fused = plan.fused_optimizer
+    if is_eight_bit(plan.optimizer):
+        notes.append(
+            f"8-bit AdamW (bitsandbytes): two 8-bit moments + an fp32 scale per 256 values, "
+            f"{OPTIM_8BIT_BYTES_PER_PARAM:.2f} B per trainable parameter; fp32 gradients"
+        )
+        fused = True  # updates each tensor in place: no foreach temporaries
+    else:
+        notes.append("AdamW: two fp32 moments per trainable parameter; fp32 gradients")
+    if not fused:
+        notes.append("foreach AdamW: one fp32 temporary of the second moments during the step")
+    return grads, states, 0 if fused else trainable * FP32
+
+
+def _activation_bytes(shape: ModelShape, plan: Plan, notes: list[str]) -> tuple[int, int, int]:
+    """(activation bytes, logits bytes, activation bytes per token per layer) of one
+    micro-batch: what autograd keeps for backward (each layer's input only, under gradient
+    checkpointing, plus the one layer rebuilt), and the logits at the start of backward."""
+    a = COMPUTE_BYTES[plan.precision]
+    tokens = plan.micro_batch_size * plan.seq_len
+    per_layer = activation_bytes_per_token_layer(
+        shape, plan.precision, plan.attention, plan.seq_len
+    )
+    final = 2 * shape.hidden * FP32 + shape.hidden * a  # the final norm, the lm_head input
+    if plan.gradient_checkpointing:
+        blocks = tokens * (shape.layers * shape.hidden * FP32 + per_layer)
+        notes.append(
+            "gradient checkpointing per decoder layer: each layer's input is kept, one "
+            "layer's activations are rebuilt at a time in backward"
+        )
+    else:
+        blocks = tokens * shape.layers * per_layer
+    kernel = (
+        "eager attention keeps the T×T probabilities"
+        if plan.attention == "eager"
+        else (f"{plan.attention} attention keeps no T×T matrix")
+    )
+    notes.append(
+        f"activations: {per_layer:,} B per token per layer ({plan.precision}, {kernel}); "
+        "Korthikanti et al. 2022 accounting adapted to a Llama block"
+    )
+    logits = tokens * shape.vocab * (a + 3 * FP32)
+    notes.append(
+        f"logits: B·T·V·{a + 3 * FP32} B (lm_head output, fp32 log-softmax, two fp32 "
+        "gradients at the start of backward)"
+    )
+    return blocks + tokens * final, logits, per_layer
+
+
+def _forward_peak(shape: ModelShape, plan: Plan, kept: int, logits: int, per_layer: int) -> int:
+    """The peak of forward and the start of backward: what is `kept` plus the logits, or
+    under gradient checkpointing the larger of the logits and the layer being rebuilt."""
+    if not plan.gradient_checkpointing:
+        return kept + logits
+    # The recomputed layer only exists after the logits' gradients are freed; until
+    # then only the lm_head output (a bytes per value) of the logits is still held.
+    tokens = plan.micro_batch_size * plan.seq_len
+    recomputed = tokens * per_layer
+    a = COMPUTE_BYTES[plan.precision]
+    return kept - recomputed + max(logits, recomputed + tokens * shape.vocab * a)
 
 
 def sharded(est: MemoryEstimate, n: int) -> int:

@@ -53,6 +53,7 @@ from pitstop.measure.cost_model import (
     MemoryEstimate,
     ModelShape,
     Plan,
+    PlanCost,
     checkpoint_bytes,
     estimate_memory,
     max_micro_batch,
@@ -410,7 +411,9 @@ def throughput(
     flops_per_token: float | None,
     device_share: float | None = None,
 ) -> Throughput:
-    """The throughput the time estimate divides by, with the basis stated.
+    """The throughput the time estimate divides by, with the basis stated: the profile's
+    measured rate when it ran on the device asked about and no --mfu is given, else
+    positions per second computed from an MFU, the GPU's peak and the FLOPs per position.
 
     `device_share`: the measured step's share in forward/backward/optimizer, when the
     estimate adds the run's host time separately; a profile's MFU (model FLOPs over the
@@ -418,42 +421,7 @@ def throughput(
     pdev = profile.device if profile else None
     same_device = profile is not None and gpu is not None and find_gpu(pdev or "") == gpu
     if profile is not None and (gpu is None or same_device) and mfu is None:
-        startup = 0.0
-        if profile.wall_seconds and profile.train_seconds:
-            startup = max(0.0, float(profile.wall_seconds) - float(profile.train_seconds))
-        steady = profile.steady
-        if steady is not None:
-            tps = steady.tokens_per_second
-            startup += steady.extra_startup_seconds
-            basis = (
-                f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in "
-                f"{profile.path} on {pdev}"
-            )
-        else:
-            tps = profile.tokens_per_second
-            basis = f"measured: {tps:,.0f} trained tokens/s in {profile.path} on {pdev}"
-            tb = profile.time_breakdown
-            pauses = sum(float(tb.get(k, 0)) for k in ("checkpoint", "eval"))
-            if profile.train_seconds and pauses:
-                basis += (
-                    f"; checkpoint/eval pauses ({pauses / float(profile.train_seconds):.1%} "
-                    "of train time) are inside that rate"
-                )
-        if startup:
-            basis += f"; start-up {startup:.0f} s added once"
-        load = describe_load(profile.machine)
-        if load:  # a busy machine measures a slower rate than a quiet one would: say which
-            basis += f"; machine {load} when measured"
-        pm = float(profile.mfu) if profile.mfu else None
-        if pm is not None and pm > 1:
-            # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
-            # CPU, once, and cached) came out low, e.g. on a busy machine.
-            basis += (
-                f"; the profile's MFU {pm:.0%} is above 100%, so the peak it divides by was "
-                "measured low (a busy machine?): not shown; remeasure on a quiet machine"
-            )
-            pm = None
-        return Throughput(tps, None, pm, startup, basis, pdev)
+        return _measured_throughput(profile)
     if gpu is None:
         raise ConfigError("give --gpu NAME (with an optional --mfu) or --from-profile PROFILE")
     if flops_per_token is None:
@@ -464,27 +432,7 @@ def throughput(
         raise ConfigError(
             f"{gpu.name} has no {peak_precision} peak in pitstop's table ({peak_src})"
         )
-    if mfu is not None:
-        used, why = mfu, f"MFU {mfu:.0%} (--mfu)"
-    elif profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
-        used = float(profile.mfu)
-        why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
-        if device_share and used / device_share <= 1:
-            why = (
-                f"MFU {used / device_share:.0%} over the device phases ({used:.0%} over the "
-                f"whole step ÷ {device_share:.0%} of it on the device) measured on {pdev} "
-                f"({profile.path}), assumed to carry over"
-            )
-            used /= device_share
-    else:
-        used = DEFAULT_MFU
-        on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
-        why = (
-            f"MFU {used:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
-            "measure with --from-profile)"
-        )
-        if profile is not None:
-            why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
+    used, why = _mfu_to_use(mfu, profile, precision, peak_precision, device_share)
     pps = used * peak / flops_per_token
     pauses = (
         "the device work only: the measured run's host time, its checkpoint and eval pauses "
@@ -497,6 +445,80 @@ def throughput(
         f"÷ {flops_per_token:.3g} training FLOPs per position; {pauses}"
     )
     return Throughput(None, pps, used, 0.0, basis, gpu.name)
+
+
+def _measured_throughput(profile: Measured) -> Throughput:
+    """The measured run's trained tokens per second (its steady rate where its steps were
+    kept), its start-up once, and the machine's load and MFU as measured."""
+    pdev = profile.device
+    startup = 0.0
+    if profile.wall_seconds and profile.train_seconds:
+        startup = max(0.0, float(profile.wall_seconds) - float(profile.train_seconds))
+    steady = profile.steady
+    if steady is not None:
+        tps = steady.tokens_per_second
+        startup += steady.extra_startup_seconds
+        basis = (
+            f"measured: {tps:,.0f} trained tokens/s = {steady.detail} in {profile.path} on {pdev}"
+        )
+    else:
+        tps = profile.tokens_per_second
+        basis = f"measured: {tps:,.0f} trained tokens/s in {profile.path} on {pdev}"
+        tb = profile.time_breakdown
+        pauses = sum(float(tb.get(k, 0)) for k in ("checkpoint", "eval"))
+        if profile.train_seconds and pauses:
+            basis += (
+                f"; checkpoint/eval pauses ({pauses / float(profile.train_seconds):.1%} "
+                "of train time) are inside that rate"
+            )
+    if startup:
+        basis += f"; start-up {startup:.0f} s added once"
+    load = describe_load(profile.machine)
+    if load:  # a busy machine measures a slower rate than a quiet one would: say which
+        basis += f"; machine {load} when measured"
+    pm = float(profile.mfu) if profile.mfu else None
+    if pm is not None and pm > 1:
+        # Model FLOP/s cannot exceed the peak: the peak it was divided by (measured on a
+        # CPU, once, and cached) came out low, e.g. on a busy machine.
+        basis += (
+            f"; the profile's MFU {pm:.0%} is above 100%, so the peak it divides by was "
+            "measured low (a busy machine?): not shown; remeasure on a quiet machine"
+        )
+        pm = None
+    return Throughput(tps, None, pm, startup, basis, pdev)
+
+
+def _mfu_to_use(
+    mfu: float | None,
+    profile: Measured | None,
+    precision: str,
+    peak_precision: str,
+    device_share: float | None,
+) -> tuple[float, str]:
+    """(MFU, why): the user's --mfu, else one a profile measured on a GPU (over the device
+    phases when the host time is added apart), else DEFAULT_MFU, labelled an assumption."""
+    pdev = profile.device if profile else None
+    if mfu is not None:
+        return mfu, f"MFU {mfu:.0%} (--mfu)"
+    if profile is not None and profile.mfu and not _is_cpu(pdev or "cpu"):
+        used = float(profile.mfu)
+        if device_share and used / device_share <= 1:
+            why = (
+                f"MFU {used / device_share:.0%} over the device phases ({used:.0%} over the "
+                f"whole step ÷ {device_share:.0%} of it on the device) measured on {pdev} "
+                f"({profile.path}), assumed to carry over"
+            )
+            return used / device_share, why
+        why = f"MFU {used:.0%} measured on {pdev} ({profile.path}), assumed to carry over"
+        return used, why
+    on = f"{precision} on the TF32 peak" if peak_precision == "tf32" else precision
+    why = (
+        f"MFU {DEFAULT_MFU:.0%} (an ASSUMPTION typical of tuned 16-bit fine-tuning, here {on}; "
+        "measure with --from-profile)"
+    )
+    if profile is not None:
+        why += f" (the profile ran on {pdev}, whose MFU does not carry over to a GPU)"
+    return DEFAULT_MFU, why
 
 
 def options_table(
@@ -556,160 +578,63 @@ def options_table(
 
 
 def estimate(shape: ModelShape, req: EstimateRequest) -> Estimate:
-    """Memory, time, cost and the multi-GPU options table of a planned run.
+    """Memory, time and cost of a planned run, and the multi-GPU options table: the plan
+    and its memory, the throughput, the optimizer steps, the work (measured, or computed
+    with a measured run's host time kept), checkpoints, start-up, the price, the options.
+    `notes` gathers each step's assumptions in that order.
 
     `req.step`: the measured run's optimizer step (default: `measured_step(req.profile)`);
     the micro-batch rows, row length and accumulation left None are its own, and its tokens
     per step set the step count (scaled by what a flag changed)."""
-    tokens, epochs, profile, gpu = req.tokens, req.epochs, req.profile, req.gpu
-    precision, headroom = req.precision, req.headroom
+    tokens, epochs, profile = req.tokens, req.epochs, req.profile
     step = req.step if req.step is not None else measured_step(profile)
-    seq_len = req.seq_len or (step.seq_len if step else None) or tokens.max_seq_len or 1024
-    micro_batch_size = req.micro_batch_size or (step.rows if step else None) or 1
-    grad_accum = req.grad_accum or (step.accumulation if step else None) or 1
+    gpu = req.gpu if req.gpu is not None or profile is None else find_gpu(profile.device)
     notes: list[str] = [req.kept_from_profile] if req.kept_from_profile else []
-    if gpu is None and profile is not None:
-        gpu = find_gpu(profile.device)
-    fused = not (gpu is None and profile is not None and _is_cpu(profile.device))
-    plan = Plan(
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        precision=precision,
-        attention=req.attention,
-        gradient_checkpointing=req.gradient_checkpointing,
-        lora_r=req.lora_r,
-        load_in_4bit=req.load_in_4bit,
-        fused_optimizer=fused,
-        optimizer=req.optimizer,
-        grad_accum=grad_accum,
-    )
-    cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
-    mem, usable, mbs = cost.memory, cost.usable_bytes, None
-    if gpu is not None and usable is not None:
-        notes.append(
-            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − "
-            f"{CUDA_CONTEXT_BYTES / GiB:g} GiB CUDA context) × {1 - headroom:.0%} (headroom for "
-            "allocator fragmentation)"
-        )
-        mbs = max_micro_batch(shape, usable, plan)
-    fm = cost.flops
-    fpt = cost.flops_per_token
-    recompute = cost.recompute_per_token
+    plan = _plan(req, step, gpu)
+    cost, mbs = _priced_plan(shape, plan, gpu, req.headroom, notes)
     host = host_time(profile) if profile is not None else None
     tp = throughput(
         profile=profile,
         gpu=gpu,
         mfu=req.mfu,
-        precision=precision,
-        flops_per_token=fpt + recompute,
+        precision=req.precision,
+        flops_per_token=cost.hardware_flops_per_token,
         device_share=host.device_share if host else None,
     )
-    if tp.trained_tokens_per_second:
-        host = None  # the measured rate holds the host time already
-    if recompute:
-        notes.append(
-            f"gradient checkpointing recomputes the forward pass during backward: "
-            f"+{recompute:.3g} FLOPs per position (2·N + 4·L·d·T), {recompute / fpt:.0%} more "
-            "compute per step, included in the time (MFU counts model FLOPs only)"
-        )
     steps, steps_basis = optimizer_steps(
         tokens,
         epochs,
         step=step,
         tokens_per_step=req.tokens_per_step,
-        micro_positions=micro_batch_size * seq_len,
-        planned=(micro_batch_size, seq_len, grad_accum),
+        micro_positions=plan.micro_batch_size * plan.seq_len,
+        planned=(plan.micro_batch_size, plan.seq_len, plan.grad_accum),
     )
-    if tp.trained_tokens_per_second:
-        work = tokens.trained_tokens * epochs / tp.trained_tokens_per_second
-        ran_ck = _profile_checkpointing(profile)
-        if ran_ck != plan.gradient_checkpointing:
-            # The profile ran with the other setting: scale its time by the FLOPs ratio.
-            rc = fm.recompute_per_token(seq_len)
-            factor = (fpt + rc) / fpt if plan.gradient_checkpointing else fpt / (fpt + rc)
-            work *= factor
-            notes.append(
-                f"the profile ran {'with' if ran_ck else 'without'} gradient checkpointing: its "
-                f"time is scaled by {factor:.2f} (FLOPs per position with/without recomputation)"
-            )
-    else:
-        positions = tokens.tokens / (tokens.packing_efficiency or 1.0)
-        work = positions * epochs / tp.positions_per_second
-        if tokens.packing_efficiency is None:
-            notes.append("positions = tokens: assumes packed rows with no padding")
-        micro_steps = positions * epochs / (micro_batch_size * seq_len)
-        if step is not None and not req.tokens_per_step:  # the measured step's own micro-batches
-            micro_steps = steps * grad_accum
-        floor = micro_steps * STEP_FLOOR_SECONDS
-        if floor > work:
-            notes.append(
-                f"time floor: {micro_steps:,.0f} micro-steps × {STEP_FLOOR_SECONDS * 1000:g} ms "
-                f"per-step overhead (kernel launches, optimizer; an ASSUMED floor, not measured) "
-                f"= {floor:.1f} s exceeds the FLOPs time {work:.2g} s: this model is too small "
-                "to keep the GPU busy; a larger --micro-batch-size helps"
-            )
-            work = floor
-        if profile is not None and host is None:
-            notes.append(
-                f"{profile.path} records no time per phase (forward, backward, optimizer "
-                "apart from the rest): its host time (data loading, logging, ...) is not "
-                "known, so none is added; the time is the device work alone, a lower bound"
-            )
     split: HostAndDevice | None = None
-    if host is not None and profile is not None:
-        device_s = work
-        split = _host_and_device(host, tokens.trained_tokens * epochs, device_s, steps, gpu)
-        work += split["host_seconds"]
-        # Start-up (process start, model and data loading, worker spawn) is host work too.
-        wall, train = profile.wall_seconds, profile.train_seconds
-        if wall and train:
-            tp.startup_seconds = max(0.0, float(wall) - float(train))
-        if tp.startup_seconds:
-            tp.basis += f"; start-up {tp.startup_seconds:.0f} s (as measured) added once"
+    if tp.trained_tokens_per_second:  # the measured rate holds the host time already
+        work = _measured_work(req, plan, cost, tp.trained_tokens_per_second, notes)
+    else:
+        # With the measured step's own micro-batches, their count is the steps' count.
+        own_steps = step is not None and not req.tokens_per_step
+        work = _computed_work(req, plan, tp, steps if own_steps else None, notes)
+        split = _keep_host_time(host, req, work, steps, gpu, tp, notes)
+        if split is not None:
+            work += split["host_seconds"]
     # The run's own save pauses are inside a measured rate or a kept host time.
-    kept_pauses = tp.trained_tokens_per_second or split is not None
-    ckpt = checkpoint_overhead(
-        shape,
-        plan,
-        steps=steps,
-        save_steps=req.save_steps,
-        disk_write_gbps=req.disk_write_gbps,
-        measured=_measured_checkpoint_seconds(profile) if kept_pauses else 0.0,
-    )
+    kept_pauses = bool(tp.trained_tokens_per_second) or split is not None
+    ckpt = _checkpoints(shape, plan, req, steps, kept_pauses)
     if ckpt is not None:
         work += ckpt["added_seconds"]
         notes.append(ckpt["basis"])
     seconds = tp.startup_seconds + work
-    price = req.price
-    if price is not None:
-        price_basis = f"{price} per GPU-hour (yours)"
-    elif gpu is not None and gpu.example_price_per_hour is not None:
-        price = gpu.example_price_per_hour
-        price_basis = f"EXAMPLE price {price} USD per {gpu.name}-hour: {PRICES_SOURCE}"
-    else:
-        price_basis = "no price: give --price-per-gpu-hour"
-    counts = list(req.gpu_counts or [1, 2, 4, 8])
-    if gpu is None:
-        counts = [1]  # a CPU profile: no multi-GPU scaling to speak of
-    notes.append(
-        f"multi-GPU: each doubling keeps {req.scaling:.0%} of linear speed-up (assumed; "
-        "--scaling-efficiency); DDP adds a gradient-sized bucket buffer per GPU"
-    )
-    opts = options_table(
-        seconds_1=seconds,
-        startup=tp.startup_seconds,
-        gpu_counts=counts,
-        scaling=req.scaling,
-        price=price,
-        memory=mem,
-        usable=usable,
-    )
+    price, price_basis = _price(req.price, gpu)
+    options = _options(req, gpu, seconds, tp.startup_seconds, price, cost, notes)
+    usable = cost.usable_bytes
     alternatives: list[MemoryOption] = []
-    if usable is not None and mem.peak > usable:
+    if usable is not None and cost.memory.peak > usable:  # what would fit, cheapest first
         alternatives = memory_options(shape, plan, usable=usable)
     return Estimate(
         memory_options=alternatives,
-        memory=mem,
+        memory=cost.memory,
         max_micro_batch=mbs,
         gpu=gpu,
         usable_bytes=usable,
@@ -719,8 +644,8 @@ def estimate(shape: ModelShape, req: EstimateRequest) -> Estimate:
         epochs=epochs,
         price=price,
         price_basis=price_basis,
-        options=opts,
-        flops_per_token=fpt + recompute,
+        options=options,
+        flops_per_token=cost.hardware_flops_per_token,
         throughput=tp,
         assumptions=notes,
         lora=plan.lora_r is not None,
@@ -729,6 +654,187 @@ def estimate(shape: ModelShape, req: EstimateRequest) -> Estimate:
         steps_basis=steps_basis,
         checkpoints=ckpt,
         split=split,
+    )
+
+
+def _plan(req: EstimateRequest, step: StepShape | None, gpu: Gpu | None) -> Plan:
+    """The plan to price: the request's settings, with the row length, micro-batch rows and
+    accumulation it leaves None taken from the measured step, else the data's row length
+    (1024 without one), 1 row, no accumulation. A CPU profile's optimizer is foreach."""
+    seq_len = req.seq_len or (step.seq_len if step else None) or req.tokens.max_seq_len or 1024
+    profile = req.profile
+    return Plan(
+        micro_batch_size=req.micro_batch_size or (step.rows if step else None) or 1,
+        seq_len=seq_len,
+        precision=req.precision,
+        attention=req.attention,
+        gradient_checkpointing=req.gradient_checkpointing,
+        lora_r=req.lora_r,
+        load_in_4bit=req.load_in_4bit,
+        fused_optimizer=not (gpu is None and profile is not None and _is_cpu(profile.device)),
+        optimizer=req.optimizer,
+        grad_accum=req.grad_accum or (step.accumulation if step else None) or 1,
+    )
+
+
+def _priced_plan(
+    shape: ModelShape, plan: Plan, gpu: Gpu | None, headroom: float, notes: list[str]
+) -> tuple[PlanCost, int | None]:
+    """The plan's memory and FLOPs (`plan_cost`), and on a GPU the largest micro-batch
+    that fits; notes say what "fits" means and what recomputation adds."""
+    cost = plan_cost(shape, plan, gpu.memory_bytes if gpu else None, headroom=headroom)
+    mbs = None
+    if gpu is not None and cost.usable_bytes is not None:
+        notes.append(
+            f"fits = peak ≤ ({gpu.name} {gpu.memory_bytes / GiB:.1f} GiB − "
+            f"{CUDA_CONTEXT_BYTES / GiB:g} GiB CUDA context) × {1 - headroom:.0%} (headroom for "
+            "allocator fragmentation)"
+        )
+        mbs = max_micro_batch(shape, cost.usable_bytes, plan)
+    recompute = cost.recompute_per_token
+    if recompute:
+        notes.append(
+            f"gradient checkpointing recomputes the forward pass during backward: "
+            f"+{recompute:.3g} FLOPs per position (2·N + 4·L·d·T), "
+            f"{recompute / cost.flops_per_token:.0%} more "
+            "compute per step, included in the time (MFU counts model FLOPs only)"
+        )
+    return cost, mbs
+
+
+def _measured_work(
+    req: EstimateRequest, plan: Plan, cost: PlanCost, tokens_per_second: float, notes: list[str]
+) -> float:
+    """Seconds of work at the measured rate: the planned trained tokens over it, scaled by
+    the FLOPs ratio when the plan and the profile differ in gradient checkpointing."""
+    work = req.tokens.trained_tokens * req.epochs / tokens_per_second
+    ran_ck = _profile_checkpointing(req.profile)
+    if ran_ck != plan.gradient_checkpointing:
+        # The profile ran with the other setting: scale its time by the FLOPs ratio.
+        fpt, rc = cost.flops_per_token, cost.flops.recompute_per_token(plan.seq_len)
+        factor = (fpt + rc) / fpt if plan.gradient_checkpointing else fpt / (fpt + rc)
+        work *= factor
+        notes.append(
+            f"the profile ran {'with' if ran_ck else 'without'} gradient checkpointing: its "
+            f"time is scaled by {factor:.2f} (FLOPs per position with/without recomputation)"
+        )
+    return work
+
+
+def _computed_work(
+    req: EstimateRequest,
+    plan: Plan,
+    tp: Throughput,
+    own_steps: int | None,
+    notes: list[str],
+) -> float:
+    """Seconds of device work at a computed rate: the positions (tokens ÷ packing
+    efficiency) over positions per second, at least STEP_FLOOR_SECONDS per micro-step
+    (`own_steps`: the measured step's count, whose micro-batches are its own)."""
+    tokens, epochs = req.tokens, req.epochs
+    assert tp.positions_per_second is not None  # `throughput` computed it
+    positions = tokens.tokens / (tokens.packing_efficiency or 1.0)
+    work = positions * epochs / tp.positions_per_second
+    if tokens.packing_efficiency is None:
+        notes.append("positions = tokens: assumes packed rows with no padding")
+    micro_steps = positions * epochs / (plan.micro_batch_size * plan.seq_len)
+    if own_steps is not None:
+        micro_steps = own_steps * plan.grad_accum
+    floor = micro_steps * STEP_FLOOR_SECONDS
+    if floor > work:
+        notes.append(
+            f"time floor: {micro_steps:,.0f} micro-steps × {STEP_FLOOR_SECONDS * 1000:g} ms "
+            f"per-step overhead (kernel launches, optimizer; an ASSUMED floor, not measured) "
+            f"= {floor:.1f} s exceeds the FLOPs time {work:.2g} s: this model is too small "
+            "to keep the GPU busy; a larger --micro-batch-size helps"
+        )
+        work = floor
+    return work
+
+
+def _keep_host_time(
+    host: HostTime | None,
+    req: EstimateRequest,
+    device_seconds: float,
+    steps: int,
+    gpu: Gpu | None,
+    tp: Throughput,
+    notes: list[str],
+) -> HostAndDevice | None:
+    """A measured run moved to another device: its host time carried over beside the
+    device time, and its start-up (host work too) added once, as measured. None without
+    a measured run, or (said in `notes`) when its record does not separate host time."""
+    profile = req.profile
+    if profile is None:
+        return None
+    if host is None:
+        notes.append(
+            f"{profile.path} records no time per phase (forward, backward, optimizer "
+            "apart from the rest): its host time (data loading, logging, ...) is not "
+            "known, so none is added; the time is the device work alone, a lower bound"
+        )
+        return None
+    trained = req.tokens.trained_tokens * req.epochs
+    split = _host_and_device(host, trained, device_seconds, steps, gpu)
+    # Start-up (process start, model and data loading, worker spawn) is host work too.
+    wall, train = profile.wall_seconds, profile.train_seconds
+    if wall and train:
+        tp.startup_seconds = max(0.0, float(wall) - float(train))
+    if tp.startup_seconds:
+        tp.basis += f"; start-up {tp.startup_seconds:.0f} s (as measured) added once"
+    return split
+
+
+def _checkpoints(
+    shape: ModelShape, plan: Plan, req: EstimateRequest, steps: int, kept_pauses: bool
+) -> CheckpointOverhead | None:
+    """The time the run's saves add (`checkpoint_overhead`); none when the measured
+    rate or the kept host time already holds the run's own save pauses (`kept_pauses`)."""
+    return checkpoint_overhead(
+        shape,
+        plan,
+        steps=steps,
+        save_steps=req.save_steps,
+        disk_write_gbps=req.disk_write_gbps,
+        measured=_measured_checkpoint_seconds(req.profile) if kept_pauses else 0.0,
+    )
+
+
+def _price(price: float | None, gpu: Gpu | None) -> tuple[float | None, str]:
+    """The price per GPU-hour and its basis: the user's, else the GPU's example price."""
+    if price is not None:
+        return price, f"{price} per GPU-hour (yours)"
+    if gpu is not None and gpu.example_price_per_hour is not None:
+        price = gpu.example_price_per_hour
+        return price, f"EXAMPLE price {price} USD per {gpu.name}-hour: {PRICES_SOURCE}"
+    return None, "no price: give --price-per-gpu-hour"
+
+
+def _options(
+    req: EstimateRequest,
+    gpu: Gpu | None,
+    seconds: float,
+    startup: float,
+    price: float | None,
+    cost: PlanCost,
+    notes: list[str],
+) -> list[OptionRow]:
+    """The options table for the requested GPU counts (one for a CPU profile)."""
+    counts = list(req.gpu_counts or [1, 2, 4, 8])
+    if gpu is None:
+        counts = [1]  # a CPU profile: no multi-GPU scaling to speak of
+    notes.append(
+        f"multi-GPU: each doubling keeps {req.scaling:.0%} of linear speed-up (assumed; "
+        "--scaling-efficiency); DDP adds a gradient-sized bucket buffer per GPU"
+    )
+    return options_table(
+        seconds_1=seconds,
+        startup=startup,
+        gpu_counts=counts,
+        scaling=req.scaling,
+        price=price,
+        memory=cost.memory,
+        usable=cost.usable_bytes,
     )
 
 

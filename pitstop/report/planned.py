@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -278,40 +278,164 @@ def estimate_planned_run(
     `precision` None picks bf16 (fp16 on a GPU without bf16; for a CPU profile, the
     precision that run recorded, else fp32). With `from_profile`, a setting left None (micro-batch,
     row length, gradient checkpointing, LoRA, optimizer) is the measured run's own."""
-    problems = estimate_problems(
-        model=model,
-        params=params,
-        data=data,
-        tokens=tokens,
-        gpu=gpu,
-        from_profile=from_profile,
-        precision=precision,
-        attention=attention,
-        lora_r=lora_r,
-        load_in_4bit=load_in_4bit,
-        gpu_tflops=gpu_tflops,
-        gpu_memory_gib=gpu_memory_gib,
+    return _estimate(
+        _PlannedRun(
+            model=model,
+            params=params,
+            data=data,
+            tokens=tokens,
+            epochs=epochs,
+            max_seq_len=max_seq_len,
+            from_profile=from_profile,
+            gpu=gpu,
+            mfu=mfu,
+            gpu_counts=tuple(gpu_counts),
+            scaling=scaling,
+            price=price,
+            lora_r=lora_r,
+            load_in_4bit=load_in_4bit,
+            micro_batch_size=micro_batch_size,
+            precision=precision,
+            attention=attention,
+            gradient_checkpointing=gradient_checkpointing,
+            headroom=headroom,
+            cache_dir=cache_dir,
+            gpu_tflops=gpu_tflops,
+            gpu_memory_gib=gpu_memory_gib,
+            optimizer=optimizer,
+            save_steps=save_steps,
+            tokens_per_step=tokens_per_step,
+            disk_write_gbps=disk_write_gbps,
+        )
     )
+
+
+@dataclass(frozen=True)
+class _PlannedRun:
+    """`estimate_planned_run`'s arguments as one record: what the user asked, before
+    a measured run fills in what they left out."""
+
+    model: str | None
+    params: float | None
+    data: str | None
+    tokens: int | None
+    epochs: float
+    max_seq_len: int | None
+    from_profile: str | None
+    gpu: str | None
+    mfu: float | None
+    gpu_counts: tuple[int, ...]
+    scaling: float
+    price: float | None
+    lora_r: int | None
+    load_in_4bit: bool
+    micro_batch_size: int | None
+    precision: str | None
+    attention: str
+    gradient_checkpointing: bool | None
+    headroom: float
+    cache_dir: str | None
+    gpu_tflops: float | None
+    gpu_memory_gib: float | None
+    optimizer: str | None
+    save_steps: int | None
+    tokens_per_step: int | None
+    disk_write_gbps: float | None
+
+    def problems(self) -> list[str]:
+        return estimate_problems(
+            model=self.model,
+            params=self.params,
+            data=self.data,
+            tokens=self.tokens,
+            gpu=self.gpu,
+            from_profile=self.from_profile,
+            precision=self.precision,
+            attention=self.attention,
+            lora_r=self.lora_r,
+            load_in_4bit=self.load_in_4bit,
+            gpu_tflops=self.gpu_tflops,
+            gpu_memory_gib=self.gpu_memory_gib,
+        )
+
+
+@dataclass(frozen=True)
+class _MeasuredRun:
+    """The measured run of --from-profile (all None without one) and what the estimate
+    takes from it: its step, and the model and data the user left out."""
+
+    profile: Measured | None = None
+    step: StepShape | None = None
+    model: str | None = None  # the model directory to price: the user's, else the run's
+    run_model: str | None = None  # the run's model, where the user named none
+    tokens: DataTokens | None = None  # the run's own trained tokens, where no data was given
+
+
+def _estimate(ask: _PlannedRun) -> Estimate:
+    """The steps of `estimate_planned_run`: every problem with the request at once, the
+    device, the measured run, the settings kept from it, then the estimate."""
+    problems = ask.problems()
     if problems:
         raise ConfigError(problems, header=f"invalid estimate ({len(problems)} problem(s)):")
-    device = _device(gpu, gpu_tflops, gpu_memory_gib, price)
-    profile = load_measured(from_profile) if from_profile else None
+    device = _device(ask.gpu, ask.gpu_tflops, ask.gpu_memory_gib, ask.price)
+    run = _measured_run(ask)
+    kept = _kept_settings(ask, run)
+    max_seq_len = kept.get("max_seq_len", kept.get("measured_seq_len", ask.max_seq_len))
+    assert run.model is not None or ask.params is not None  # estimate_problems checked it
+    model = run.model
+    shape = shape_from_model_dir(model) if model else shape_from_params(float(ask.params or 0))
+    toks = run.tokens or data_tokens(
+        ask.data, ask.tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=ask.cache_dir
+    )
+    request = EstimateRequest(
+        tokens=toks,
+        epochs=ask.epochs,
+        seq_len=max_seq_len,
+        micro_batch_size=int(kept.get("micro_batch_size", ask.micro_batch_size or 1)),
+        precision=_precision(ask.precision, device, run.profile),
+        attention=ask.attention,
+        gradient_checkpointing=bool(kept.get("gradient_checkpointing", ask.gradient_checkpointing)),
+        lora_r=kept.get("lora_r", ask.lora_r),
+        load_in_4bit=bool(kept.get("load_in_4bit", ask.load_in_4bit)),
+        gpu=device,
+        mfu=ask.mfu,
+        profile=run.profile,
+        step=run.step,
+        grad_accum=kept.get("grad_accum"),
+        gpu_counts=list(ask.gpu_counts),
+        scaling=ask.scaling,
+        price=ask.price,
+        headroom=ask.headroom,
+        optimizer=kept.get("optimizer", ask.optimizer or "adamw"),
+        save_steps=ask.save_steps,
+        tokens_per_step=ask.tokens_per_step,
+        disk_write_gbps=ask.disk_write_gbps,
+        kept_from_profile=_describe_kept(kept) if kept else None,
+    )
+    return estimate(shape, request)
+
+
+def _measured_run(ask: _PlannedRun) -> _MeasuredRun:
+    """Read --from-profile: the run's step, and its model and trained tokens where the user
+    gave none; the model directory resolved (a Hub id to its snapshot). A ConfigError
+    lists what the run cannot supply (no model named, no trained tokens, a model not here)."""
+    profile = load_measured(ask.from_profile) if ask.from_profile else None
     summary = run_summary(profile) if profile is not None else None
     step = run_step(profile, summary) if profile is not None else None
-    run_tokens, run_model = None, None
-    if profile is not None and not model and params is None:
+    model, run_model, run_tokens = ask.model, None, None
+    if profile is not None and not model and ask.params is None:
         model = run_model = run_defaults(profile, summary)[0]
-    if profile is not None and not data and tokens is None:
+    if profile is not None and not ask.data and ask.tokens is None:
         run_tokens = run_defaults(profile, summary)[1]
     missing = []
-    if not model and params is None:
+    if not model and ask.params is None:
         missing.append(
-            f"--from-profile {from_profile}: the run's summary names no model directory; "
+            f"--from-profile {ask.from_profile}: the run's summary names no model directory; "
             "give --model DIR (exact) or --params N (a rough Llama-shaped guess)"
         )
-    if not data and tokens is None and run_tokens is None:
+    if not ask.data and ask.tokens is None and run_tokens is None:
         missing.append(
-            f"--from-profile {from_profile}: the run records no trained tokens; give --data "
+            f"--from-profile {ask.from_profile}: the run records no trained tokens; give --data "
             "FILE_OR_STORE or --tokens T: how much data the run sees"
         )
     if model:  # a directory, or a Hub id's snapshot in the local cache
@@ -321,76 +445,52 @@ def estimate_planned_run(
             if not run_model:
                 raise
             missing.append(
-                f"--from-profile {from_profile}: the run's model is not here ({e.problems[0]}; "
-                "moved, or measured on another machine?); give --model DIR or --params N"
+                f"--from-profile {ask.from_profile}: the run's model is not here "
+                f"({e.problems[0]}; moved, or measured on another machine?); give --model DIR "
+                "or --params N"
             )
     if missing:
         raise ConfigError(missing, header=f"invalid estimate ({len(missing)} problem(s)):")
+    return _MeasuredRun(profile, step, model, run_model, run_tokens)
+
+
+def _kept_settings(ask: _PlannedRun, run: _MeasuredRun) -> PlanSettings:
+    """The measured run's plan settings the user did not give (a flag given wins), with
+    its step's row length and accumulation where its config named none, and its model."""
     given = {
-        "gradient_checkpointing": gradient_checkpointing,
-        "micro_batch_size": micro_batch_size,
-        "max_seq_len": max_seq_len,
-        "lora_r": lora_r,
-        "optimizer": optimizer,
+        "gradient_checkpointing": ask.gradient_checkpointing,
+        "micro_batch_size": ask.micro_batch_size,
+        "max_seq_len": ask.max_seq_len,
+        "lora_r": ask.lora_r,
+        "optimizer": ask.optimizer,
     }
-    settings = profile_settings(profile)
-    if step is not None:
+    settings = profile_settings(run.profile)
+    if run.step is not None:
         # The step's row length and accumulation as measured, where the config named none.
-        if step.seq_len and "max_seq_len" not in settings:
-            settings["measured_seq_len"] = step.seq_len
-        if step.accumulation:
-            settings["grad_accum"] = step.accumulation
+        if run.step.seq_len and "max_seq_len" not in settings:
+            settings["measured_seq_len"] = run.step.seq_len
+        if run.step.accumulation:
+            settings["grad_accum"] = run.step.accumulation
     if given["max_seq_len"] is not None:
         settings.pop("measured_seq_len", None)
     kept = PlanSettings(**{k: v for k, v in settings.items() if given.get(k) is None})
-    if run_model:
-        kept["model"] = run_model
+    if run.run_model:
+        kept["model"] = run.run_model
     if "lora_r" not in kept:
         kept.pop("load_in_4bit", None)
-    gradient_checkpointing = bool(kept.get("gradient_checkpointing", gradient_checkpointing))
-    micro_batch_size = int(kept.get("micro_batch_size", micro_batch_size or 1))
-    max_seq_len = kept.get("max_seq_len", kept.get("measured_seq_len", max_seq_len))
-    lora_r = kept.get("lora_r", lora_r)
-    load_in_4bit = bool(kept.get("load_in_4bit", load_in_4bit))
-    optimizer = kept.get("optimizer", optimizer or "adamw")
-    if precision is None:
-        dev = device or (find_gpu(profile.device) if profile else None)
-        if dev is not None:
-            precision = "bf16" if dev.bf16 else "fp16"
-        elif profile is not None:  # a CPU profile: the precision that run trained in
-            ran = profile.choices.get("precision")
-            ran = ran.get("value") if isinstance(ran, dict) else None
-            precision = ran if ran in ("bf16", "fp32") else "fp32"
-        else:
-            precision = "bf16"
-    assert model is not None or params is not None  # estimate_problems checked it
-    shape = shape_from_model_dir(model) if model else shape_from_params(float(params or 0))
-    toks = run_tokens or data_tokens(
-        data, tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=cache_dir
-    )
-    request = EstimateRequest(
-        tokens=toks,
-        epochs=epochs,
-        seq_len=max_seq_len,
-        micro_batch_size=micro_batch_size,
-        precision=precision,
-        attention=attention,
-        gradient_checkpointing=gradient_checkpointing,
-        lora_r=lora_r,
-        load_in_4bit=load_in_4bit,
-        gpu=device,
-        mfu=mfu,
-        profile=profile,
-        step=step,
-        grad_accum=kept.get("grad_accum"),
-        gpu_counts=list(gpu_counts),
-        scaling=scaling,
-        price=price,
-        headroom=headroom,
-        optimizer=optimizer,
-        save_steps=save_steps,
-        tokens_per_step=tokens_per_step,
-        disk_write_gbps=disk_write_gbps,
-        kept_from_profile=_describe_kept(kept) if kept else None,
-    )
-    return estimate(shape, request)
+    return kept
+
+
+def _precision(asked: str | None, device: Gpu | None, profile: Measured | None) -> str:
+    """The precision asked, else bf16 (fp16 on a GPU without bf16); for a CPU profile the
+    precision that run trained in (bf16 or fp32), else fp32."""
+    if asked is not None:
+        return asked
+    dev = device or (find_gpu(profile.device) if profile else None)
+    if dev is not None:
+        return "bf16" if dev.bf16 else "fp16"
+    if profile is not None:  # a CPU profile: the precision that run trained in
+        ran = profile.choices.get("precision")
+        ran = ran.get("value") if isinstance(ran, dict) else None
+        return ran if ran in ("bf16", "fp32") else "fp32"
+    return "bf16"

@@ -326,6 +326,16 @@ def write_tuned_config(
 
 def format_report(report: TuneReport) -> str:
     """The trial table, the winner and its measured speed-up."""
+    lines = [*_trial_table(report), *_failures(report)]
+    if report.result.best is None:
+        lines.append("no setting fits in memory; nothing written")
+        return "\n".join(lines)
+    return "\n".join([*lines, "", *_outcome(report)])
+
+
+def _trial_table(report: TuneReport) -> list[str]:
+    """One row per trial in the order run (its settings and figures, the baseline and the
+    best marked), and what the columns mean."""
     r, space = report.result, report.space
     head = (
         f"{'#':>3}  {'batching':<8} {'micro-batch':>11} {'accum':>5} {'workers':>7} {'prefetch':>8} "
@@ -359,20 +369,27 @@ def format_report(report: TuneReport) -> str:
         f"per optimizer step of {report.tokens_per_step:,} tokens (fixed). Warm-up steps "
         "(and compile time) are excluded from tokens/s; step s is the median."
     )
-    failures = [t for t in r.trials if t.error and t.status != OK]
-    for t in failures:
-        lines.append(f"  {t.settings.label()}: {t.status}: {t.error}")
+    return lines
+
+
+def _failures(report: TuneReport) -> list[str]:
+    """Each trial that failed, with its error."""
+    failed = [t for t in report.result.trials if t.error and t.status != OK]
+    return [f"  {t.settings.label()}: {t.status}: {t.error}" for t in failed]
+
+
+def _outcome(report: TuneReport) -> list[str]:
+    """The winner: how it was checked, its figure against the starting config's, the noise
+    it had to beat, and why the search stopped."""
+    r = report.result
     w, b = r.best, r.baseline
-    if w is None:
-        lines.append("no setting fits in memory; nothing written")
-        return "\n".join(lines)
-    lines.append("")
-    lines.append(
+    assert w is not None  # format_report prints "no setting fits" without an outcome
+    lines = [
         "recheck: a setting that won its trial, measured again beside the best so far before "
         "it was taken; confirm: the winner and the starting config, alternating, after the "
-        "search"
-    )
-    lines.append(f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s")
+        "search",
+        f"best: {w.settings.label()}: {w.tokens_per_second:,.0f} tokens/s",
+    ]
     if r.confirmed is True:
         sbs = w.extra.get("side_by_side") or {}
         lines.append(
@@ -410,4 +427,4 @@ def format_report(report: TuneReport) -> str:
         "nothing-fits": "nothing fits",
     }[r.stopped]
     lines.append(f"{len(r.trials)} trials in {r.elapsed_seconds:.0f} s; stopped: {stop}")
-    return "\n".join(lines)
+    return lines

@@ -6,8 +6,8 @@ import os
 
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, lora_rank, rule
-from pitstop.advise.setup import UNKNOWN
-from pitstop.measure.cost_model import Plan, is_eight_bit, plan_cost
+from pitstop.advise.setup import UNKNOWN, Setup
+from pitstop.measure.cost_model import Plan, PlanCost, is_eight_bit, plan_cost
 from pitstop.measure.verdict import COMPUTE_PHASES
 from pitstop.probe import DeviceInfo
 
@@ -69,40 +69,43 @@ def device_memory_bytes(dev: DeviceInfo) -> int | None:
     return None
 
 
-@rule("gradient-checkpointing-unneeded")
-def checkpointing_unneeded(ctx: Context) -> Finding | None:
-    """On every device: recomputation costs compute on a CPU as on a GPU."""
-    s, m, dev = ctx.setup, ctx.model, ctx.device
-    memory = device_memory_bytes(dev)
-    if not s.gradient_checkpointing or not memory or m is None or ctx.precision == UNKNOWN:
-        return None
+def _checkpointed_rows(ctx: Context) -> tuple[int, int | None] | None:
+    """(positions per micro-batch, the row length when it had to be assumed) of the plan
+    to price, or None when the setup says too little to price one."""
+    s, m = ctx.setup, ctx.model
     tokens = micro_batch_tokens(ctx)
-    length = None  # the row length of the plan: the max length or the data's p99
-    if not tokens and s.micro_batch_rows and m.max_positions:
+    if tokens:
+        return tokens, None  # the row length of the plan: the max length or the data's p99
+    if s.micro_batch_rows and m is not None and m.max_positions:
         # No max length and no data (TrainingArguments, a custom loop): rows at the model's
         # longest context bound the activations from above, so "fits" holds for every row
         # length. The plan is those rows at that length, not one row of all their positions.
-        length = m.max_positions
-        tokens = s.micro_batch_rows * length
-    if not tokens:
-        return None
-    shape = m.cost_shape()
-    cuda = dev.type == "cuda"
-    with_ck = plan_cost(
-        shape, cost_plan(ctx, tokens, gradient_checkpointing=True, length=length), memory, cuda=cuda
-    )
-    without = plan_cost(
-        shape,
-        cost_plan(ctx, tokens, gradient_checkpointing=False, length=length),
-        memory,
-        cuda=cuda,
-    )
+        return s.micro_batch_rows * m.max_positions, m.max_positions
+    return None
+
+
+def _priced(
+    ctx: Context, tokens: int, length: int | None, memory: int, *, checkpointing: bool
+) -> PlanCost:
+    assert ctx.model is not None
+    plan = cost_plan(ctx, tokens, gradient_checkpointing=checkpointing, length=length)
+    return plan_cost(ctx.model.cost_shape(), plan, memory, cuda=ctx.device.type == "cuda")
+
+
+def _trained(plan: Plan) -> str:
+    """What the plan trains, as the finding names it: full fine-tuning, LoRA or QLoRA."""
+    what = f"LoRA r={plan.lora_r}" if plan.lora_r is not None else "full fine-tuning"
+    return "Q" + what + " (4-bit base)" if plan.load_in_4bit else what
+
+
+def _peak_without(
+    ctx: Context, with_ck: PlanCost, without: PlanCost, length: int | None
+) -> tuple[float, str]:
+    """The peak without checkpointing, and how it was found: a measured peak plus the
+    activations recomputation saved, else the cost model's estimate."""
+    what = _trained(without.plan)
     # The doctor sets aside a profile of another device or model (profile-other-target).
     peak = (ctx.profile or {}).get("peak_memory_bytes")
-    plan = without.plan
-    what = f"LoRA r={plan.lora_r}" if plan.lora_r is not None else "full fine-tuning"
-    if plan.load_in_4bit:
-        what = "Q" + what + " (4-bit base)"
     if peak:
         estimate = float(peak) - with_ck.memory.peak + without.memory.peak
         how = f"measured peak with checkpointing + the cost model's extra activations ({what})"
@@ -116,17 +119,39 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         )
     if not optimizer_known(ctx):
         how += "; the optimizer was not recorded: priced unfused (the larger memory)"
+    return estimate, how
+
+
+def _hf_off(s: Setup) -> str:
+    """The Hugging Face argument that turns recomputation off."""
+    # transformers 5 renamed the argument; a file that already uses the old name keeps it.
+    if s.transformers_major < 5 or "gradient_checkpointing" in s.raw:
+        return "gradient_checkpointing=False"
+    return "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"
+
+
+@rule("gradient-checkpointing-unneeded")
+def checkpointing_unneeded(ctx: Context) -> Finding | None:
+    """On every device: recomputation costs compute on a CPU as on a GPU. Fires when the
+    plan without it (priced by the cost model, or a measured peak plus what it saves) fits."""
+    s, m = ctx.setup, ctx.model
+    memory = device_memory_bytes(ctx.device)
+    if not s.gradient_checkpointing or not memory or m is None or ctx.precision == UNKNOWN:
+        return None
+    rows = _checkpointed_rows(ctx)
+    if rows is None:
+        return None
+    tokens, length = rows
+    with_ck = _priced(ctx, tokens, length, memory, checkpointing=True)
+    without = _priced(ctx, tokens, length, memory, checkpointing=False)
+    estimate, how = _peak_without(ctx, with_ck, without, length)
     budget = without.usable_bytes
     if budget is None or estimate > budget:
         return None
+    plan, what = without.plan, _trained(without.plan)
     compute = sum(ctx.shares.get(p, 0.0) for p in COMPUTE_PHASES) if ctx.profile else 1.0
     share = without.recompute_share
     saved = share / (1 + share)
-    # transformers 5 renamed the argument; a file that already uses the old name keeps it.
-    if s.transformers_major < 5 or "gradient_checkpointing" in s.raw:
-        hf_off = "gradient_checkpointing=False"
-    else:
-        hf_off = "activation_checkpointing=False (gradient_checkpointing in transformers < 5)"
     return Finding(
         id="gradient-checkpointing-unneeded",
         severity="high",
@@ -161,7 +186,7 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
         basis="FLOPs arithmetic",
         fix=s.fix(
             "--no-gradient-checkpointing",
-            hf_off,
+            _hf_off(s),
             "drop the model.gradient_checkpointing_enable() call (or the "
             "torch.utils.checkpoint wrappers) from the training script",
         ),
