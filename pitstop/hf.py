@@ -71,6 +71,10 @@ from pitstop.probe import DeviceInfo, detect_device
 
 __all__ = ["PitstopCallback"]
 
+# One optimizer step's record while it is timed and after: {"t0", "seconds", "phases",
+# "targets", "seen", "positions", "rows", "events", "worker_startup_s", ...} (`_open`).
+Step = dict[str, Any]
+
 # The doctor's sample of the training rows stops after this long (a dataset that
 # tokenizes in __getitem__ can take seconds per thousand rows).
 DATA_SECONDS = 2.0
@@ -192,8 +196,8 @@ class PitstopCallback(TrainerCallback):
     # --- bookkeeping -----------------------------------------------------------------------
 
     def _reset(self) -> None:
-        self._steps: list[dict[str, Any]] = []  # closed steps: {"seconds", "phases", "tokens", ...}
-        self._cur: dict[str, Any] | None = None
+        self._steps: list[Step] = []  # closed steps: {"seconds", "phases", "tokens", ...}
+        self._cur: Step | None = None
         self._after_step_end = True  # the next data fetch opens a new step
         self._mark = time.perf_counter()
         self._compute_t0: float | None = None
@@ -517,35 +521,14 @@ class PitstopCallback(TrainerCallback):
         for s in measured:
             targets += float(sum(float(t) for t in s["targets"]))  # one sync per step, at the end
         positions = sum(s["positions"] for s in measured)
-        rows = sum(s["rows"] for s in measured)
-        seconds = sum(s["seconds"] for s in measured)
         dev = self._device(args)
         precision = (
             "bf16"
             if getattr(args, "bf16", False)
             else ("fp16" if getattr(args, "fp16", False) else "fp32")
         )
-        mfu = flops_per_token = None
-        notes = []
-        fm = getattr(self, "_flops_model", None)
-        if fm is not None and positions and seconds and rows:
-            import torch
-
-            flops_per_token = fm.per_token(round(positions / rows))
-            # Training's rate: evaluation computes no training FLOPs and is a phase of its own.
-            training = seconds - sum(s["phases"].get("eval", 0.0) for s in measured)
-            got = trusted_mfu(
-                positions / max(training, 1e-9),
-                flops_per_token,
-                dev,
-                precision,
-                bool(torch.backends.cuda.matmul.allow_tf32),
-                cache_root(self.cache_dir),
-            )
-            mfu = got["mfu"]
-            self._peak = (got["peak_flops"], got["peak_source"])
-            if got["note"]:
-                notes.append(got["note"])
+        notes: list[str] = []
+        mfu, flops_per_token = self._mfu(measured, dev, precision, notes)
         peak_mem = peak_memory("cuda" if self._cuda else "cpu")
         events: dict[str, int] = {"checkpoints": 0, "evals": 0, "logs": 0}
         for s in measured:
@@ -580,25 +563,37 @@ class PitstopCallback(TrainerCallback):
         seen = sum(float(sum(float(t) for t in s["seen"])) for s in measured)
         profile["seen_tokens"], profile["padded_tokens"] = seen, positions
         profile["flops_per_token"] = flops_per_token
-        if any(s["events"].get("worker_startups") for s in steps):
-            # Inside data_wait, named apart: the warm-up's start-up is left out of every share
-            # (spawned workers can take seconds), a start-up in measured steps (workers started
-            # again each epoch) is part of the wait the verdict reads.
-            warm_steps = steps[:warm]
-            profile["worker_startup"] = {
-                "seconds": round(sum(s["worker_startup_s"] for s in measured), 6),
-                "starts": sum(s["events"].get("worker_startups", 0) for s in measured),
-                "warmup_seconds": round(sum(s["worker_startup_s"] for s in warm_steps), 6),
-                "warmup_starts": sum(s["events"].get("worker_startups", 0) for s in warm_steps),
-            }
-        if any(s["events"].get("worker_shutdowns") for s in measured):
-            # Non-persistent workers are joined at each epoch's end: the counterpart of the
-            # start-up, a cost every epoch pays again (inside data_wait, named apart).
-            profile["worker_shutdown"] = {
-                "seconds": round(sum(s["worker_shutdown_s"] for s in measured), 6),
-                "stops": sum(s["events"].get("worker_shutdowns", 0) for s in measured),
-            }
+        profile.update(_worker_records(steps, warm))
         return profile
+
+    def _mfu(
+        self, measured: list[Step], dev: Any, precision: str, notes: list[str]
+    ) -> tuple[float | None, float | None]:
+        """(MFU, FLOPs per position) of the measured steps' training time; a note when the
+        MFU is withheld or its peak measured again (measure.peak.trusted_mfu)."""
+        positions = sum(s["positions"] for s in measured)
+        rows = sum(s["rows"] for s in measured)
+        seconds = sum(s["seconds"] for s in measured)
+        fm = getattr(self, "_flops_model", None)
+        if fm is None or not (positions and seconds and rows):
+            return None, None
+        import torch
+
+        flops_per_token = fm.per_token(round(positions / rows))
+        # Training's rate: evaluation computes no training FLOPs and is a phase of its own.
+        training = seconds - sum(s["phases"].get("eval", 0.0) for s in measured)
+        got = trusted_mfu(
+            positions / max(training, 1e-9),
+            flops_per_token,
+            dev,
+            precision,
+            bool(torch.backends.cuda.matmul.allow_tf32),
+            cache_root(self.cache_dir),
+        )
+        self._peak = (got["peak_flops"], got["peak_source"])
+        if got["note"]:
+            notes.append(got["note"])
+        return got["mfu"], flops_per_token
 
     def _doctor(self, args: Any) -> DoctorReport | None:
 
@@ -658,7 +653,31 @@ class PitstopCallback(TrainerCallback):
         return format_profile(self.profile, self.report)
 
 
-def _phase_totals(steps: list[dict[str, Any]]) -> dict[str, float]:
+def _worker_records(steps: list[Step], warm: int) -> dict[str, dict[str, float]]:
+    """The profile's "worker_startup" and "worker_shutdown", where workers started or stopped."""
+    out: dict[str, dict[str, float]] = {}
+    measured, warm_steps = steps[warm:], steps[:warm]
+    if any(s["events"].get("worker_startups") for s in steps):
+        # Inside data_wait, named apart: the warm-up's start-up is left out of every share
+        # (spawned workers can take seconds), a start-up in measured steps (workers started
+        # again each epoch) is part of the wait the verdict reads.
+        out["worker_startup"] = {
+            "seconds": round(sum(s["worker_startup_s"] for s in measured), 6),
+            "starts": sum(s["events"].get("worker_startups", 0) for s in measured),
+            "warmup_seconds": round(sum(s["worker_startup_s"] for s in warm_steps), 6),
+            "warmup_starts": sum(s["events"].get("worker_startups", 0) for s in warm_steps),
+        }
+    if any(s["events"].get("worker_shutdowns") for s in measured):
+        # Non-persistent workers are joined at each epoch's end: the counterpart of the
+        # start-up, a cost every epoch pays again (inside data_wait, named apart).
+        out["worker_shutdown"] = {
+            "seconds": round(sum(s["worker_shutdown_s"] for s in measured), 6),
+            "stops": sum(s["events"].get("worker_shutdowns", 0) for s in measured),
+        }
+    return out
+
+
+def _phase_totals(steps: list[Step]) -> dict[str, float]:
     """Seconds per phase summed over `steps` (every PHASES name, and any other one seen)."""
     out = dict.fromkeys(PHASES, 0.0)
     for s in steps:

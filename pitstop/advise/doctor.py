@@ -27,7 +27,7 @@ from pitstop.core.errors import ConfigError
 from pitstop.data.prepare import prepare_data
 from pitstop.data.store import is_store
 from pitstop.measure.peak import model_precision_speed, profile_precision_speed
-from pitstop.measure.verdict import VerdictRecord
+from pitstop.measure.verdict import Profile, VerdictRecord
 from pitstop.measure.verdict import verdict as profile_verdict
 from pitstop.probe import Choice, DeviceInfo, PrecisionSpeed, choose_precision, cpu_bf16_candidate
 
@@ -90,7 +90,7 @@ def planned_precision(
     here: bool,
     model_dir: str | Path | None,
     cache_dir: str | Path | None,
-    profile: dict[str, Any] | None = None,
+    profile: Profile | None = None,
 ) -> tuple[Choice, PrecisionSpeed | None]:
     """The precision `pitstop train` would train this setup with, and the measurement behind it.
 
@@ -259,9 +259,9 @@ def doctor(
     setup = make_setup(config, hf_args, hf_class, profile)
     if target is not None:
         setup = target.apply(setup)
-    data_path = data if isinstance(data, (str, Path)) else None
     probed_here = environment is None and device is None
     if environment is None:
+        data_path = data if isinstance(data, (str, Path)) else None
         environment = probe_environment(
             data=data_path if disk_check else None,
             loader_workers=setup.loader_workers,
@@ -278,60 +278,88 @@ def doctor(
     )
     dev = target.device if target is not None and target.given else local
     model_dir = model or (config.model if config is not None else None)
-    if isinstance(data, (str, Path)):
-        if progress:
-            log.info(f"doctor: reading the lengths of {data} ...")
-        data = load_data_facts(
-            data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
-        )
-    elif data is None and config is not None and len(config.data) == 1 and is_store(config.data[0]):
-        data = data_facts_from_store(config.data[0])
-    base_setup = None
-    if baseline is not None:
-        base_setup = (
-            from_run_config(baseline)
-            if isinstance(baseline, RunConfig)
-            else from_hf_args(baseline, hf_class)
-        )
-        if target is not None:  # both files run on the target
-            base_setup = target.apply(base_setup)
+    facts = _data(data, config, setup, model_dir, cache_dir, progress)
     foreign = profile_mismatch(profile, dev, model_dir)
-    here = this_machine is not None and dev is this_machine
-    precision_cache = cache_root((config.cache_dir if config is not None else None) or cache_dir)
     precision, measured = planned_precision(
         setup,
         dev,
-        here=here or measured_here,
+        here=(this_machine is not None and dev is this_machine) or measured_here,
         model_dir=model_dir,
-        cache_dir=precision_cache,
+        cache_dir=cache_root((config.cache_dir if config is not None else None) or cache_dir),
         profile=None if foreign else profile,
     )
     ctx = Context(
         setup=setup,
         device=dev,
         env=environment,
-        data=data,
+        data=facts,
         model=model_facts(model_dir),
         profile=None if foreign else profile,
-        baseline=base_setup,
+        baseline=_baseline(baseline, hf_class, target),
         transformers=target.transformers if target is not None else None,
         measured_precision=measured,
     )
     found = run_rules(ctx)
     if foreign and profile:
         found.append(foreign_profile_finding(foreign, profile))
-    findings: list[Finding] = rank(reported(found))
-    audited = AuditedSetup(
-        source=setup.source,
-        hf_class=setup.hf_class,
-        device=dev.to_dict(),
-        precision=PrecisionChoice(value=precision.value, reason=precision.reason),
+    return _report(ctx, rank(reported(found)), precision, profile, target, local, hf_args, hf_class)
+
+
+def _data(
+    data: DataFacts | str | Path | None,
+    config: RunConfig | None,
+    setup: Setup,
+    model_dir: str | Path | None,
+    cache_dir: str | Path | None,
+    progress: bool,
+) -> DataFacts | None:
+    """The data's length facts: a file or store given, else a pitstop config's one store."""
+    if isinstance(data, (str, Path)):
+        if progress:
+            log.info(f"doctor: reading the lengths of {data} ...")
+        return load_data_facts(
+            data, model=model_dir, max_seq_len=setup.max_len, cache_dir=cache_dir
+        )
+    if data is None and config is not None and len(config.data) == 1 and is_store(config.data[0]):
+        return data_facts_from_store(config.data[0])
+    return data
+
+
+def _baseline(
+    baseline: RunConfig | dict[str, Any] | None, hf_class: str, target: Target | None
+) -> Setup | None:
+    """The setup the effective-batch check compares with, on the same target."""
+    if baseline is None:
+        return None
+    base = (
+        from_run_config(baseline)
+        if isinstance(baseline, RunConfig)
+        else from_hf_args(baseline, hf_class)
     )
+    return target.apply(base) if target is not None else base  # both files run on the target
+
+
+def _report(
+    ctx: Context,
+    findings: list[Finding],
+    precision: Choice,
+    profile: Profile | None,
+    target: Target | None,
+    local: DeviceInfo,
+    hf_args: dict[str, Any] | None,
+    hf_class: str,
+) -> DoctorReport:
+    setup = ctx.setup
     out = DoctorReport(
-        environment=environment,
+        environment=ctx.env,
         findings=[f.to_dict() for f in findings],
         verdict=profile_verdict(profile).to_dict() if profile else None,
-        setup=audited,
+        setup=AuditedSetup(
+            source=setup.source,
+            hf_class=setup.hf_class,
+            device=ctx.device.to_dict(),
+            precision=PrecisionChoice(value=precision.value, reason=precision.reason),
+        ),
         target=target.to_dict() if target is not None else None,
         audited_for=target.describe(local) if target is not None and target.given else None,
     )

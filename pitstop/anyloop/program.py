@@ -39,7 +39,7 @@ class Program:
 
     kind: str = LOOP
     args_class: str | None = None  # "TrainingArguments" | "SFTConfig" | a subclass's name
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, object] = field(default_factory=dict)
 
 
 def _kind_of(obj: Any) -> str | None:
@@ -82,7 +82,7 @@ def _args_class(args: Any) -> str | None:
     return type(args).__name__
 
 
-def _args_dict(args: Any) -> dict[str, Any]:
+def _args_dict(args: Any) -> dict[str, object]:
     try:
         d = args.to_dict()
     except Exception:  # arguments pitstop cannot read: the observed settings stand in

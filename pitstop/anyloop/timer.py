@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any
@@ -113,7 +114,7 @@ class Watch:
         self._fetching = False  # inside a DataLoader next(): its time is data_wait
         self._tail = (0.0, False)  # an epoch end's wait after a step ended: see _epoch_end
         self._seen_train_mode = False  # the model was seen in train() mode (eval(): evaluation)
-        self._eval: dict[str, Any] | None = None  # the evaluation in progress: see _begin_eval
+        self._eval: _EvalSpan | None = None  # the evaluation in progress: see _begin_eval
         self._eval_steps: set[int] = set()  # the steps (1-based) an evaluation ran in
         self._in_eval_forward = False
         self._closure_s = 0.0  # this step's time inside optimizer.step(closure)'s closure
@@ -417,14 +418,12 @@ class Watch:
         is the evaluation's too. It ends at the next training forward, training fetch,
         optimizer step, timed save, or the watch's end."""
         if self._eval is None:
-            rec = self._rec
-            named = _named(rec._cur)
-            self._eval = {"t0": t, "end": t, "forwards": 0, "named": named}
+            self._eval = _EvalSpan(t0=t, end=t, named=_named(self._rec._cur))
 
     def _touch_eval(self, now: float, forwards: int = 0) -> None:
         if self._eval is not None:
-            self._eval["end"] = now
-            self._eval["forwards"] += forwards
+            self._eval.end = now
+            self._eval.forwards += forwards
 
     def _end_eval(self) -> None:
         ev, self._eval = self._eval, None
@@ -434,13 +433,13 @@ class Watch:
         if rec._cur is None:
             return  # before the first step (an evaluation before training): no step to charge
         # Time another phase took inside the evaluation (a save, a gc) is that phase's.
-        seconds = max(0.0, ev["end"] - ev["t0"] - (_named(rec._cur) - ev["named"]))
+        seconds = max(0.0, ev.end - ev.t0 - (_named(rec._cur) - ev.named))
         rec._add("eval", seconds)
         rec._event("evals")
-        rec._event("eval_forwards", ev["forwards"])
+        rec._event("eval_forwards", ev.forwards)
         self._eval_steps.add(len(rec._steps) + 1)
         if rec._after_step_end:  # between steps: the last step ends after it
-            rec._mark = ev["end"]
+            rec._mark = ev.end
 
     def _is_root(self, module: Any) -> bool:
         if not _grad_enabled():
@@ -664,14 +663,29 @@ class _TimedIterator:
         return getattr(self._it, name)
 
 
-def _named(cur: dict[str, Any] | None) -> float:
+# A step's record as PitstopCallback keeps it (hf.py `_open`): its phases, counts and events.
+Step = dict[str, Any]
+
+
+@dataclass
+class _EvalSpan:
+    """An evaluation in progress: from its first forward or fetch (`t0`) to its last
+    (`end`), its forwards, and the seconds the step's named phases held at its start."""
+
+    t0: float
+    end: float
+    named: float
+    forwards: int = 0
+
+
+def _named(cur: Step | None) -> float:
     """Seconds a step's named phases hold so far (every phase but "other")."""
     if cur is None:
         return 0.0
     return sum(v for k, v in cur["phases"].items() if k != "other")
 
 
-def _phase(cur: dict[str, Any] | None, name: str) -> float:
+def _phase(cur: Step | None, name: str) -> float:
     return 0.0 if cur is None else float(cur["phases"].get(name, 0.0))
 
 

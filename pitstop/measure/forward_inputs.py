@@ -23,7 +23,7 @@ Written by hand: no library reads a training step's token counts off arbitrary f
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,9 @@ def _int_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() >= 1
 
 
-def _named_arguments(forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+def _named_arguments(
+    forward: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, object]:
     """The forward's arguments by parameter name (positional ones bound to their names)."""
     try:
         bound = inspect.signature(forward).bind_partial(*args, **kwargs)
@@ -99,7 +101,7 @@ def _counts(ids: Any, target: tuple[str, Any] | None, mask: Any) -> ForwardCount
 
 
 def forward_counts(
-    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> ForwardCounts | None:
     """The counts of one training forward of `module` called with `args` / `kwargs`, or None
     when its inputs hold no token ids."""
@@ -148,7 +150,7 @@ def batch_counts(batch: Any) -> ForwardCounts | None:
     return None
 
 
-def add_counts(into: dict[str, Any], counts: ForwardCounts) -> None:
+def add_counts(into: MutableMapping[str, Any], counts: ForwardCounts) -> None:
     """Add `counts` to a step's tallies {"rows", "positions", "seen": [...], "targets": [...]}."""
     into["rows"] += counts.rows
     into["positions"] += counts.positions

@@ -25,6 +25,9 @@ from pitstop.catalog.gpus import find_spec
 from pitstop.catalog.model_config import ModelConfig
 from pitstop.core.atomic import write_cache_entry
 from pitstop.core.cache_layout import CPU_PEAK, CPU_PEAK_BF16, CPU_PRECISION, keyed_cache_path
+from pitstop.measure.cost_model import depth_and_width
+from pitstop.measure.flops import mfu as mfu_of
+from pitstop.measure.machine import SHARED_CORE_SHARE, cpu_snapshot, other_cpu
 from pitstop.probe import PrecisionSpeed, cpu_name
 
 
@@ -90,8 +93,6 @@ class PeakMeasurement(TypedDict):
 
 def measure_cpu_peak_quietly(precision: str = "fp32") -> PeakMeasurement:
     """`measure_cpu_peak` over `_PEAK_WINDOW_S`, with the CPU time other processes took."""
-    from pitstop.measure.machine import SHARED_CORE_SHARE, cpu_snapshot, other_cpu
-
     before = cpu_snapshot()
     flops = measure_cpu_peak(precision=precision, min_seconds=_PEAK_WINDOW_S)
     load = other_cpu(before, cpu_snapshot())
@@ -187,8 +188,6 @@ def module_shapes(model: Any) -> dict[str, int] | None:
     ]
     if not linears:
         return None
-    from pitstop.measure.cost_model import depth_and_width
-
     width, vocab = max(linears, key=lambda io: io[1])
     ffn = max((o for i, o in linears if i == width and o != vocab), default=4 * width)
     layers, _ = depth_and_width(model)
@@ -317,8 +316,6 @@ def trusted_mfu(
     wrong (a CPU peak measured while the machine was busy). The CPU peak is then measured
     again; if the run still beats it, no MFU is reported and the note says why. A GPU's
     peak comes from the catalogue: beating it withholds the MFU the same way."""
-    from pitstop.measure.flops import mfu as mfu_of
-
     try:
         peak, source = device_peak(dev, precision, tf32, cache_dir)
     except Exception as e:  # a peak that cannot be measured here: no MFU, and why

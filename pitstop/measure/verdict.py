@@ -48,7 +48,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from pitstop.measure.machine import loaded_by_average, shared_by_others
+from pitstop.measure.machine import MachineLoad, loaded_by_average, shared_by_others
 
 INPUT_MODERATE, INPUT_SEVERE = 0.05, 0.20
 CHECKPOINT_MODERATE, CHECKPOINT_SEVERE = 0.05, 0.20
@@ -61,6 +61,11 @@ BUSY_LOAD_PER_CORE = 1.0
 
 COMPUTE_PHASES = ("host_to_device", "forward", "backward")
 
+# A profile as JSON holds it (pitstop.measure.schema), and a verdict's evidence: the numbers
+# a rule read, by name.
+Profile = dict[str, Any]
+Evidence = dict[str, Any]
+
 
 class VerdictRecord(TypedDict):
     """A Verdict as JSON holds it (`Verdict.to_dict`; the doctor's report)."""
@@ -69,7 +74,7 @@ class VerdictRecord(TypedDict):
     severity: str
     share: float
     summary: str
-    evidence: dict[str, Any]
+    evidence: Evidence
     also: list[VerdictRecord]
 
 
@@ -81,14 +86,14 @@ class Verdict:
     severity: str  # severe | moderate | ok
     share: float  # fraction of step time the bottleneck takes (what fixing it could save at most)
     summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=dict)
     also: list[Verdict] = field(default_factory=list)  # further bottlenecks, worst first
 
     def to_dict(self) -> VerdictRecord:
         return VerdictRecord(**asdict(self))
 
 
-def phase_shares(profile: dict[str, Any]) -> tuple[dict[str, float], float]:
+def phase_shares(profile: Profile) -> tuple[dict[str, float], float]:
     """({phase: fraction of step time}, total step seconds) of a profile."""
     phases = {k: float(v) for k, v in (profile.get("phases") or {}).items()}
     total = float(sum(profile.get("step_seconds") or [])) or sum(phases.values())
@@ -113,15 +118,15 @@ def _pct(x: float) -> str:
 class _Read:
     """What every verdict rule reads off one profile, computed once."""
 
-    profile: dict[str, Any]
+    profile: Profile
     shares: dict[str, float]
     total: float
     steps: int
     step_s: float
-    base: dict[str, Any]
+    base: dict[str, float]
     spread: dict[str, float] | None
     erratic: bool
-    machine: dict[str, Any]
+    machine: MachineLoad
     shared: str | None  # measured: others' CPU time during the run
     busy: bool  # the load average reached the cores (no measure of the others' time)
     unmeasured: bool  # no word on the machine's load at all
@@ -141,7 +146,7 @@ class _Read:
         return self.share("logging") > 0 or bool((self.profile.get("events") or {}).get("logs"))
 
 
-def _read(profile: dict[str, Any]) -> _Read:
+def _read(profile: Profile) -> _Read:
     shares, total = phase_shares(profile)
     steps = max(1, int(profile.get("steps") or len(profile.get("step_seconds") or []) or 1))
     step_s = total / steps
@@ -153,7 +158,7 @@ def _read(profile: dict[str, Any]) -> _Read:
         and spread["max_over_median"] >= SPREAD_MAX_OVER_MEDIAN
         and periodic < 0.01
     )
-    machine = profile.get("machine") or {}
+    machine: MachineLoad = profile.get("machine") or {}
     dev = profile.get("device")  # an object, or a bare name ("cpu") in hand-written profiles
     return _Read(
         profile=profile,
@@ -268,7 +273,7 @@ def _optimizer_bound(r: _Read) -> Verdict | None:
     )
 
 
-def _machine_evidence(r: _Read, erratic: bool) -> dict[str, Any]:
+def _machine_evidence(r: _Read, erratic: bool) -> Evidence:
     return {
         **r.base,
         "step_spread": r.spread,
@@ -409,7 +414,7 @@ def _compute_bound(r: _Read, also: list[Verdict]) -> Verdict:
     )
 
 
-def verdict(profile: dict[str, Any]) -> Verdict:
+def verdict(profile: Profile) -> Verdict:
     """The bottleneck verdict of a profile; `also` lists every further bottleneck found."""
     r = _read(profile)
     found = [v for v in (rule(r) for rule in RULES) if v is not None]

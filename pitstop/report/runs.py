@@ -42,7 +42,7 @@ class LoadedRun:
     # findings.json as read (the JSON boundary): a findings.json of any writer or age only
     # annotates the report, which reads each key with a default, so it is not validated into
     # advise.finding.FindingRecord and stays a mapping.
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)
     # What findings.json said, so the report says what it saw: FINDINGS_MISSING (no file),
     # FINDINGS_READ (its list, which may be empty: the doctor found nothing to change), or
     # why the file could not be read.
@@ -77,7 +77,7 @@ def load_run(path: str | Path) -> LoadedRun:
     return LoadedRun(p, summary, steps, findings, state)
 
 
-def _findings(path: Path) -> tuple[list[dict[str, Any]], str]:
+def _findings(path: Path) -> tuple[list[dict[str, object]], str]:
     """The doctor's findings beside a run and what the file held (LoadedRun.findings_state).
 
     findings.json is the doctor's whole report with its list under "findings"

@@ -5,9 +5,10 @@ The flow (docs/tune.md, "Tuning any script"):
 1. the command runs unchanged as the baseline, under the step timer, for warm-up + K optimizer
    steps (a clean stop from the optimizer hook; `max_steps` for a Trainer script), and the
    doctor reads it;
-2. `make_plan` turns the doctor's findings and the observed settings into candidates, each a
-   setting pitstop applies from outside (`script_settings`), labelled by what it does to the
-   training math; fixes that cannot be applied from outside are listed with the reason;
+2. `make_plan` (script_plan.py) turns the doctor's findings and the observed settings into
+   candidates, each a setting pitstop applies from outside (`script_settings`), labelled by
+   what it does to the training math; fixes that cannot be applied from outside are listed
+   with the reason;
 3. each candidate and the baseline alternate (baseline, candidate, baseline, candidate, ...)
    until `judge` separates them from the noise or the budget ends;
 4. the winners are combined and the combination measured the same way;
@@ -41,6 +42,15 @@ from pitstop.core.atomic import write_json_atomic
 from pitstop.core.errors import DataError
 from pitstop.core.run_record import FINDINGS, HF_PROFILE, SUMMARY
 from pitstop.probe import DeviceInfo
+from pitstop.tune.script_plan import (
+    BATCH,
+    PRECISION,
+    SAME,
+    Candidate,
+    NotTried,
+    Plan,
+    make_plan,
+)
 from pitstop.tune.script_settings import APPLIED, Applied, TrialSettings, Value
 
 DEFAULT_BUDGET_SECONDS = 600.0  # the whole search; enough for a script whose step is <= 1 s
@@ -52,43 +62,11 @@ MAX_ROUNDS = 3  # baseline/candidate pairs per candidate at most
 MIN_ROUNDS = 2
 TUNED = "tuned_settings.json"
 
-SAME = "same math"
-PRECISION = "same math up to precision"
-BATCH = "changes which tokens form a step"
 FASTER, SLOWER, SAME_SPEED = "faster", "slower", "no measurable difference"
 FAILED, NOT_MEASURED = "failed", "not measured (budget)"
 
 # Runner(command, run_dir, settings, warmup_steps) -> exit status; writes a run to run_dir.
 Runner = Callable[[list[str], Path, TrialSettings, int], int]
-
-
-@dataclass
-class Candidate:
-    """One setting to try: what it sets, what it does to the math, what the doctor predicted."""
-
-    name: str  # e.g. "num_workers=1"
-    group: str  # candidates of one group exclude each other in the combination
-    math: str  # SAME, PRECISION or BATCH
-    loader: dict[str, Value] = field(default_factory=dict)
-    training_args: dict[str, Value] = field(default_factory=dict)
-    autocast: str | None = None  # a plain loop's model forward under this autocast dtype
-    finding: str | None = None  # the doctor's finding id it answers
-    predicted: str = "-"  # the doctor's predicted effect, short
-
-
-@dataclass
-class NotTried:
-    """A fix the plan does not measure, and why."""
-
-    fix: str
-    reason: str
-
-
-@dataclass
-class Plan:
-    kind: str  # "loop" (DataLoader arguments) or "trainer" (TrainingArguments fields)
-    candidates: list[Candidate]
-    not_tried: list[NotTried]
 
 
 @dataclass
@@ -207,263 +185,6 @@ def pair(base_dir: Path, cand_dir: Path) -> Round:
     lo_hi = band(a, b)
     assert lo_hi is not None  # both steady: band is defined
     return Round(rate(a), rate(b), math.log(lo_hi[1]))
-
-
-# --- the plan -----------------------------------------------------------------------------
-
-
-def _short(effect: str, gain: float) -> str:
-    """The doctor's predicted effect as a ratio where it is a share of step time."""
-    if gain and 0 < gain < 1:
-        return f"up to {1 / (1 - gain):.2f}x"
-    m = re.match(r"[^:;(]{0,60}", effect or "")
-    return (m.group(0).strip() if m else "") or "-"
-
-
-def _precision_finding(by_id: dict[str, Finding], precision: str, cuda: bool) -> str:
-    """The doctor's finding whose prediction a bf16 trial answers."""
-    if not cuda:
-        return "fp32-on-bf16-cpu"
-    return "fp32-on-gpu" if precision == "fp32" else "fp16-on-bf16-gpu"
-
-
-def make_plan(
-    findings: list[Finding],
-    observed: dict[str, Value],
-    script_args: dict[str, Value] | None,
-    device: DeviceInfo,
-    *,
-    allow_batch_changes: bool = False,
-) -> Plan:
-    """Candidates for the baseline's findings and observed settings.
-
-    `observed`: the profile's config (the loop's settings as TrainingArguments fields);
-    `script_args`: the script's own TrainingArguments values (None for a plain loop);
-    `device`: the device as the doctor saw it (tests pass a pretend one, e.g. a CPU whose
-    flags lack avx512_bf16).
-    """
-    trainer = script_args is not None
-    cur = dict(observed) | dict(script_args or {})
-    by_id = {f.id: f for f in findings}
-    cands: list[Candidate] = []
-    skip: list[NotTried] = []
-    cuda = device.type == "cuda"
-    cores = device.cpu_count or 1
-
-    def predicted(fid: str) -> tuple[str | None, str]:
-        f = by_id.get(fid)
-        if f is None:
-            return None, "-"
-        return fid, _short(f.effect, f.gain)
-
-    # Loader workers: the doctor's count, and the count that would hide the load when the
-    # doctor held back for want of cores (a loader that waits, not computes, still gains).
-    loader_f = by_id.get("input-bound") or by_id.get("loader-main-process")
-    workers = int(cur.get("dataloader_num_workers") or 0)
-    if loader_f is not None:
-        fid, pred = predicted(loader_f.id)
-        counts = [int(k) for k in re.findall(r"num_workers[= ](\d+)", loader_f.fix)]
-        need = loader_f.evidence.get("workers_needed")
-        if isinstance(need, int):
-            counts.append(need)
-        # More workers than twice the cores is a guess no profile supports: capped there.
-        counts = sorted({min(k, 2 * cores) for k in counts if k > workers} or {max(1, workers + 1)})
-        for k in counts[:2]:
-            if trainer:
-                args: dict[str, Value] = {
-                    "dataloader_num_workers": k,
-                    "dataloader_persistent_workers": True,
-                }
-                if cuda:
-                    args["dataloader_pin_memory"] = True
-                cands.append(
-                    Candidate(
-                        f"dataloader_num_workers={k}",
-                        "workers",
-                        SAME,
-                        training_args=args,
-                        finding=fid,
-                        predicted=pred,
-                    )
-                )
-            else:
-                kw: dict[str, Value] = {"num_workers": k, "persistent_workers": True}
-                if cuda:
-                    kw["pin_memory"] = True  # page-locked host memory: a CUDA copy's gain only
-                cands.append(
-                    Candidate(
-                        f"num_workers={k}", "workers", SAME, loader=kw, finding=fid, predicted=pred
-                    )
-                )
-            if k >= cores:
-                cands[-1].predicted += f" ({k} workers on {cores} cores)"
-        if "tokeniz" in loader_f.fix:
-            skip.append(
-                NotTried(
-                    "tokenize / pre-process before training",
-                    "changes the script's data pipeline: only its author can",
-                )
-            )
-    precision = "bf16" if cur.get("bf16") else "fp16" if cur.get("fp16") else "fp32"
-    if precision != "bf16":
-        if not device.bf16:
-            skip.append(
-                NotTried(
-                    "bf16",
-                    f"{device.name} has no native bf16 (no avx512_bf16 / "
-                    "amx_bf16 on a CPU, compute capability < 8.0 on a GPU): it "
-                    "would be emulated, slower",
-                )
-            )
-        else:
-            fid, pred = predicted(_precision_finding(by_id, precision, cuda))
-            if trainer:
-                cands.append(
-                    Candidate(
-                        "bf16=True",
-                        "precision",
-                        PRECISION,
-                        training_args={"bf16": True},
-                        finding=fid,
-                        predicted=pred,
-                    )
-                )
-            else:  # the model's forward under bf16 autocast, applied from outside
-                cands.append(
-                    Candidate(
-                        "torch.autocast(bfloat16)",
-                        "precision",
-                        PRECISION,
-                        autocast="bf16",
-                        finding=fid,
-                        predicted=pred,
-                    )
-                )
-    if cuda and precision == "fp32" and not cur.get("tf32"):
-        if trainer:
-            cands.append(Candidate("tf32=True", "tf32", PRECISION, training_args={"tf32": True}))
-        else:
-            skip.append(
-                NotTried(
-                    "tf32",
-                    "set torch.backends.cuda.matmul.allow_tf32 = True in "
-                    "the script (a plain loop has no field to set from outside)",
-                )
-            )
-    if cur.get("gradient_checkpointing") or cur.get("activation_checkpointing"):
-        fid, pred = predicted("gradient-checkpointing-unneeded")
-        if trainer:
-            cands.append(
-                Candidate(
-                    "gradient_checkpointing=False",
-                    "checkpointing",
-                    SAME,
-                    training_args={"gradient_checkpointing": False},
-                    finding=fid,
-                    predicted=pred,
-                )
-            )
-        else:
-            skip.append(
-                NotTried(
-                    "gradient checkpointing off",
-                    "the script turns it on in its "
-                    "code (gradient_checkpointing_enable / torch.utils.checkpoint)",
-                )
-            )
-    if trainer and "optimizer-not-fused" in by_id:
-        fid, pred = predicted("optimizer-not-fused")
-        cands.append(
-            Candidate(
-                "optim=adamw_torch_fused",
-                "optim",
-                SAME,
-                training_args={"optim": "adamw_torch_fused"},
-                finding=fid,
-                predicted=pred,
-            )
-        )
-    if trainer and "compile-off" in by_id:
-        fid, pred = predicted("compile-off")
-        cands.append(
-            Candidate(
-                "torch_compile=True",
-                "compile",
-                SAME,
-                training_args={"torch_compile": True},
-                finding=fid,
-                predicted=pred,
-            )
-        )
-    micro = int(cur.get("per_device_train_batch_size") or 1)
-    accum = int(cur.get("gradient_accumulation_steps") or 1)
-    if trainer and accum > 1 and accum % 2 == 0:
-        cands.append(
-            Candidate(
-                f"per_device_train_batch_size={micro * 2}",
-                "split",
-                SAME,
-                training_args={"per_device_train_batch_size": micro * 2},
-                predicted="fewer, larger micro-batches",
-            )
-        )
-    padding = [f for f in findings if f.id.startswith("padding") or f.id == "packing-off"]
-    if trainer and padding and not cur.get("group_by_length"):
-        fid, pred = predicted(padding[0].id)
-        if allow_batch_changes:
-            cands.append(
-                Candidate(
-                    "group_by_length=True",
-                    "length",
-                    BATCH,
-                    training_args={"group_by_length": True},
-                    finding=fid,
-                    predicted=pred,
-                )
-            )
-        else:
-            skip.append(
-                NotTried("group_by_length=True", f"{BATCH}: tried only with --allow-batch-changes")
-            )
-    # TRL's SFTConfig: packing joins documents into full rows (other rows form each step);
-    # padding_free drops the pad tokens, which needs a varlen attention kernel (CUDA).
-    if trainer and script_args is not None and script_args.get("packing") is False:
-        if allow_batch_changes:
-            fid, pred = predicted(padding[0].id) if padding else (None, "-")
-            cands.append(
-                Candidate(
-                    "packing=True",
-                    "packing",
-                    BATCH,
-                    training_args={"packing": True},
-                    finding=fid,
-                    predicted=pred,
-                )
-            )
-        else:
-            skip.append(NotTried("packing=True", f"{BATCH}: tried only with --allow-batch-changes"))
-    # padding_free keeps each step's rows but computes no pad; without packing TRL no longer
-    # enforces max_length (longer rows train whole), so it is tried only when asked as well.
-    if trainer and script_args is not None and script_args.get("padding_free") is False:
-        fid, pred = predicted(padding[0].id) if padding else (None, "-")
-        if allow_batch_changes:
-            cands.append(
-                Candidate(
-                    "padding_free=True",
-                    "padding_free",
-                    BATCH,
-                    training_args={"padding_free": True},
-                    finding=fid,
-                    predicted=pred,
-                )
-            )
-        else:
-            skip.append(
-                NotTried("padding_free=True", f"{BATCH}: tried only with --allow-batch-changes")
-            )
-    if not trainer and cands == [] and not findings:
-        skip.append(NotTried("anything", "the doctor found nothing to change"))
-    return Plan("trainer" if trainer else "loop", cands, skip)
 
 
 # --- the search ---------------------------------------------------------------------------
@@ -627,6 +348,22 @@ def tune_script(
         results.append(search.measure(cand, first, NOISE_FLOOR))
         first = None
         log(f"{cand.name}: {_measured(results[-1])} -> {results[-1].verdict}")
+    winners, held = _winners(results, allow_batch_changes)
+    combined = None
+    if len(winners) > 1:
+        combined = search.measure(_combination(winners), None, NOISE_FLOOR)
+    elif winners:
+        combined = winners[0]  # the combination of one fix is that fix, measured above
+    rep = ScriptTuneReport(
+        command, out, str(base_dir), plan, results, combined, winners, held, time.monotonic() - t0
+    )
+    write_json_atomic(out / TUNED, report_json(rep))
+    return rep
+
+
+def _winners(results: list[Result], allow_batch_changes: bool) -> tuple[list[Result], list[Result]]:
+    """(the fastest faster candidate of each group, the faster ones held back because they
+    change the batch and --allow-batch-changes was not given)."""
     best: dict[str, Result] = {}
     held: list[Result] = []
     for r in results:
@@ -638,25 +375,19 @@ def tune_script(
         g = r.candidate.group
         if g not in best or r.judgement.ratio > best[g].judgement.ratio:  # type: ignore[union-attr]
             best[g] = r
-    winners = list(best.values())
-    combined = None
-    if len(winners) > 1:
-        both = Candidate(
-            " + ".join(w.candidate.name for w in winners),
-            "combined",
-            max((w.candidate.math for w in winners), key=[SAME, PRECISION, BATCH].index),
-            loader={k: v for w in winners for k, v in w.candidate.loader.items()},
-            training_args={k: v for w in winners for k, v in w.candidate.training_args.items()},
-            autocast=next((w.candidate.autocast for w in winners if w.candidate.autocast), None),
-        )
-        combined = search.measure(both, None, NOISE_FLOOR)
-    elif winners:
-        combined = winners[0]  # the combination of one fix is that fix, measured above
-    rep = ScriptTuneReport(
-        command, out, str(base_dir), plan, results, combined, winners, held, time.monotonic() - t0
+    return list(best.values()), held
+
+
+def _combination(winners: list[Result]) -> Candidate:
+    """Every winner's setting at once; its math the most changing of theirs."""
+    return Candidate(
+        " + ".join(w.candidate.name for w in winners),
+        "combined",
+        max((w.candidate.math for w in winners), key=[SAME, PRECISION, BATCH].index),
+        loader={k: v for w in winners for k, v in w.candidate.loader.items()},
+        training_args={k: v for w in winners for k, v in w.candidate.training_args.items()},
+        autocast=next((w.candidate.autocast for w in winners if w.candidate.autocast), None),
     )
-    write_json_atomic(out / TUNED, report_json(rep))
-    return rep
 
 
 # --- output -------------------------------------------------------------------------------

@@ -256,6 +256,13 @@ def _patch_training_args(settings: TrialSettings, applied: Applied) -> None:
     _UNDO.append(lambda: setattr(TrainingArguments, "__post_init__", original))
 
 
+@dataclass
+class _AutocastState:
+    depth: int = 0  # module calls open (the model's forward is the outermost)
+    model: Any = None  # the first module with parameters called outermost with gradients
+    ctx: Any = None  # the autocast context the model's forward runs in
+
+
 def _autocast_forward(settings: TrialSettings, applied: Applied) -> None:
     """A plain loop's precision trial: the model's outermost forward (the first module with
     parameters called outside any other, with gradients enabled) runs under bf16 autocast,
@@ -271,24 +278,24 @@ def _autocast_forward(settings: TrialSettings, applied: Applied) -> None:
     import torch
     from torch.nn.modules import module as nn_module
 
-    state: dict[str, Any] = {"depth": 0, "model": None, "ctx": None}
+    state = _AutocastState()
 
     def pre(module: Any, args: Any) -> None:
-        if state["depth"] == 0 and torch.is_grad_enabled():
-            if state["model"] is None and next(module.parameters(), None) is not None:
-                state["model"] = module
+        if state.depth == 0 and torch.is_grad_enabled():
+            if state.model is None and next(module.parameters(), None) is not None:
+                state.model = module
                 applied.autocast = "bf16"
                 applied.write(settings.trial_dir)
-            if module is state["model"]:
+            if module is state.model:
                 device = next(module.parameters()).device.type
-                state["ctx"] = torch.autocast(device, dtype=torch.bfloat16)
-                state["ctx"].__enter__()
-        state["depth"] += 1
+                state.ctx = torch.autocast(device, dtype=torch.bfloat16)
+                state.ctx.__enter__()
+        state.depth += 1
 
     def post(module: Any, args: Any, *rest: Any) -> None:
-        state["depth"] = max(0, state["depth"] - 1)
-        if state["depth"] == 0 and state["ctx"] is not None:
-            ctx, state["ctx"] = state["ctx"], None
+        state.depth = max(0, state.depth - 1)
+        if state.depth == 0 and state.ctx is not None:
+            ctx, state.ctx = state.ctx, None
             ctx.__exit__(None, None, None)
 
     handles = [

@@ -119,10 +119,12 @@ def logging_overhead(ctx: Context) -> Finding | None:
 def eval_overhead(ctx: Context) -> Finding | None:
     s = ctx.setup
     got = _periodic(ctx, "eval", "evals", s.eval_steps)
-    if got is None or ctx.shares.get("eval", 0.0) <= EVAL_LIMIT:
+    if got is None or got[0] <= EVAL_LIMIT:
         return None
-    _, per, every, base = got
-    share = ctx.shares.get("eval", 0.0)  # of the measured steps: the share the verdict reads
+    # The share of a run that evaluates every `every` steps (one evaluation per interval);
+    # the profiled steps' own share (what the verdict reads) is in the evidence.
+    share, per, every, base = got
+    measured = ctx.shares.get("eval", 0.0)
     events = (ctx.profile or {}).get("events") or {}
     evals, forwards = events.get("evals"), events.get("eval_forwards")
     per_eval = round(forwards / evals) if evals and forwards else None
@@ -151,6 +153,7 @@ def eval_overhead(ctx: Context) -> Finding | None:
             "evals": evals,
             "eval_forwards": forwards,
             "share": round(share, 4),
+            "profiled_share": round(measured, 4),
         },
         effect=effect + " (the training math is unchanged: evaluation only reads the model)",
         basis="measured in this profile",

@@ -80,7 +80,7 @@ def fp32_on_bf16_cpu(ctx: Context) -> Finding | None:
         "(fp32 weights and optimizer state stay)",
         "L.Trainer(precision='bf16-mixed')",
     )
-    ev: dict[str, Any] = {"precision": "fp32", "device": dev.name, "bf16_native": True}
+    ev = {"precision": "fp32", "device": dev.name, "bf16_native": True}
     if m is None:
         return Finding(
             id="fp32-on-bf16-cpu",
