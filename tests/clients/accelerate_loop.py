@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import texts, write_truth  # noqa: E402
+from _common import texts, write_truth
 
 
 def main() -> None:

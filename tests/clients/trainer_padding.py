@@ -25,7 +25,7 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import texts, write_truth  # noqa: E402
+from _common import texts, write_truth
 
 
 class CountingCollator:
