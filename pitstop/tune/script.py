@@ -289,7 +289,7 @@ def _user_fields(applied: Applied, cand: Candidate) -> dict[str, Value]:
     if "per_device_train_batch_size" in keys:
         keys.add("gradient_accumulation_steps")
     if "bf16" in keys:
-        keys.add("fp16")
+        keys |= {"fp16", "use_cpu"}
     return {k: args[k] for k in sorted(keys) if k in args}
 
 

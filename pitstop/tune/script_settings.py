@@ -162,6 +162,10 @@ def training_args_overrides(
                 out["activation_checkpointing"] = value  # its name from transformers 5 on
         if key == "bf16" and key in out:
             out["fp16"] = False  # bf16 replaces fp16; both on is a TrainingArguments error
+            if value and not cuda:
+                # TrainingArguments refuses bf16 on a machine without a GPU unless told the
+                # run is on the CPU (its bf16 is then CPU autocast).
+                out["use_cpu"] = True
     if int(out.get("dataloader_num_workers", current.get("dataloader_num_workers")) or 0) == 0:
         out.pop("dataloader_persistent_workers", None)  # only valid with workers
         out.pop("dataloader_prefetch_factor", None)
