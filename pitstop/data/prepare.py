@@ -95,37 +95,47 @@ def prepare_data(
         return Prepared(
             Path(inputs[0]), True, store.manifest.get("stats", {}), time.perf_counter() - t0
         )
+    job = _job(cfg, inputs, progress)
+    hit = _cached(job.dest, t0)
+    if hit is not None:
+        return hit
+    clean_stale_partials(job.stores)
+    _leftovers(job.stores, job.key, progress)
+    return _build(cfg, job, progress, t0)
+
+
+@dataclass
+class _Job:
+    """What one prepare reads, with what, and the cache key of the store it makes."""
+
+    paths: list[Path]
+    formats: list[tuple[str, str | None]]  # (format, compression) of each path
+    fields: Fields
+    tok_dir: str
+    options: dict[str, Any]
+    input_info: list[dict[str, Any]]
+    tok_info: dict[str, Any]
+    key: str
+    stores: Path
+
+    @property
+    def dest(self) -> Path:
+        return self.stores / self.key
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(i["bytes"]) for i in self.input_info]
+
+
+def _job(cfg: RunConfig, inputs: list[str], progress: bool) -> _Job:
+    """Check the inputs and the tokenizer, fingerprint them, and key the store."""
     for d in inputs:
         if is_store(d):
             raise DataError(
                 f"{d} is a token store; a store can only be given alone, not with other --data"
             )
-    tok_dir = cfg.tokenizer or cfg.model
-    if not tok_dir:
-        raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
-    if not Path(tok_dir).is_dir():
-        from pitstop.core.hub import missing_hint
-
-        raise ConfigError(
-            f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
-            + missing_hint(str(tok_dir))
-        )
-
-    paths: list[Path] = []
-    formats = []
-    for d in map(Path, inputs):
-        if is_hf_dataset(d):
-            files, split = hf_dataset_files(d, cfg.split)
-            if split is not None and progress:
-                print(f"reading split {split!r} of the DatasetDict {d}")
-            paths += files
-            formats += [("arrow", None)] * len(files)
-            continue
-        check_file(d)
-        paths.append(d)
-        formats.append(detect(d, cfg.format))
-    for p in paths:  # a dataset folder's files too: their names go into the manifest
-        check_name(p)
+    tok_dir = _tokenizer_dir(cfg)
+    paths, formats = _sources(cfg, inputs, progress)
     check_name(tok_dir, "tokenizer directory")
     root = cache_root(cfg.cache_dir)
     check_name(root, "cache directory")
@@ -159,20 +169,62 @@ def prepare_data(
             "prepare_version": PREP_VERSION,
         }
     )
-    stores = root / STORES
-    dest = stores / key
-    if is_store(dest):
-        try:
-            store = TokenStore(dest, verify=False)  # a cache hit stays instant
-            return Prepared(dest, True, store.manifest.get("stats", {}), time.perf_counter() - t0)
-        except DataError:
-            shutil.rmtree(dest, ignore_errors=True)  # damaged by hand; rebuild it
-    clean_stale_partials(stores)
-    _leftovers(stores, key, progress)
+    return _Job(paths, formats, fields, tok_dir, options, input_info, tok_info, key, root / STORES)
 
-    tok = load_tokenizer(str(tok_dir), cfg.trust_remote_code)
+
+def _tokenizer_dir(cfg: RunConfig) -> str:
+    tok_dir = cfg.tokenizer or cfg.model
+    if not tok_dir:
+        raise ConfigError("no tokenizer: give --model DIR or --tokenizer DIR")
+    if not Path(tok_dir).is_dir():
+        from pitstop.core.hub import missing_hint
+
+        raise ConfigError(
+            f"tokenizer directory {tok_dir} does not exist; give a local Hugging Face directory"
+            + missing_hint(str(tok_dir))
+        )
+    return tok_dir
+
+
+def _sources(
+    cfg: RunConfig, inputs: list[str], progress: bool
+) -> tuple[list[Path], list[tuple[str, str | None]]]:
+    """The files to read (a dataset folder's among them) and each one's format."""
+    paths: list[Path] = []
+    formats: list[tuple[str, str | None]] = []
+    for d in map(Path, inputs):
+        if is_hf_dataset(d):
+            files, split = hf_dataset_files(d, cfg.split)
+            if split is not None and progress:
+                print(f"reading split {split!r} of the DatasetDict {d}")
+            paths += files
+            formats += [("arrow", None)] * len(files)
+            continue
+        check_file(d)
+        paths.append(d)
+        formats.append(detect(d, cfg.format))
+    for p in paths:  # a dataset folder's files too: their names go into the manifest
+        check_name(p)
+    return paths, formats
+
+
+def _cached(dest: Path, t0: float) -> Prepared | None:
+    """The store already in the cache under this key, or None."""
+    if not is_store(dest):
+        return None
+    try:
+        store = TokenStore(dest, verify=False)  # a cache hit stays instant
+        return Prepared(dest, True, store.manifest.get("stats", {}), time.perf_counter() - t0)
+    except DataError:
+        shutil.rmtree(dest, ignore_errors=True)  # damaged by hand; rebuild it
+        return None
+
+
+def _build(cfg: RunConfig, job: _Job, progress: bool, t0: float) -> Prepared:
+    """Tokenize every input into a new store and publish it under the job's key."""
+    tok = load_tokenizer(job.tok_dir, cfg.trust_remote_code)
     vocab = len(tok)
-    tok_info.update(
+    job.tok_info.update(
         class_name=type(tok).__name__,
         vocab_size=vocab,
         eos_token_id=tok.eos_token_id,
@@ -180,9 +232,9 @@ def prepare_data(
         chat_template=bool(tok.chat_template),
     )
     settings = Settings(
-        tokenizer=str(tok_dir),
+        tokenizer=str(job.tok_dir),
         trust_remote_code=cfg.trust_remote_code,
-        fields=fields,
+        fields=job.fields,
         template=cfg.template,
         max_seq_len=cfg.max_seq_len,
         long_docs=cfg.long_docs,
@@ -190,42 +242,56 @@ def prepare_data(
         skip_bad=cfg.on_bad_record == "skip",
         token_dtype=token_dtype(vocab).name,
     )
-    workers = cfg.workers or os.cpu_count() or 1
-
-    sizes = [int(i["bytes"]) for i in input_info]
-
-    def chunks() -> Iterator[tuple[int, Chunk]]:
-        base = 0
-        for p, (fmt, comp), size in zip(paths, formats, sizes):
-            yield from _with_bytes_read(iter_chunks(p, fmt, comp, fields, CHUNK_BYTES), base, size)
-            base += size
-
-    with StoreWriter(dest, vocab) as writer, _claim(writer.tmp):
-        if workers <= 1:
-            worker = Worker(settings, tok)
-            results: Iterable[tuple[int, dict[str, Any]]] = (
-                (done, worker.process(c)) for done, c in chunks()
-            )
-            stats = _write(results, writer, cfg, progress, t0, sum(sizes))
-        else:
-            tokenize._WORKER = Worker(settings, tok)  # forked workers inherit it, loaded once
-            gen = _parallel(chunks(), settings, workers)
-            try:
-                stats = _write(gen, writer, cfg, progress, t0, sum(sizes))
-            finally:
-                gen.close()
+    with StoreWriter(job.dest, vocab) as writer, _claim(writer.tmp):
+        stats = _tokenize_into(writer, cfg, job, settings, tok, progress, t0)
         manifest = {
-            "key": key,
+            "key": job.key,
             "max_seq_len": cfg.max_seq_len,
-            "inputs": input_info,
-            "tokenizer": tok_info,
-            "options": options,
+            "inputs": job.input_info,
+            "tokenizer": job.tok_info,
+            "options": job.options,
             "prepare_version": PREP_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "stats": stats,
         }
         writer.finish(manifest)
-    return Prepared(dest, False, stats, time.perf_counter() - t0)
+    return Prepared(job.dest, False, stats, time.perf_counter() - t0)
+
+
+def _tokenize_into(
+    writer: StoreWriter,
+    cfg: RunConfig,
+    job: _Job,
+    settings: Settings,
+    tok: Any,
+    progress: bool,
+    t0: float,
+) -> dict[str, Any]:
+    """Every input's chunks tokenized (in this process, or by a pool of `cfg.workers`) and
+    appended to `writer` in input order; returns the statistics."""
+    workers = cfg.workers or os.cpu_count() or 1
+    sizes = job.sizes
+
+    def chunks() -> Iterator[tuple[int, Chunk]]:
+        base = 0
+        for p, (fmt, comp), size in zip(job.paths, job.formats, sizes):
+            yield from _with_bytes_read(
+                iter_chunks(p, fmt, comp, job.fields, CHUNK_BYTES), base, size
+            )
+            base += size
+
+    if workers <= 1:
+        worker = Worker(settings, tok)
+        results: Iterable[tuple[int, dict[str, Any]]] = (
+            (done, worker.process(c)) for done, c in chunks()
+        )
+        return _write(results, writer, cfg, progress, t0, sum(sizes))
+    tokenize._WORKER = Worker(settings, tok)  # forked workers inherit it, loaded once
+    gen = _parallel(chunks(), settings, workers)
+    try:
+        return _write(gen, writer, cfg, progress, t0, sum(sizes))
+    finally:
+        gen.close()
 
 
 def expand_patterns(inputs: list[str]) -> list[str]:
@@ -377,36 +443,58 @@ def _parallel(
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _write(
-    results: Iterable[tuple[int, dict[str, Any]]],
-    writer: StoreWriter,
-    cfg: RunConfig,
-    progress: bool,
-    t0: float,
-    total_bytes: int,
-) -> dict[str, Any]:
+class _Tally:
+    """What the written chunks add up to: counts per length (memory flat in the number of
+    documents), record and token counts, and the first bad records as examples."""
+
+    def __init__(self) -> None:
+        self.doc_lens, self.seq_lens = LengthCounts(), LengthCounts()
+        self.bad_examples: list[dict[str, str]] = []
+        self.kinds: dict[str, int] = {}
+        self.eos_only: dict[str, int] = {}
+        self.c = dict.fromkeys(("docs_held", "records", "bad", *_SUMMED), 0)
+        self.doc_base = 0  # documents written so far: the next chunk's first document id
+
+    def add(self, res: dict[str, Any]) -> None:
+        """Count one chunk's result (its arrays are already written)."""
+        self.doc_base += len(res["doc_len"])
+        self.doc_lens.add(res["doc_len"])
+        self.seq_lens.add(res["seq_len"])
+        self.c["records"] += res["n_records"]
+        self.c["bad"] += res["n_bad"]
+        for k in _SUMMED:
+            self.c[k] += res[k]
+        for k, v in res["kinds"].items():
+            self.kinds[k] = self.kinds.get(k, 0) + v
+        self.c["docs_held"] += res["docs_held"]
+        for k, v in res["eos_only"].items():
+            self.eos_only[k] = self.eos_only.get(k, 0) + v
+        for where, reason in res["bad"]:
+            if len(self.bad_examples) < MAX_BAD_EXAMPLES:
+                self.bad_examples.append({"where": where, "reason": reason})
+
+
+# A chunk result's counts that are summed as they are.
+_SUMMED = ("targets", "long", "extra_chunks", "targets_lost", "tokens_removed", "targets_removed")
+
+
+def _check(res: dict[str, Any]) -> None:
+    """Stop on a worker's crash, or on a bad record unless bad records are skipped."""
+    if "crash" in res:
+        raise RuntimeError("a tokenizer worker failed unexpectedly:\n" + res["crash"])
+    if res.get("fatal"):
+        where, reason = res["bad"][0]
+        raise DataError(
+            f"{where}: {reason} (to skip such records instead, pass --on-bad-record skip)"
+        )
+
+
+def _bar(total_bytes: int, progress: bool) -> Any:
+    """Input bytes against the known total, so tqdm shows an ETA; records and tokens/s
+    ride in the postfix."""
     from tqdm import tqdm
 
-    # Counts per length, not a length per document: memory flat in the number of documents.
-    doc_lens, seq_lens = LengthCounts(), LengthCounts()
-    bad_examples: list[dict[str, str]] = []
-    kinds: dict[str, int] = {}
-    eos_only: dict[str, int] = {}
-    c = {
-        "docs_held": 0,
-        "records": 0,
-        "bad": 0,
-        "targets": 0,
-        "long": 0,
-        "extra_chunks": 0,
-        "targets_lost": 0,
-        "tokens_removed": 0,
-        "targets_removed": 0,
-    }
-    doc_base = 0
-    # Input bytes against the known total, so tqdm shows an ETA; records and tokens/s
-    # ride in the postfix.
-    bar = tqdm(
+    return tqdm(
         total=total_bytes,
         unit="B",
         unit_scale=True,  # k, M, G of 1000: "MB/s" is then what it says
@@ -415,46 +503,41 @@ def _write(
         desc="prepare",
         dynamic_ncols=True,
     )
+
+
+def _write(
+    results: Iterable[tuple[int, dict[str, Any]]],
+    writer: StoreWriter,
+    cfg: RunConfig,
+    progress: bool,
+    t0: float,
+    total_bytes: int,
+) -> dict[str, Any]:
+    """Append each chunk's arrays to the store in order, counting as it goes; returns the
+    statistics."""
+    tally = _Tally()
+    bar = _bar(total_bytes, progress)
     try:
         for done, res in results:
-            if "crash" in res:
-                raise RuntimeError("a tokenizer worker failed unexpectedly:\n" + res["crash"])
-            if res.get("fatal"):
-                where, reason = res["bad"][0]
-                raise DataError(
-                    f"{where}: {reason} (to skip such records instead, pass --on-bad-record skip)"
-                )
-            writer.append(res["tokens"], res["mask"], res["seq_len"], res["seq_doc"] + doc_base)
-            doc_base += len(res["doc_len"])
-            doc_lens.add(res["doc_len"])
-            seq_lens.add(res["seq_len"])
-            c["records"] += res["n_records"]
-            c["bad"] += res["n_bad"]
-            for k in (
-                "targets",
-                "long",
-                "extra_chunks",
-                "targets_lost",
-                "tokens_removed",
-                "targets_removed",
-            ):
-                c[k] += res[k]
-            for k, v in res["kinds"].items():
-                kinds[k] = kinds.get(k, 0) + v
-            c["docs_held"] += res["docs_held"]
-            for k, v in res["eos_only"].items():
-                eos_only[k] = eos_only.get(k, 0) + v
-            for where, reason in res["bad"]:
-                if len(bad_examples) < MAX_BAD_EXAMPLES:
-                    bad_examples.append({"where": where, "reason": reason})
+            _check(res)
+            writer.append(
+                res["tokens"], res["mask"], res["seq_len"], res["seq_doc"] + tally.doc_base
+            )
+            tally.add(res)
             dt = max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix_str(
-                f"{c['records']:,} rec, {writer.n_tokens / dt:,.0f} tok/s", refresh=False
+                f"{tally.c['records']:,} rec, {writer.n_tokens / dt:,.0f} tok/s", refresh=False
             )
             bar.update(done - bar.n)
     finally:
         bar.close()
-    if doc_base == 0:
+    return _stats(tally, writer, cfg, t0)
+
+
+def _stats(tally: _Tally, writer: StoreWriter, cfg: RunConfig, t0: float) -> dict[str, Any]:
+    """The store's statistics (the manifest's and `pitstop prepare`'s table)."""
+    c, bad_examples = tally.c, tally.bad_examples
+    if tally.doc_base == 0:
         raise DataError(
             f"no usable documents: all {c['records']} records were bad "
             f"(first: {bad_examples[0]['where']}: {bad_examples[0]['reason']})"
@@ -463,19 +546,19 @@ def _write(
         )
     seconds = time.perf_counter() - t0
     counts = {
-        "documents": doc_base,
+        "documents": tally.doc_base,
         "sequences": writer.n_sequences,
         "tokens": writer.n_tokens,
         "target_tokens": c["targets"],
         "records_read": c["records"],
-        "record_kinds": kinds,
+        "record_kinds": tally.kinds,
         "bad_records": c["bad"],
         "bad_examples": bad_examples,
         # Documents whose only target is their EOS: checked by `train` (docs/data.md).
         "eos_only_documents": {
-            "count": sum(eos_only.values()),
+            "count": sum(tally.eos_only.values()),
             "of": c["docs_held"],
-            "by_kind": eos_only,
+            "by_kind": tally.eos_only,
         },
         "long_documents": {
             "policy": cfg.long_docs,
@@ -489,8 +572,8 @@ def _write(
         "tokens_per_second": round(writer.n_tokens / max(seconds, 1e-9), 1),
     }
     return compute_stats(
-        doc_lens,
-        seq_lens,
+        tally.doc_lens,
+        tally.seq_lens,
         max_seq_len=cfg.max_seq_len,
         counts=counts,
         model_max_len=position_limit(cfg.model)[0] if cfg.model else None,
