@@ -1,43 +1,44 @@
 """`prepare_data`: dataset files -> a cached token store, in parallel and in bounded memory.
 
-The parent process streams raw record chunks from the readers to tokenizer
-processes through a bounded window of futures (multiprocessing.Pool.imap would
-read the whole input ahead; a window keeps only ~2 chunks per worker in flight),
-and writes the returned arrays to the store in input order. The statistics keep
-how many documents and sequences have each length (`data.stats.LengthCounts`), so
-memory does not grow with the size of the input. The progress bar counts input bytes
-against the files' total size (known before reading), so it shows an ETA; each chunk
-carries how far into its file the reader had got (`Chunk.end`).
+The parent process streams raw record chunks from the readers to tokenizer processes
+through a bounded window of futures (`data/pool.py`) and writes the returned arrays to the
+store in input order. The statistics keep how many documents and sequences have each
+length (`data.stats.LengthCounts`), so memory does not grow with the size of the input.
+The progress bar counts input bytes against the files' total size (known before reading),
+so it shows an ETA; each chunk carries how far into its file the reader had got
+(`Chunk.end`), and while the pool waits for a chunk the bar keeps showing the records per
+second.
 
 The store is written to a temporary directory and renamed into place under its
 content key (see cache.py), so a killed prepare leaves nothing that opens as a
 store, and a repeated one is a cache hit. An interrupted prepare is not resumed part
-way: the same command again prepares from the start, and removes the partial
-directory the interrupted one left under that key once no running prepare holds its
-lock (`_claim`, `_leftovers`), saying so.
+way: the same command again prepares from the start. A partial directory whose writer is
+gone (its pid, in the name, dead; its lock free) is removed by the next prepare into the
+cache, saying so (`_claim`, `_leftovers`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pitstop.core import log
 from pitstop.core.cache_layout import STORES, cache_root
-from pitstop.core.config import RunConfig
+from pitstop.core.config import DEFAULT_MAX_RECORD_SECONDS, RunConfig
 from pitstop.core.errors import ConfigError, DataError
+from pitstop.core.faults import NO_FAULTS, Faults, from_env
 from pitstop.core.positions import position_limit
+from pitstop.core.runlock import pid_alive
 from pitstop.data import tokenize
 from pitstop.data.cache import (
     PREP_VERSION,
@@ -46,6 +47,7 @@ from pitstop.data.cache import (
     store_key,
     tokenizer_fingerprint,
 )
+from pitstop.data.pool import in_order
 from pitstop.data.readers import (
     CHUNK_BYTES,
     Chunk,
@@ -59,7 +61,13 @@ from pitstop.data.readers import (
 from pitstop.data.records import Fields
 from pitstop.data.stats import LengthCounts, compute_stats, format_stats
 from pitstop.data.store import FORMAT_VERSION, StoreWriter, TokenStore, is_store, token_dtype
-from pitstop.data.tokenize import MAX_BAD_EXAMPLES, Settings, Worker, load_tokenizer
+from pitstop.data.tokenize import (
+    MAX_BAD_EXAMPLES,
+    ChunkResult,
+    Settings,
+    Worker,
+    load_tokenizer,
+)
 
 try:
     import fcntl
@@ -104,6 +112,16 @@ def prepare_data(
     return _build(cfg, job, progress, t0)
 
 
+class InputInfo(TypedDict):
+    """One input file as the manifest records it (and the store key hashes)."""
+
+    path: str
+    fingerprint: str
+    format: str
+    compression: str | None
+    bytes: int
+
+
 @dataclass
 class _Job:
     """What one prepare reads, with what, and the cache key of the store it makes."""
@@ -113,7 +131,7 @@ class _Job:
     fields: Fields
     tok_dir: str
     options: dict[str, Any]
-    input_info: list[dict[str, Any]]
+    input_info: list[InputInfo]
     tok_info: dict[str, Any]
     key: str
     stores: Path
@@ -149,6 +167,12 @@ def _job(cfg: RunConfig, inputs: list[str], progress: bool) -> _Job:
         "train_on_prompt": cfg.train_on_prompt,
         "on_bad_record": cfg.on_bad_record,
     }
+    # A record skipped for its rendering time is missing from the store, so a prepare that
+    # gives records more (or unlimited) time must not be served that store: another limit
+    # is another key. The default stays out of the key, so the stores prepared before the
+    # limit existed keep theirs (and a run that skipped nothing writes the same bytes).
+    if cfg.max_record_seconds != DEFAULT_MAX_RECORD_SECONDS:
+        options["max_record_seconds"] = cfg.max_record_seconds
     input_info = [
         {
             "path": str(p),
@@ -241,6 +265,7 @@ def _build(cfg: RunConfig, job: _Job, progress: bool, t0: float) -> Prepared:
         train_on_prompt=cfg.train_on_prompt,
         skip_bad=cfg.on_bad_record == "skip",
         token_dtype=token_dtype(vocab).name,
+        max_record_seconds=cfg.max_record_seconds,
     )
     with StoreWriter(job.dest, vocab) as writer, _claim(writer.tmp):
         stats = _tokenize_into(writer, cfg, job, settings, tok, progress, t0)
@@ -271,6 +296,7 @@ def _tokenize_into(
     appended to `writer` in input order; returns the statistics."""
     workers = cfg.workers or os.cpu_count() or 1
     sizes = job.sizes
+    fault = from_env()  # tests stop a prepare at a named point (docs/fault-injection.md)
 
     def chunks() -> Iterator[tuple[int, Chunk]]:
         base = 0
@@ -282,14 +308,14 @@ def _tokenize_into(
 
     if workers <= 1:
         worker = Worker(settings, tok)
-        results: Iterable[tuple[int, dict[str, Any]]] = (
+        results: Iterable[tuple[int, ChunkResult | None]] = (
             (done, worker.process(c)) for done, c in chunks()
         )
-        return _write(results, writer, cfg, progress, t0, sum(sizes))
+        return _write(results, writer, cfg, progress, t0, sum(sizes), fault)
     tokenize._WORKER = Worker(settings, tok)  # forked workers inherit it, loaded once
-    gen = _parallel(chunks(), settings, workers)
+    gen = in_order(chunks(), settings, workers)
     try:
-        return _write(gen, writer, cfg, progress, t0, sum(sizes))
+        return _write(gen, writer, cfg, progress, t0, sum(sizes), fault)
     finally:
         gen.close()
 
@@ -328,9 +354,25 @@ def open_store(
     )
 
 
-# A partial directory younger than this may be a prepare's that has made it and not yet
-# locked it (the two are a few system calls apart), so it is never taken for a killed one.
+# A partial directory younger than this whose writer's pid is alive may be a prepare's
+# that has made it and not yet locked it (the two are a few system calls apart), so it is
+# not taken for a killed one.
 _CLAIM_GRACE_SECONDS = 30
+# The lock fds this process holds on partial directories: a forked tokenizer worker closes
+# its copies (`_drop_claims`), so the lock goes the moment the prepare itself dies, not
+# when its workers notice (`tokenize._exit_with_parent`, up to half a second later).
+_CLAIMS: set[int] = set()
+
+
+def _drop_claims() -> None:
+    for fd in list(_CLAIMS):
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the parent's descriptor keeps the lock
+    _CLAIMS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_claims)
 
 
 @contextlib.contextmanager
@@ -339,7 +381,7 @@ def _claim(tmp: Path) -> Iterator[None]:
 
     The kernel drops the lock when the process dies, however it dies (SIGKILL too), so a
     later prepare can tell a killed prepare's directory from a running one's. Forked
-    tokenizer workers share the lock; they exit with the parent. Where flock is not
+    processes close their copy of the descriptor (`_drop_claims`). Where flock is not
     available nothing is claimed, and `_leftovers` then removes nothing.
     """
     if fcntl is None:
@@ -350,52 +392,78 @@ def _claim(tmp: Path) -> Iterator[None]:
     except OSError:
         yield
         return
+    _CLAIMS.add(fd)
     try:
         # Blocking: only another prepare's probe (`_leftovers`) can hold it, for an instant.
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        _CLAIMS.discard(fd)
         os.close(fd)
 
 
 def _leftovers(stores: Path, key: str, progress: bool) -> None:
-    """Remove what interrupted prepares of this same store left (`<key>.partial-*`), and say so.
+    """Remove the partial stores (`*.partial-*`) whose prepares are gone, and say so.
 
-    A directory is removed only when its lock is free (its prepare is gone) and it is
-    older than `_CLAIM_GRACE_SECONDS`; one still held belongs to a prepare running now,
-    which this one does not wait for (the first to finish publishes the store).
+    A directory goes when its lock is free (no prepare holds it) and its writer is gone:
+    the pid in its name (`<key>.partial-<pid>-<hex>`, `StoreWriter`) is no live process,
+    or, for a name without one (or a live pid that may be another process's now), it is
+    older than `_CLAIM_GRACE_SECONDS`. One of another store is removed only on the pid's
+    word. A held one belongs to a prepare running now, which this one does not wait for
+    (the first to finish publishes the store).
     """
     if fcntl is None:
         return
-    for p in sorted(stores.glob(f"{key}.partial-*")):
+    for p in sorted(stores.glob("*.partial-*")):
+        mine = p.name.startswith(f"{key}.partial-")
         try:
-            held = time.time() - p.stat().st_mtime < _CLAIM_GRACE_SECONDS  # not probed
-            if not held:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    held = True
-                finally:
-                    os.close(fd)
+            held = _held(p)
+            dead = _writer_dead(p)
+            gone = not held and (
+                dead or (mine and time.time() - p.stat().st_mtime >= _CLAIM_GRACE_SECONDS)
+            )
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) if gone else 0
         except OSError:
             continue
-        if held:
-            if progress:
-                log.info(
-                    f"another prepare of the same data is running (or was stopped seconds ago): "
-                    f"{p}; this one prepares too, and the first to finish publishes the store"
-                )
+        if gone:
+            shutil.rmtree(p, ignore_errors=True)
+        if not progress or not (mine or gone):
             continue
-        size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
-        shutil.rmtree(p, ignore_errors=True)
-        if progress:
+        if not gone:
+            log.info(
+                f"another prepare of the same data is running (or was stopped seconds ago): "
+                f"{p}; this one prepares too, and the first to finish publishes the store"
+            )
+        elif mine:
             log.info(
                 f"an earlier prepare of this data was interrupted after writing "
                 f"{size / 2**20:,.1f} MiB; it is not resumed part way: removed {p.name} "
                 "and preparing from the start"
             )
+        else:
+            log.info(
+                f"removed {p.name} ({size / 2**20:,.1f} MiB), the partial store of an "
+                "interrupted prepare of other data"
+            )
+
+
+def _held(p: Path) -> bool:
+    """Whether a prepare holds the lock on partial directory `p` (probed for an instant)."""
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _writer_dead(p: Path) -> bool:
+    """Whether the pid in partial directory `p`'s name is no live process on this machine."""
+    m = re.fullmatch(r"(\d+)-[0-9a-f]+", p.name.rsplit(".partial-", 1)[1])
+    return m is not None and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1)))
 
 
 def _with_bytes_read(chunks: Iterator[Chunk], base: int, size: int) -> Iterator[tuple[int, Chunk]]:
@@ -416,33 +484,6 @@ def _with_bytes_read(chunks: Iterator[Chunk], base: int, size: int) -> Iterator[
         yield base + size, held
 
 
-def _parallel(
-    chunks: Iterator[tuple[int, Chunk]], settings: Settings, workers: int
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(bytes read, result of `process_chunk`) in input order, with at most ~2 chunks per
-    worker in flight."""
-    # fork starts workers in milliseconds with the tokenizer already loaded; spawn elsewhere.
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ex = ProcessPoolExecutor(
-        workers,
-        mp_context=mp.get_context(method),
-        initializer=tokenize.init_worker,
-        initargs=(settings,),
-    )
-    window: deque = deque()  # (bytes read, future)
-    try:
-        for done, c in chunks:
-            window.append((done, ex.submit(tokenize.process_chunk, c)))
-            if len(window) > 2 * workers:
-                done, fut = window.popleft()
-                yield done, fut.result()
-        while window:
-            done, fut = window.popleft()
-            yield done, fut.result()
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
-
-
 class _Tally:
     """What the written chunks add up to: counts per length (memory flat in the number of
     documents), record and token counts, and the first bad records as examples."""
@@ -450,12 +491,14 @@ class _Tally:
     def __init__(self) -> None:
         self.doc_lens, self.seq_lens = LengthCounts(), LengthCounts()
         self.bad_examples: list[dict[str, str]] = []
+        self.slow_examples: list[dict[str, str]] = []
         self.kinds: dict[str, int] = {}
         self.eos_only: dict[str, int] = {}
-        self.c = dict.fromkeys(("docs_held", "records", "bad", *_SUMMED), 0)
+        self.c = dict.fromkeys(("docs_held", "records", "bad", "slow", *_SUMMED), 0)
         self.doc_base = 0  # documents written so far: the next chunk's first document id
+        self.chunks = 0
 
-    def add(self, res: dict[str, Any]) -> None:
+    def add(self, res: ChunkResult) -> None:
         """Count one chunk's result (its arrays are already written)."""
         self.doc_base += len(res["doc_len"])
         self.doc_lens.add(res["doc_len"])
@@ -472,13 +515,17 @@ class _Tally:
         for where, reason in res["bad"]:
             if len(self.bad_examples) < MAX_BAD_EXAMPLES:
                 self.bad_examples.append({"where": where, "reason": reason})
+        self.c["slow"] += res["n_slow"]
+        for where, what in res["slow"]:
+            if len(self.slow_examples) < MAX_BAD_EXAMPLES:
+                self.slow_examples.append({"where": where, "what": what})
 
 
 # A chunk result's counts that are summed as they are.
 _SUMMED = ("targets", "long", "extra_chunks", "targets_lost", "tokens_removed", "targets_removed")
 
 
-def _check(res: dict[str, Any]) -> None:
+def _check(res: ChunkResult) -> None:
     """Stop on a worker's crash, or on a bad record unless bad records are skipped."""
     if "crash" in res:
         raise RuntimeError("a tokenizer worker failed unexpectedly:\n" + res["crash"])
@@ -506,44 +553,86 @@ def _bar(total_bytes: int, progress: bool) -> Any:
 
 
 def _write(
-    results: Iterable[tuple[int, dict[str, Any]]],
+    results: Iterable[tuple[int, ChunkResult | None]],
     writer: StoreWriter,
     cfg: RunConfig,
     progress: bool,
     t0: float,
     total_bytes: int,
+    fault: Faults = NO_FAULTS,
 ) -> dict[str, Any]:
     """Append each chunk's arrays to the store in order, counting as it goes; returns the
-    statistics."""
+    statistics. A result of None (`pool.WAITING`) only refreshes the bar's rates."""
     tally = _Tally()
     bar = _bar(total_bytes, progress)
+    rate = _Rate()
     try:
         for done, res in results:
+            if res is None:
+                bar.set_postfix_str(_postfix(tally, rate, writer, t0))
+                continue
             _check(res)
             writer.append(
                 res["tokens"], res["mask"], res["seq_len"], res["seq_doc"] + tally.doc_base
             )
             tally.add(res)
-            dt = max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(
-                f"{tally.c['records']:,} rec, {writer.n_tokens / dt:,.0f} tok/s", refresh=False
-            )
+            bar.set_postfix_str(_postfix(tally, rate, writer, t0), refresh=False)
             bar.update(done - bar.n)
+            tally.chunks += 1
+            fault.reached("prepare-chunk", tally.chunks)
     finally:
         bar.close()
     return _stats(tally, writer, cfg, t0)
+
+
+class _Rate:
+    """Records per second over about the last `window` seconds: it falls to 0 while nothing
+    comes back (an average since the start would hide a stall behind the minutes before)."""
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self.samples: deque[tuple[float, int]] = deque([(time.perf_counter(), 0)])
+
+    def __call__(self, records: int) -> float:
+        now = time.perf_counter()
+        self.samples.append((now, records))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()  # keep the newest sample that is `window` old
+        then, before = self.samples[0]
+        return (records - before) / max(now - then, 1e-9)
+
+
+def _postfix(tally: _Tally, rate: _Rate, writer: StoreWriter, t0: float) -> str:
+    n = tally.c["records"]
+    per_s = rate(n)
+    dt = max(time.perf_counter() - t0, 1e-9)
+    return (
+        f"{n:,} rec, {per_s:,.{1 if per_s < 10 else 0}f} rec/s, {writer.n_tokens / dt:,.0f} tok/s"
+    )
+
+
+def _nothing_usable(tally: _Tally, cfg: RunConfig) -> DataError:
+    c, bad, slow = tally.c, tally.bad_examples, tally.slow_examples
+    if slow and not bad:
+        return DataError(
+            f"no usable documents: all {c['records']} records took over "
+            f"{cfg.max_record_seconds:g} s to render (first: {slow[0]['where']}: "
+            f"{slow[0]['what']}); pass a larger --max-record-seconds, or 0 for no limit"
+        )
+    if bad:
+        what = "bad or too slow to render" if slow else "bad"
+        return DataError(
+            f"no usable documents: all {c['records']} records were {what} "
+            f"(first: {bad[0]['where']}: {bad[0]['reason']})"
+        )
+    return DataError("no usable documents in the input")
 
 
 def _stats(tally: _Tally, writer: StoreWriter, cfg: RunConfig, t0: float) -> dict[str, Any]:
     """The store's statistics (the manifest's and `pitstop prepare`'s table)."""
     c, bad_examples = tally.c, tally.bad_examples
     if tally.doc_base == 0:
-        raise DataError(
-            f"no usable documents: all {c['records']} records were bad "
-            f"(first: {bad_examples[0]['where']}: {bad_examples[0]['reason']})"
-            if bad_examples
-            else "no usable documents in the input"
-        )
+        raise _nothing_usable(tally, cfg)
     seconds = time.perf_counter() - t0
     counts = {
         "documents": tally.doc_base,
@@ -554,6 +643,11 @@ def _stats(tally: _Tally, writer: StoreWriter, cfg: RunConfig, t0: float) -> dic
         "record_kinds": tally.kinds,
         "bad_records": c["bad"],
         "bad_examples": bad_examples,
+        "slow_records": {
+            "limit_seconds": cfg.max_record_seconds,
+            "count": c["slow"],
+            "examples": tally.slow_examples,
+        },
         # Documents whose only target is their EOS: checked by `train` (docs/data.md).
         "eos_only_documents": {
             "count": sum(tally.eos_only.values()),
