@@ -100,6 +100,8 @@ def _init_worker(settings: Settings) -> None:
     which raises `Stopped` in each worker and prints its traceback beside the parent's line."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "SIGALRM"):  # the process is the pool's: its timer bounds a record
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     tokenize.init_worker(settings)

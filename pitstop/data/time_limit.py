@@ -9,9 +9,9 @@ the limit, not the whole prepare.
 The bound is a one-shot SIGALRM timer armed around each record's rendering: its handler
 raises `RecordTimeout` in the middle of the template's loops. Signals reach Python in the
 main thread only, which is where a tokenizer worker (and a one-process prepare) renders;
-where no handler can be installed (prepare called from another thread) the rendering runs
-to its end and is skipped afterwards when it took longer, so the store does not depend on
-the thread. Only rendering is timed: tokenizing is bounded by the record size limit
+where the timer is not free (prepare called from another thread, or by a program with its
+own SIGALRM handler or timer) the rendering runs to its end and is skipped afterwards when
+it took longer, so the store does not depend on where prepare runs. Only rendering is timed: tokenizing is bounded by the record size limit
 (`readers.MAX_RECORD_BYTES`) and runs in Rust, where no signal handler runs.
 """
 
@@ -32,6 +32,17 @@ class RecordTimeout(BaseException):
     take it for the template's own error."""
 
 
+def _timer_free() -> bool:
+    """Whether this thread may use SIGALRM: the main thread, with no SIGALRM handler or
+    running timer of someone else's (a program that calls prepare_data may use them)."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    )
+
+
 class RenderLimit:
     """Within `with RenderLimit(seconds) as limit:`, `with limit.record():` around one
     record's rendering raises `RecordTimeout` once it has run `seconds` (0: no limit)."""
@@ -43,10 +54,7 @@ class RenderLimit:
         self._previous: Any = None
 
     def __enter__(self) -> RenderLimit:
-        usable = (
-            hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-        )
-        if self.seconds > 0 and usable:
+        if self.seconds > 0 and _timer_free():
             self._previous = signal.signal(signal.SIGALRM, self._expired)
             self._timer = True
         return self

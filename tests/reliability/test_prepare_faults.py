@@ -269,6 +269,48 @@ def test_no_slow_record_means_the_same_store_whatever_the_limit(slow_model, tmp_
     assert default.name != unlimited.name
 
 
+def test_the_limit_interrupts_in_the_main_thread_and_skips_afterwards_elsewhere():
+    """The timer ends a rendering that would never end; where it cannot be used (another
+    thread, or the program's own SIGALRM timer) a record over the limit is still skipped,
+    once it is done, so where prepare runs does not change the store."""
+    from pitstop.data.time_limit import RecordTimeout, RenderLimit
+
+    assert threading.current_thread() is threading.main_thread()
+    with RenderLimit(0.05) as limit:
+        with pytest.raises(RecordTimeout), limit.record():
+            while True:  # stands for a template that would run for hours
+                time.sleep(0.001)
+        with limit.record():
+            pass  # a quick record after it is kept: the timer was disarmed
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # the handler is restored
+
+    def slow_then_quick(out: list) -> None:
+        with RenderLimit(0.05) as limit:
+            try:
+                with limit.record():
+                    time.sleep(0.2)  # at least 0.2 s, past the limit however fast the box
+            except RecordTimeout:
+                out.append("skipped")
+            with limit.record():
+                out.append("kept")
+
+    out: list[str] = []
+    t = threading.Thread(target=slow_then_quick, args=(out,))
+    t.start()
+    t.join(60)
+    assert out == ["skipped", "kept"]
+    # The program's own timer is left alone (and the limit then applies afterwards).
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 100)
+        out.clear()
+        slow_then_quick(out)
+        assert out == ["skipped", "kept"] and signal.getitimer(signal.ITIMER_REAL)[0] > 90
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 # --- the progress bar while the pool waits ---------------------------------------------------
 
 _REAL_PROCESS_CHUNK = tokenize.process_chunk
