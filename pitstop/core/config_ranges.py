@@ -138,6 +138,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "max_grad_norm": FlagRange(0, 1e6, "0 (no clipping) or a norm, e.g. 1.0"),
     "lora_alpha": FlagRange(0, 1e6, "the LoRA scale's numerator, e.g. 32", lo_open=True),
     "save_minutes": FlagRange(0, 1e7, "minutes between checkpoints, e.g. 30"),
+    "max_record_seconds": FlagRange(0, 1e7, "0 (no limit) or seconds per record, e.g. 60"),
     "gpus": FlagRange(1, MAX_GPUS, "GPU counts, e.g. 1,2,4,8", integer=True, many=True),
     "rerun": FlagRange(1, 1000, "times to rerun each run, e.g. 3", integer=True),
     "nproc": FlagRange(1, MAX_GPUS, "processes (GPUs) of the run, e.g. 8", integer=True),

@@ -519,11 +519,12 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
         lines.append("  ".join("-" * w for w in widths))
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    else:
-        lines.append("no fix the doctor proposed can be applied from outside the script")
-    lines.append("(measured: steady throughput of the trial / the baseline's, band as compare's)")
+        lines.append(
+            "(measured: steady throughput of the trial / the baseline's, band as compare's)"
+        )
     for n in rep.plan.not_tried:
-        lines.append(f"not tried: {n.fix}: {n.reason}")
+        if n.fix != "anything":  # said in the last line
+            lines.append(f"not tried: {n.fix}: {n.reason}")
     for r in rep.held_back:
         lines.append(
             f"held back: {r.candidate.name} is faster but {r.candidate.math} "
@@ -531,7 +532,9 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         )
     lines.append("")
     code = settings_code(rep)
-    if not code:
+    if not rep.results:
+        lines.append(f"nothing was tried: {_why_nothing(rep)}; keep the script's settings")
+    elif not code:
         lines.append("no change beats the noise: keep the script's settings")
     else:
         if rep.combined is not None:
@@ -543,6 +546,17 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         f"report); settings as JSON: {rep.output / TUNED}"
     )
     return "\n".join(lines)
+
+
+def _why_nothing(rep: ScriptTuneReport) -> str:
+    """Why the plan holds no candidate: the doctor found nothing, or nothing it found can
+    be changed from outside the script."""
+    if any(n.fix == "anything" for n in rep.plan.not_tried):
+        return "the doctor found nothing to change in the baseline run"
+    return (
+        "no fix the doctor proposed can be applied from outside the script (its findings: "
+        f"{Path(rep.baseline) / FINDINGS})"
+    )
 
 
 def format_dry_run(
