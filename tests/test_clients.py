@@ -113,6 +113,7 @@ def nanogpt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return runs
 
 
+@pytest.mark.xdist_group("nanogpt")
 def test_nanogpt_tokens_steps_and_mfu_without_a_dataloader(nanogpt: dict[str, Any]) -> None:
     run = nanogpt["plain"]
     s, t = run["summary"], run["truth"]
@@ -126,6 +127,7 @@ def test_nanogpt_tokens_steps_and_mfu_without_a_dataloader(nanogpt: dict[str, An
     assert s["config"]["gradient_accumulation_steps"] == 2
 
 
+@pytest.mark.xdist_group("nanogpt")
 def test_nanogpt_estimate_from_profile_works(nanogpt: dict[str, Any]) -> None:
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
@@ -133,6 +135,7 @@ def test_nanogpt_estimate_from_profile_works(nanogpt: dict[str, Any]) -> None:
     assert rc == 0, err.getvalue()
 
 
+@pytest.mark.xdist_group("nanogpt")
 def test_nanogpt_evaluation_is_its_own_phase_and_the_top_finding(nanogpt: dict[str, Any]) -> None:
     run, plain = nanogpt["eval"], nanogpt["plain"]
     # The truth: the loop's own clock around its loss estimates, over the same iterations.
@@ -152,6 +155,7 @@ def test_nanogpt_evaluation_is_its_own_phase_and_the_top_finding(nanogpt: dict[s
 # --- an accelerate loop, and a Trainer script, whose collators pad ----------------------------
 
 
+@pytest.mark.xdist_group("small")
 def test_accelerate_loop_steps_and_padding(tiny_model_dir: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, str(CLIENTS / "accelerate_loop.py"), str(tiny_model_dir)]
     run = profile(tmp_path / "run", *cmd, "--steps", "20", "--truth", str(tmp_path / "t.json"))
@@ -164,6 +168,7 @@ def test_accelerate_loop_steps_and_padding(tiny_model_dir: Path, tmp_path: Path)
     assert "pack the rows" in f["fix"] and "which tokens form a step" in f["fix"]
 
 
+@pytest.mark.xdist_group("small")
 def test_trainer_script_padding_in_training_arguments_terms(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -195,6 +200,7 @@ def lightning(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return runs
 
 
+@pytest.mark.xdist_group("lightning")
 def test_lightning_backward_is_backward_and_validation_is_eval(lightning: dict[str, Any]) -> None:
     run, plain = lightning["val"], lightning["plain"]
     assert run["summary"]["optimizer_steps"] == run["truth"]["steps"] == 30
@@ -269,6 +275,7 @@ def trl(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return runs
 
 
+@pytest.mark.xdist_group("trl")
 def test_trl_mfu_is_never_impossible_after_a_busy_first_run(trl: dict[str, Any]) -> None:
     for name in ("busy", "plain", "eval"):
         mfu = trl[name]["summary"]["mfu"]
@@ -278,6 +285,7 @@ def test_trl_mfu_is_never_impossible_after_a_busy_first_run(trl: dict[str, Any])
     assert cached  # the busy measurement was cached marked busy, or replaced by a quiet one
 
 
+@pytest.mark.xdist_group("trl")
 def test_trl_padding_bf16_and_fixes_in_sftconfig_terms(trl: dict[str, Any]) -> None:
     run = trl["plain"]
     assert run["profile"]["program"] == "trainer"
@@ -292,6 +300,7 @@ def test_trl_padding_bf16_and_fixes_in_sftconfig_terms(trl: dict[str, Any]) -> N
         assert "DataLoader(" not in f["fix"] and "torch.autocast" not in f["fix"], f
 
 
+@pytest.mark.xdist_group("trl")
 def test_trl_evaluation_is_a_phase_and_its_batches_are_not_trained(trl: dict[str, Any]) -> None:
     run, plain = trl["eval"], trl["plain"]
     assert run["profile"]["events"]["evals"] == 2  # steps 5 and 10
@@ -311,13 +320,16 @@ def test_trl_evaluation_is_a_phase_and_its_batches_are_not_trained(trl: dict[str
     assert verdict(run["profile"]).kind != "sync-bound"
 
 
+@pytest.mark.xdist_group("trl")
 def test_trl_tune_tries_bf16_the_loader_and_the_batch_changes(
     trl: dict[str, Any], tiny_model_dir: Path
 ) -> None:
     d = trl["dir"]
     cmd = trl_command(tiny_model_dir, trl["data"], d / "o4")
-    argv = ["tune", "--output", str(d / "tune"), "--steps", "3", "--budget-seconds", "900"]
-    argv += ["--allow-batch-changes", "--", *cmd]
+    # One pair per fix: each is measured once, with its band (a verdict needs two pairs,
+    # and a tiny model's steps on 2 cores are too noisy for one to be reached reliably).
+    argv = ["tune", "--output", str(d / "tune"), "--steps", "4", "--budget-seconds", "1800"]
+    argv += ["--max-pairs", "1", "--allow-batch-changes", "--", *cmd]
     with pytest.MonkeyPatch.context() as mp_:
         for k, v in {**TRL_ENV, "PITSTOP_CACHE_DIR": str(d / "cache")}.items():
             mp_.setenv(k, v)
@@ -332,7 +344,7 @@ def test_trl_tune_tries_bf16_the_loader_and_the_batch_changes(
     assert tried["packing=True"]["math"] == tried["padding_free=True"]["math"]
     for name in ("bf16=True", "dataloader_num_workers=1", "packing=True", "padding_free=True"):
         r = tried[name]
-        assert r["error"] is None and r["rounds"] >= 1, r
+        assert r["error"] is None and r["rounds"] == 1, r
         j = r["judgement"]
         assert j["low"] <= j["ratio"] <= j["high"]  # measured, with its band
     assert os.path.isdir(d / "tune")

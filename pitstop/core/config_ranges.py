@@ -150,6 +150,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "memory_cap_gb": FlagRange(0, 1e5, "memory a trial may use in GB, e.g. 40", lo_open=True),
     "trial_warmup": FlagRange(0, MAX_STEPS_FLAG, "steps left out per trial, e.g. 2", integer=True),
     "trial_steps": FlagRange(1, MAX_STEPS_FLAG, "measured steps per trial, e.g. 30", integer=True),
+    "max_pairs": FlagRange(1, 100, "baseline/trial pairs per fix, e.g. 3", integer=True),
 }
 
 # Each command's numeric flags outside RunConfig (the RunConfig flags of prepare, train,
@@ -165,7 +166,7 @@ COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "doctor": ("nproc", "cpus", "lora_r"),
     "demo": ("max_steps",),
     "profile": ("steps", "warmup"),
-    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps", "steps"),
+    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps", "steps", "max_pairs"),
 }  # fmt: skip
 
 

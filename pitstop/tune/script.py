@@ -202,12 +202,14 @@ class _Search:
         budget_seconds: float,
         bf16_native: bool,
         log: Callable[[str], None],
+        max_pairs: int = MAX_ROUNDS,
     ) -> None:
         self.command, self.output, self.runner = command, output, runner
         self.steps, self.warmup = steps, warmup
         self.deadline = time.monotonic() + budget_seconds
         self.bf16_native = bf16_native
         self.log = log
+        self.max_pairs = max_pairs
         self.n = 0
         self.trial_seconds: list[float] = []
 
@@ -240,7 +242,7 @@ class _Search:
     def measure(self, cand: Candidate, base_dir: Path | None, floor: float) -> Result:
         """Alternate baseline and candidate until judged apart, MAX_ROUNDS, or the budget."""
         res = Result(cand)
-        while len(res.rounds) < MAX_ROUNDS:
+        while len(res.rounds) < self.max_pairs:
             if base_dir is None:
                 if not self.fits(2):
                     break
@@ -290,6 +292,8 @@ def _user_fields(applied: Applied, cand: Candidate) -> dict[str, Value]:
         keys.add("gradient_accumulation_steps")
     if "bf16" in keys:
         keys |= {"fp16", "use_cpu"}
+    if "padding_free" in keys:
+        keys.add("max_length")  # set to None with it where the script had one
     return {k: args[k] for k in sorted(keys) if k in args}
 
 
@@ -303,6 +307,7 @@ def tune_script(
     warmup: int = DEFAULT_WARMUP,
     allow_batch_changes: bool = False,
     device: DeviceInfo | None = None,
+    max_pairs: int = MAX_ROUNDS,
     log: Callable[[str], None] = lambda _: None,
 ) -> ScriptTuneReport:
     """Baseline, plan, candidates measured against the baseline, winners combined."""
@@ -321,6 +326,7 @@ def tune_script(
         budget_seconds=budget_seconds,
         bf16_native=False,
         log=log,
+        max_pairs=max_pairs,
     )
     base_dir, rc, applied = search.run("baseline", None)
     if rc != 0 or not (base_dir / SUMMARY).is_file():

@@ -148,6 +148,12 @@ def training_args_overrides(
             refused[key] = "TF32 exists on CUDA GPUs only"
         elif key in ("packing", "padding_free") and key not in current:
             refused[key] = "not a field of this script's config (TRL's SFTConfig has it)"
+        elif key == "padding_free" and value and not current.get("packing"):
+            # TRL refuses padding_free without packing while max_length is set (it would not
+            # be enforced): the trial trains rows whole, which the candidate's label says.
+            out["padding_free"] = True
+            if current.get("max_length") is not None:
+                out["max_length"] = None
         elif key == "per_device_train_batch_size":
             micro = int(current.get("per_device_train_batch_size") or 1)
             accum = int(current.get("gradient_accumulation_steps") or 1)
