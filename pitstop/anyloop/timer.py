@@ -353,6 +353,7 @@ class Watch:
             kind = self._forward_kind(module)
             if kind == "train":
                 self._rec  # noqa: B018  (made before the step's clock starts)
+                self._in_eval_forward = False  # an evaluation forward that raised ended there
                 self._end_eval()
                 self._open_if_needed()
                 self._micro[-1] += 1
