@@ -244,19 +244,9 @@ def test_lightning_backward_is_backward_and_validation_is_eval(lightning: dict[s
 
 def _trl_data(d: Path) -> Path:
     sys.path.insert(0, str(CLIENTS))
-    from _common import texts
+    from _common import prompt_completion_data
 
-    data = d / "data"
-    data.mkdir()
-    rows = texts(260, 3)
-    for name, part in (("train", rows[:200]), ("test", rows[200:])):
-        with (data / f"{name}.jsonl").open("w") as f:
-            for x in part:
-                w = x.split()
-                k = max(1, len(w) // 3)
-                rec = {"prompt": " ".join(w[:k]), "completion": " " + " ".join(w[k:])}
-                f.write(json.dumps(rec) + "\n")
-    return data
+    return prompt_completion_data(d / "data")
 
 
 def trl_command(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
