@@ -44,6 +44,8 @@ hand: no library computes per-document windowed attention with SDPA's fused kern
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,6 +65,7 @@ __all__ = [
     "native_gqa",
     "per_document_sdpa",
     "register",
+    "through_op",
 ]
 
 DOC_ATTENTION = "sdpa_docs"
@@ -87,6 +90,23 @@ _NEUTRAL = frozenset(
         "return_dict",
     }
 )
+
+
+# Set by `through_op`: eager calls take the compiled path (the op) too.
+_through_op = False
+
+
+@contextlib.contextmanager
+def through_op() -> Iterator[None]:
+    """Within it, `sdpa_docs` computes through the op a compiled graph calls
+    (train/doc_op.py) even when nothing is compiling: the start-up check (train/packcheck.py)
+    checks that path too, without compiling the model."""
+    global _through_op
+    before, _through_op = _through_op, True
+    try:
+        yield
+    finally:
+        _through_op = before
 
 
 class KernelMismatch(ValueError):
@@ -193,7 +213,7 @@ def doc_sdpa_attention(
         else:
             cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
     dropout_p = dropout if module.training else 0.0
-    if torch.compiler.is_compiling() and not dropout_p:
+    if (_through_op or torch.compiler.is_compiling()) and not dropout_p:
         # One opaque node for torch.compile: no graph break, no recompile per layout
         # (train/doc_op.py). Eager runs keep the plain autograd of the same math.
         out = compiled_sdpa_docs(query, key, value, cu, scale=scaling, window=sliding_window)
