@@ -129,13 +129,16 @@ FP32_RTOL = 1e-5
 
 
 class _Recording:
-    """Trainer mix-in: the document layouts (offsets) its micro-batches had."""
+    """Trainer mix-in: the document layouts (offsets) of the micro-batches it ran compiled
+    (a run that measures compile's payoff runs its first steps eagerly)."""
 
     layouts: set[tuple[int, ...]]
 
     def to_device(self, mb):
         batch = super().to_device(mb)  # type: ignore[misc]
-        self.layouts.add(tuple(batch["cu_seq_lens_q"].tolist()))
+        timing = self.run.compile_timing  # type: ignore[attr-defined]
+        if self.run.compiled and (timing is None or not timing.eager_now()):  # type: ignore[attr-defined]
+            self.layouts.add(tuple(batch["cu_seq_lens_q"].tolist()))
         return batch
 
 
@@ -164,6 +167,8 @@ def _train(model_dir: Path, store: Path, out: Path, compile_: str) -> dict[str, 
         "graphs": counters["stats"]["unique_graphs"],
         "breaks": dict(counters["graph_break"]),
         "compiled": summary.to_json()["choices"]["compile"]["value"],
+        "compile": summary.to_json()["choices"]["compile"],
+        "config": cfg,
     }
     torch._dynamo.reset()
     return result
@@ -206,6 +211,26 @@ def test_a_compiled_run_has_no_graph_break_and_at_most_two_graphs_over_its_layou
     assert len(on["layouts"]) >= 10, "the test needs at least ten document layouts"
     assert on["breaks"] == {}
     assert 1 <= on["graphs"] <= 2, on
+
+
+@pytest.mark.slow
+def test_the_compiled_run_measured_compile_and_the_next_auto_run_decides_with_it(runs):
+    """No measurement of this configuration was cached: the run ran its first steps eagerly,
+    then compiled, and recorded what the compile cost and gained; a run of the same
+    configuration with `compile: auto` decides from that record, with its numbers."""
+    import dataclasses
+
+    from pitstop.train.build import build_run
+
+    measured = runs["on"]["compile"]["measured"]["measured"]
+    assert measured["compile_seconds"] > 0 and measured["eager_step_seconds"] > 0
+    assert measured["source"] == "measured on this run's first steps"
+    ran = runs["on"]["config"]
+    cfg = dataclasses.replace(ran, compile="auto", output=str(Path(ran.output) / "next"))
+    choice = build_run(cfg).choices["compile"]
+    assert "reused (cached in" in choice.reason, choice.reason
+    assert choice.measured["compile_seconds"] == pytest.approx(measured["compile_seconds"])
+    assert choice.measured["steps"] == STEPS
 
 
 @pytest.mark.slow
