@@ -23,6 +23,7 @@ import torch
 
 from pitstop import probe
 from pitstop.batching.loader import Loader
+from pitstop.batching.payoff import seconds_per_position
 from pitstop.batching.resolve import BatchRequest
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
@@ -306,7 +307,14 @@ def build_data(
         if tdev.type == "cuda" and not fsdp:
             optimizer = choices["optimizer"]
             sizer = memory_plan.cuda_sizer(
-                model, tdev, attention.value, autocast_dtype, optimizer, ddp=env.distributed
+                model,
+                tdev,
+                attention.value,
+                autocast_dtype,
+                optimizer,
+                ddp=env.distributed,
+                cfg=cfg,
+                precision=m.precision,
             )
         request = BatchRequest(
             cfg,
@@ -321,6 +329,7 @@ def build_data(
             out=out,
             cache_dir=cfg.cache_dir,
             sizer=sizer,
+            seconds_per_position=_seconds_per_position(cfg, m, model),
         )
         loader, geometry = data.build_loader(request)
         if held is not None:
@@ -346,6 +355,14 @@ def build_data(
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
     return loader, geometry, eval_set, data_key
+
+
+def _seconds_per_position(cfg: RunConfig, m: _Machine, model: Any) -> float | None:
+    """A position's estimated forward+backward on this device (FLOPs at an assumed MFU of
+    its peak): what each first-run measurement is weighed against (batching/payoff.py)."""
+    flops = cost_model.flops_model(model).per_token(cfg.max_seq_len)
+    peak, _ = device_peak(m.dev, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir))
+    return seconds_per_position(flops, peak, probe.ASSUMED_MFU_FOR_ESTIMATE)
 
 
 def plan_compute(
