@@ -75,9 +75,11 @@ def _unmet(wheel: Path, picked: dict[str, Version]) -> list[str]:
     return out
 
 
-def plan(folder: Path) -> tuple[list[Path], list[str]]:
-    """(the wheels to install, what stays unmet), newest satisfiable wheel per distribution.
-    Dependencies first: dill, multiprocess, psutil, then datasets, then trl."""
+def plan(
+    folder: Path, names: tuple[str, ...] = ("dill", "multiprocess", "psutil", "datasets", "trl")
+) -> tuple[list[Path], list[str]]:
+    """(the wheels to install, what stays unmet), the newest satisfiable wheel of each of
+    `names` not installed; dependencies first (dill, multiprocess, psutil, datasets, trl)."""
     wheels: dict[str, list[tuple[Version, Path]]] = {}
     for w in folder.glob("*.whl"):
         name, version, _, _ = parse_wheel_filename(w.name)
@@ -85,7 +87,7 @@ def plan(folder: Path) -> tuple[list[Path], list[str]]:
     picked: dict[str, Version] = {}
     chosen: list[Path] = []
     problems: list[str] = []
-    for name in ("dill", "multiprocess", "psutil", "datasets", "trl"):
+    for name in names:
         if _installed(name) is not None:
             continue
         options = sorted(wheels.get(name, []), reverse=True)
