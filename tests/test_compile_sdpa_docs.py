@@ -281,3 +281,23 @@ def test_under_bf16_autocast_compiled_training_keeps_the_eager_losses() -> None:
     ref = train(compiled=False)
     assert got == pytest.approx(ref, rel=BF16_RTOL)
     assert got != ref  # bf16 rounding differs somewhere: the two really ran differently
+
+
+@pytest.mark.parametrize(("batching", "dynamic"), [("bucket", True), ("pack", False)])
+def test_a_compiled_bucket_runs_width_is_dynamic_from_the_start(
+    tiny_model_dir, store, tmp_path, batching, dynamic
+):
+    """bucket's micro-batches are as wide as their longest row: compiled, the width is a
+    dynamic size from the first graph on (no recompile for the second width); pack's rows
+    are all max_seq_len wide and stay static. Nothing is compiled here (no forward)."""
+    from _train_util import train_config
+
+    from pitstop.train.trainer import Trainer
+
+    cfg = train_config(tiny_model_dir, store, tmp_path / "out", compile="on", batching=batching)
+    trainer = Trainer.from_config(cfg, save_final=False)
+    batch = trainer.to_device(next(iter(trainer.run.loader)))
+    for name in ("input_ids", "position_ids"):
+        marked = getattr(batch[name], "_dynamo_weak_dynamic_indices", set())
+        assert (1 in marked) is dynamic, (name, marked)
+    assert 0 in batch["cu_seq_lens_q"]._dynamo_weak_dynamic_indices  # the documents' count

@@ -81,6 +81,10 @@ class Trainer:
         # the ranks agree on it at logging steps (train/cadence.py).
         self._guard = GuardedForward(run.wrapped, run.forward_model if run.compiled else None)
         self.cadence.compile_failed_here = lambda: self._guard.failed
+        settings = run.loader.settings
+        self._dynamic_width = (
+            run.compiled and settings is not None and not (settings.strategy.fixed_rows)
+        )
         if hooks is not None:
             # A measurement (pitstop profile, tune's trials) times its own steps, compile's
             # first one included: compiled from its first step, nothing measured here.
@@ -128,7 +132,13 @@ class Trainer:
         return next(self._batches)
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
-        return to_device(mb, self.run.device, self.run.choices["attention"].value)
+        batch = to_device(mb, self.run.device, self.run.choices["attention"].value)
+        if self._dynamic_width:
+            # Rows as wide as each micro-batch's longest (bucket): under torch.compile the
+            # width is a dynamic size from the first graph on, not a recompile (eager: no-op).
+            torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
+            torch._dynamo.maybe_mark_dynamic(batch["position_ids"], 1)
+        return batch
 
     def _loss(self, batch: DeviceBatch, model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
