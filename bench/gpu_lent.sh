@@ -3,7 +3,8 @@
 # device image lacks, the GPU self-test, then the GPU headline (HF Trainer, TRL, pitstop eager
 # and compiled, the bare loop), inside about 8 minutes. Results go to $OUT (the device tool's
 # folder that comes back; default bench/results/lent): selftest.txt, headline-gpu.md,
-# headline.json and each system's log; the models stay outside it.
+# headline.json, wheels.txt, gpu.txt, headline.txt and logs.tgz (each system's log tail):
+# 8 files at most, as the device tool brings back; the models stay outside it.
 #
 #   bash bench/gpu_lent.sh            # on the lent machine, from the repository root
 #
@@ -33,8 +34,11 @@ if [ ! -f "$OUT/headline-gpu.md" ] && [ -f "$WORK/headline/results.json" ]; then
         --out "$OUT/headline-gpu.md" 2>&1 | tail -20 | tee -a "$OUT/headline.txt"
 fi
 cp "$WORK/headline/results.json" "$OUT/headline.json" 2>/dev/null
+# Each system's log tail, in one archive: the device tool brings back at most 8 files.
+mkdir -p "$WORK/logs"
 for d in "$WORK"/headline/*/; do
     name="$(basename "$d")"
-    [ -f "$d/log.txt" ] && tail -c 20000 "$d/log.txt" > "$OUT/log-$name.txt"
+    [ -f "$d/log.txt" ] && tail -c 20000 "$d/log.txt" > "$WORK/logs/log-$name.txt"
 done
+tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
 echo "[gpu_lent] done: $(ls "$OUT" | tr '\n' ' ')"
