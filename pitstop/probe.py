@@ -94,15 +94,12 @@ def cpu_name() -> str:
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-# Test fake (docs/fault-injection.md): flags added to the CPU's own, so a test on a CPU
-# without native bf16 exercises the paths of one that has it (the timings stay this CPU's).
-ENV_TEST_CPU_FLAGS = "PITSTOP_TEST_CPU_FLAGS"
-
-
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (from /proc/cpuinfo; empty where it does not exist), plus any
-    a test adds through PITSTOP_TEST_CPU_FLAGS."""
-    extra = frozenset(os.environ.get(ENV_TEST_CPU_FLAGS, "").split())
+    a test adds (pitstop.core.faults: the test variable CPU_FLAGS)."""
+    from pitstop.core.faults import from_env
+
+    extra = from_env().cpu_flags
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

@@ -22,6 +22,9 @@ crash test give the same answer on a fast machine and on a loaded one.
     PITSTOP_TEST_CKPT_FAIL=K          writing checkpoint K fails as if the disk were full
     PITSTOP_TEST_COMPILE_FAILS_ON_RANK=R  no real torch.compile: rank R's compiled forward
                                       fails as a failed compile does (train/compile.py)
+    PITSTOP_TEST_CPU_FLAGS="f1 f2"    CPU flags added to /proc/cpuinfo's (probe.cpu_flags): a
+                                      CPU without avx512_bf16 takes the paths of one with it
+                                      (its timings stay this CPU's)
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class Faults:
     oom_rows: tuple[int, int] | None = None  # (step, rows)
     ckpt_fail: int | None = None
     compile_fails_on_rank: int | None = None
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)
 
     def reached(self, name: str, n: int | None = None) -> None:
         """The process is at fault point `name` (number `n`): die or hold if asked to."""
@@ -139,6 +143,7 @@ _KNOWN = frozenset(
         "OOM_ROWS",
         "CKPT_FAIL",
         "COMPILE_FAILS_ON_RANK",
+        "CPU_FLAGS",
     }
 )
 
@@ -179,4 +184,5 @@ def from_env(environ: Mapping[str, str] | None = None) -> Faults:
         compile_fails_on_rank=_int(PREFIX + "COMPILE_FAILS_ON_RANK", v)
         if (v := get("COMPILE_FAILS_ON_RANK"))
         else None,
+        cpu_flags=frozenset((get("CPU_FLAGS") or "").split()),
     )
