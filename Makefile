@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # a fresh clone tests what the last green run tested, not whatever was released since.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo test test-fast bench lint format soak soak-load clean test-oldest test-newest lock
+.PHONY: install demo test test-clients test-fast bench lint format soak soak-load clean test-oldest test-newest lock
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,13 @@ CHROMIUM_INSTALL = command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && ap
 
 test: $(STAMP)
 	$(CHROMIUM_INSTALL)
-	$(PY) -m pytest -n 2 --durations=15
+	$(PY) -m pytest -n 2 --durations=15 -m "not clients"
+
+# The real-client suite (tests/test_clients.py): pitstop on nanoGPT-style, accelerate,
+# Lightning, Trainer and TRL programs, each a process of its own; CI runs it after `make test`.
+# Each program's runs are one xdist group (they share a module fixture), so none runs twice.
+test-clients: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=10 -m clients
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow"

@@ -1,11 +1,12 @@
 """File-system faults as errors a user can act on: the path, the errno, and what is safe.
 
-A full disk, a read-only or vanished directory, or a permission problem can strike
-anywhere in `prepare`, `train` or `report`; without this each surfaced as a traceback
-(or several chained ones) naming a Python function. `file_errors()` wraps a command:
-an `OSError` of that kind becomes a `FileSystemError` that names the path (or, where
-the OS gives none, as for a `write()` on a full disk, where the command was writing),
-the errno, and what the command leaves safe: what was written and what to resume from.
+A full disk, a file-size limit, a read-only or vanished directory, or a permission
+problem can strike anywhere in `prepare`, `train` or `report`; without this each
+surfaced as a traceback (or several chained ones) naming a Python function.
+`file_errors()` wraps a command: an `OSError` of that kind becomes a `FileSystemError`
+that names the path (or, where the OS gives none, as for a `write()` on a full disk,
+where the command was writing), the errno, and what the command leaves safe: what was
+written and what to resume from.
 
 A second failure while shutting down (writing a summary into a directory that has
 just vanished) must not hide the first: the exception chain is searched for the
@@ -29,6 +30,9 @@ HANDLED = {
     errno.ENOENT: "no such file or directory (it was removed or never existed)",
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
+    # A file-size limit (`ulimit -f`; Python ignores the SIGXFSZ that would kill the
+    # process) or the file system's largest file: the disk is not full, the file is.
+    errno.EFBIG: "the file is larger than this process may write",
 }
 FIXES = {
     errno.ENOSPC: "free space on that disk (or point the command elsewhere)",
@@ -37,6 +41,10 @@ FIXES = {
     errno.ENOENT: "check that the path exists and nothing removes it while pitstop runs",
     errno.EACCES: "fix the permissions or give a location you can write",
     errno.EPERM: "fix the permissions or give a location you can write",
+    errno.EFBIG: (
+        "raise the file-size limit (`ulimit -f`; `ulimit -f unlimited` lifts it) or write "
+        "to a file system that holds larger files"
+    ),
 }
 
 

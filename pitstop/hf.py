@@ -457,6 +457,7 @@ class PitstopCallback(TrainerCallback):
         )
         startup = p.get("worker_startup") or {}
         profile = {
+            "model_shapes": p.get("model_shapes"),
             "warmup_steps": p.get("warmup"),
             "tokens_per_second": p.get("tokens_per_second"),
             "time_breakdown_steps": f"the {len(self._steps) - warm} steps after {warm} warm-up",

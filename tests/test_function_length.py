@@ -24,8 +24,6 @@ MAX_LINES = 80
 ALLOWED: dict[str, int] = {
     "pitstop/batching/auto.py:choose_batching": 201,
     "pitstop/batching/microsize.py:choose_micro_rows": 82,
-    "pitstop/data/prepare.py:_write": 118,
-    "pitstop/data/prepare.py:prepare_data": 147,
 }
 
 

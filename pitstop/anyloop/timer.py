@@ -118,6 +118,7 @@ class Watch:
         self._eval_steps: set[int] = set()  # the steps (1-based) an evaluation ran in
         self._in_eval_forward = False
         self._closure_s = 0.0  # this step's time inside optimizer.step(closure)'s closure
+        self._forward_rows: list[int] = []  # rows of each training forward (the micro-batch)
         self._program: Program | None = None  # what runs the loop: see anyloop/program.py
 
     @property
@@ -352,6 +353,7 @@ class Watch:
             kind = self._forward_kind(module)
             if kind == "train":
                 self._rec  # noqa: B018  (made before the step's clock starts)
+                self._in_eval_forward = False  # an evaluation forward that raised ended there
                 self._end_eval()
                 self._open_if_needed()
                 self._micro[-1] += 1
@@ -385,6 +387,7 @@ class Watch:
         if counts is not None:
             add_counts(cur, counts)
             cur["forward_counted"] = True
+            self._forward_rows.append(counts.rows)
         loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
         if loss is None and isinstance(output, (tuple, list)):  # nanoGPT: (logits, loss)
             loss = next((x for x in output[1:] if _scalar(x)), None)
@@ -578,6 +581,9 @@ class Watch:
             observed = {k: hf[k] for k in ("bf16", "fp16", "gradient_accumulation_steps")}
             hf = {**hf, **program.args, **observed, "max_steps": hf["max_steps"]}
             loader = None
+        if loader is None and self._forward_rows and not program.args:  # batches cut by hand
+            rows = sorted(self._forward_rows)
+            hf["per_device_train_batch_size"] = rows[len(rows) // 2]
         if loader is not None:
             hf.update(
                 per_device_train_batch_size=getattr(loader, "batch_size", None) or 1,

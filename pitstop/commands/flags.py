@@ -35,8 +35,9 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
     "data": (
         "data", "model", "tokenizer", "output", "cache_dir", "format", "split", "text_field",
         "prompt_field", "completion_field", "instruction_field", "input_field", "output_field",
-        "messages_field", "template", "max_seq_len", "workers", "on_bad_record", "long_docs",
-        "train_on_prompt", "trust_remote_code", "recheck_data",
+        "messages_field", "template", "max_seq_len", "workers", "on_bad_record",
+        "max_record_seconds", "long_docs", "train_on_prompt", "trust_remote_code",
+        "recheck_data",
     ),
     "batching": (
         "batching", "tokens_per_step", "micro_batch_size", "tokens_per_micro_batch",

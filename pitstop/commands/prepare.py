@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from pitstop.core import log
     from pitstop.core.stopping import stop_on_signals
     from pitstop.data.prepare import format_stats, prepare_data
-    from pitstop.data.stats import eos_only_message
+    from pitstop.data.stats import eos_only_message, slow_records_message
 
     # SIGTERM too ends through prepare's cleanup: the partial store removed, the tokenizer
     # workers stopped (Python's default would end the process around both).
@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_stats(result.stats))
         hit = "cache hit" if result.cache_hit else f"prepared in {result.seconds:.1f} s"
         print(f"\ntoken store: {result.store_path} ({hit})")
-    # After the table, so it is the last thing read; a store from before the count has none.
+    # After the table, so they are the last thing read; a store from before a count has none.
+    slow = slow_records_message(result.stats)
+    if slow:
+        log.warning(f"pitstop: warning: {slow}")
     info = result.stats.get("eos_only_documents")
     warning = eos_only_message(info, result.stats)
     if warning:

@@ -150,6 +150,12 @@ def _add_script_flags(p: argparse.ArgumentParser) -> None:
         help="with -- COMMAND: measured optimizer steps per trial (default: 12)",
     )
     p.add_argument(
+        "--max-pairs",
+        default=None,
+        help="with -- COMMAND: baseline/trial pairs per fix at most (default: 3); a verdict "
+        "needs 2, so 1 measures each fix once, with its band, and calls none faster",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="with -- COMMAND: print the plan (trials, safety, budget) and run nothing",
@@ -283,6 +289,7 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
         budget_seconds=budget,
         steps=steps,
         allow_batch_changes=args.allow_batch_changes,
+        max_pairs=int(args.max_pairs or script.MAX_ROUNDS),
         log=lambda msg: log.info(f"pitstop tune: {msg}"),
     )
     if args.json:

@@ -36,6 +36,10 @@ OnOffAuto = Literal["auto", "on", "off"]
 Device = Literal["auto", "cpu", "cuda"]
 Attention = Literal["auto", "flash_attention_2", "flex_attention", "sdpa_docs", "sdpa", "eager"]
 
+# --max-record-seconds: normal records render in milliseconds; one that takes a minute is a
+# template far worse than linear in the turns, and would hold every later chunk back.
+DEFAULT_MAX_RECORD_SECONDS = 60.0
+
 PREPARE = "prepare"
 TRAIN = "train"
 # Commands that run training steps take every training flag.
@@ -83,6 +87,11 @@ class RunConfig:
     workers: int = _f(0, "tokenizer processes for prepare (0 = one per CPU core)")
     on_bad_record: Literal["error", "skip"] = _f(
         "error", "what to do with a record that cannot be read"
+    )
+    max_record_seconds: float = _f(
+        DEFAULT_MAX_RECORD_SECONDS,
+        "seconds rendering one record (a chat template) may take; a record still rendering "
+        "then is skipped and counted (0 = no limit)",
     )
     long_docs: Literal["split", "truncate", "drop"] = _f(
         "split", "documents longer than --max-seq-len: split into chunks, truncate, or drop"
@@ -497,6 +506,8 @@ def _schedule_problems(cfg: RunConfig) -> list[str]:
         p.append(f"--lr must be positive, got {cfg.lr}")
     if not 0 <= cfg.min_lr_ratio <= 1:
         p.append(f"--min-lr-ratio must be between 0 and 1, got {cfg.min_lr_ratio}")
+    if cfg.max_record_seconds < 0:
+        p.append("--max-record-seconds must be 0 (no limit) or positive")
     if cfg.max_grad_norm < 0:
         p.append("--max-grad-norm must be 0 (off) or positive")
     return p

@@ -138,6 +138,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "max_grad_norm": FlagRange(0, 1e6, "0 (no clipping) or a norm, e.g. 1.0"),
     "lora_alpha": FlagRange(0, 1e6, "the LoRA scale's numerator, e.g. 32", lo_open=True),
     "save_minutes": FlagRange(0, 1e7, "minutes between checkpoints, e.g. 30"),
+    "max_record_seconds": FlagRange(0, 1e7, "0 (no limit) or seconds per record, e.g. 60"),
     "gpus": FlagRange(1, MAX_GPUS, "GPU counts, e.g. 1,2,4,8", integer=True, many=True),
     "rerun": FlagRange(1, 1000, "times to rerun each run, e.g. 3", integer=True),
     "nproc": FlagRange(1, MAX_GPUS, "processes (GPUs) of the run, e.g. 8", integer=True),
@@ -149,6 +150,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "memory_cap_gb": FlagRange(0, 1e5, "memory a trial may use in GB, e.g. 40", lo_open=True),
     "trial_warmup": FlagRange(0, MAX_STEPS_FLAG, "steps left out per trial, e.g. 2", integer=True),
     "trial_steps": FlagRange(1, MAX_STEPS_FLAG, "measured steps per trial, e.g. 30", integer=True),
+    "max_pairs": FlagRange(1, 100, "baseline/trial pairs per fix, e.g. 3", integer=True),
 }
 
 # Each command's numeric flags outside RunConfig (the RunConfig flags of prepare, train,
@@ -164,7 +166,7 @@ COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "doctor": ("nproc", "cpus", "lora_r"),
     "demo": ("max_steps",),
     "profile": ("steps", "warmup"),
-    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps", "steps"),
+    "tune": ("budget_seconds", "memory_cap_gb", "trial_warmup", "trial_steps", "steps", "max_pairs"),
 }  # fmt: skip
 
 

@@ -52,6 +52,8 @@ POINTS: dict[str, str] = {
     "into place (the last checkpoint may still be being written)",
     "export-write": "written the merged model's files (export --merge, --merge-lora) into its "
     "partial directory, not yet renamed into place",
+    "prepare-chunk": "written chunk N's arrays (1-based, in input order) into the token "
+    "store's partial directory; no manifest yet",
 }
 HOLD_SECONDS_MAX = 600.0  # a held process whose test died goes on by itself
 

@@ -265,6 +265,23 @@ def eos_only_message(info: dict[str, Any] | None, stats: dict[str, Any]) -> str 
     )
 
 
+def slow_records_message(stats: dict[str, Any]) -> str | None:
+    """A warning when records were skipped for --max-record-seconds; None when none were."""
+    info = stats.get("slow_records") or {}
+    n = int(info.get("count") or 0)
+    if not n:
+        return None
+    first = (info.get("examples") or [{}])[0]
+    where = f" (first: {first['where']}: {first['what']})" if first else ""
+    return (
+        f"{n:,} record{'s' if n > 1 else ''} skipped: still rendering after "
+        f"{info.get('limit_seconds', 0):g} s (--max-record-seconds){where}; not in the store. "
+        "A chat template that loops over the messages inside a loop over them is the usual "
+        "cause: simplify it or split long conversations, or pass --max-record-seconds 0 to "
+        "wait for them however long they take"
+    )
+
+
 def format_stats(stats: dict[str, Any]) -> str:
     """The human-readable table printed by `pitstop prepare`."""
     s = stats
@@ -287,6 +304,14 @@ def format_stats(stats: dict[str, Any]) -> str:
     lines.append(f"bad records      {bad:>14,}   {'(skipped)' if bad else ''}".rstrip())
     for ex in s.get("bad_examples", [])[:10]:
         lines.append(f"    {ex['where']}: {ex['reason']}")
+    slow = s.get("slow_records") or {}
+    if slow.get("count"):
+        lines.append(
+            f"slow records     {slow['count']:>14,}   (skipped: still rendering after "
+            f"{slow.get('limit_seconds', 0):g} s, --max-record-seconds)"
+        )
+        for ex in slow.get("examples", [])[:10]:
+            lines.append(f"    {ex['where']}: {ex['what']}")
     dl = s.get("document_length", {})
     lines += [
         "",

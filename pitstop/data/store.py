@@ -18,7 +18,7 @@ into consecutive chunks (or truncated or dropped) at prepare time, so batching o
 ever arranges sequences. A document's first token never carries loss (nothing
 before it in the document predicts it); `mask` marks targets only.
 
-Atomicity: a writer fills `<dest>.partial-<random>/`, writes the manifest last,
+Atomicity: a writer fills `<dest>.partial-<pid>-<random>/`, writes the manifest last,
 fsyncs, and renames the directory into place. A directory without a manifest, or
 whose files do not match the manifest's counts, is never opened as a store.
 
@@ -97,7 +97,10 @@ class StoreWriter:
     def __init__(self, dest: str | Path, vocab_size: int) -> None:
         self.dest = Path(dest)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.dest.parent / f"{self.dest.name}.partial-{secrets.token_hex(4)}"
+        # The pid tells a later prepare whether this directory's writer is still alive.
+        self.tmp = (
+            self.dest.parent / f"{self.dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        )
         self.tmp.mkdir()
         self.dtype = token_dtype(vocab_size)
         self._files = {name: open(self.tmp / name, "wb") for name in WRITTEN}  # noqa: SIM115

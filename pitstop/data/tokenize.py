@@ -27,7 +27,8 @@ Memory per record is bounded: a text longer than PIECE_CHARS is tokenized in pie
 (`tokenizers` holds ~150 bytes per character of what it encodes at once: 8 GB for one
 64 MB record), cut only where the cut is verified to give the same ids (`_cut`).
 A record over MAX_RECORD_BYTES (readers.py) is a bad record with its size and the fix.
-A record that takes SLOW_RECORD_SECONDS is named on stderr while it runs (`_Watch`).
+A record that takes SLOW_RECORD_SECONDS is named on stderr while it runs (`_Watch`), and
+one whose rendering passes --max-record-seconds is skipped and counted (`time_limit.py`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import traceback
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from pitstop.data import readers
 from pitstop.data.readers import Chunk
 from pitstop.data.records import BadRecord, Fields, Record, parse_json_line, parse_record
 from pitstop.data.store import target_free_documents
+from pitstop.data.time_limit import RecordTimeout, RenderLimit
 
 ALPACA_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides "
@@ -90,6 +92,35 @@ class Settings:
     train_on_prompt: bool
     skip_bad: bool
     token_dtype: str
+    max_record_seconds: float = 0.0  # rendering one record longer: skipped (0: no limit)
+
+
+class ChunkResult(TypedDict, total=False):
+    """What a worker returns for one chunk (`process_chunk`): the arrays to append, its
+    counts, and the records it skipped with where and why; or `fatal` with the first bad
+    record (when bad records are not skipped); or `crash`, a worker's traceback."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    seq_len: np.ndarray  # tokens per sequence
+    seq_doc: np.ndarray  # each sequence's document, within the chunk
+    doc_len: np.ndarray  # tokens per document
+    targets: int
+    long: int
+    extra_chunks: int
+    targets_lost: int
+    tokens_removed: int
+    targets_removed: int
+    bad: list[tuple[str, str]]  # (where, reason), the first MAX_BAD_EXAMPLES
+    n_bad: int
+    slow: list[tuple[str, str]]  # (where, what): rendering passed --max-record-seconds
+    n_slow: int
+    n_records: int
+    kinds: dict[str, int]
+    docs_held: int
+    eos_only: dict[str, int]
+    fatal: bool
+    crash: str
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
@@ -357,39 +388,48 @@ class Worker:
         return text, spans
 
     # --- one chunk -------------------------------------------------------------
-    def process(self, chunk: Chunk) -> dict[str, Any]:
+    def process(self, chunk: Chunk) -> ChunkResult:
         bad: list[tuple[str, str]] = []
-        n_bad = 0
+        slow: list[tuple[str, str]] = []  # rendering passed --max-record-seconds: skipped
+        n_bad = n_slow = 0
         texts: list[str] = []
         spans: list[list[tuple[int, int]] | None] = []
         kinds: dict[str, int] = {}
         doc_kinds: list[str] = []
         locs: list[str] = []
         recs = self.records(chunk)
-        for loc, rec in recs:
-            try:
-                if isinstance(rec, BadRecord):
-                    raise rec
-                with _WATCH.record(loc, rec, "rendering it"):
-                    text, sp = self.render(rec)
-                if (
-                    len(text) > readers.MAX_RECORD_BYTES
-                ):  # from a format read whole: Parquet, CSV...
-                    raise too_long(len(text), unit="characters")
-            except BadRecord as e:
-                n_bad += 1
-                if len(bad) < MAX_BAD_EXAMPLES:
-                    bad.append((loc, e.reason))
-                if not self.s.skip_bad:
-                    return {"fatal": True, "bad": bad, "n_records": len(recs)}
-                continue
-            kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
-            doc_kinds.append(rec.kind)
-            texts.append(text)
-            spans.append(sp)
-            locs.append(loc)
-        out = self.tokenize(texts, spans, locs)
-        out.update(bad=bad, n_bad=n_bad, n_records=len(recs), kinds=kinds)
+        limit_s = self.s.max_record_seconds
+        with RenderLimit(limit_s) as limit:
+            for loc, rec in recs:
+                try:
+                    if isinstance(rec, BadRecord):
+                        raise rec
+                    with _WATCH.record(loc, rec, "rendering it", limit_s), limit.record():
+                        text, sp = self.render(rec)
+                    if (
+                        len(text) > readers.MAX_RECORD_BYTES
+                    ):  # from a format read whole: Parquet, CSV...
+                        raise too_long(len(text), unit="characters")
+                except RecordTimeout:
+                    n_slow += 1
+                    if len(slow) < MAX_BAD_EXAMPLES:
+                        slow.append((loc, _WATCH.describe(rec)))
+                    continue
+                except BadRecord as e:
+                    n_bad += 1
+                    if len(bad) < MAX_BAD_EXAMPLES:
+                        bad.append((loc, e.reason))
+                    if not self.s.skip_bad:
+                        return {"fatal": True, "bad": bad, "n_records": len(recs)}
+                    continue
+                kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
+                doc_kinds.append(rec.kind)
+                texts.append(text)
+                spans.append(sp)
+                locs.append(loc)
+        out = cast(ChunkResult, self.tokenize(texts, spans, locs))
+        out.update(bad=bad, n_bad=n_bad, slow=slow, n_slow=n_slow, n_records=len(recs))
+        out.update(kinds=kinds)
         offsets = np.r_[0, np.cumsum(out["seq_len"])]
         held, free = target_free_documents(out["mask"], offsets, out["seq_doc"])
         eos_only: dict[str, int] = {}
@@ -688,7 +728,7 @@ class _Watch:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._now: list[Any] | None = None  # [where, what, stage, start, warned]
+        self._now: list[Any] | None = None  # [where, what, stage, start, warned, limit_s]
         self._running = False
 
     def _begin(self, state: list[Any]) -> None:
@@ -709,14 +749,16 @@ class _Watch:
                 if idle >= 5:
                     self._running = False
                     return
-                if now is None or now[4] or time.monotonic() - now[3] < SLOW_RECORD_SECONDS:
+                if now is None or now[4] or time.monotonic() - now[3] < _warn_after(now[5]):
                     continue
                 now[4] = True
-            where, what, stage, start, _ = now
+            where, what, stage, start, _, limit_s = now
             what = self.describe(what)
             hint = ""
+            if limit_s:
+                hint += f" It is skipped if still {stage} at {limit_s:g} s (--max-record-seconds)."
             if stage == "rendering it" and what.startswith("a chat"):
-                hint = (
+                hint += (
                     " A chat template that loops over the messages inside a loop over the "
                     "messages takes time growing with the cube of the turns: simplify the "
                     "template, or split or drop very long conversations."
@@ -737,22 +779,24 @@ class _Watch:
             self.state[3] = time.monotonic()
             self.watch._begin(self.state)
 
-        def __exit__(self, *exc: object) -> None:
+        def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
             if self.state is None:
                 return
             with self.watch._lock:
                 self.watch._now = None
             if self.state[4]:
-                _say(
-                    f"pitstop: {self.state[0]}: done after {time.monotonic() - self.state[3]:.0f} s"
-                )
+                seconds = time.monotonic() - self.state[3]
+                if exc_type is RecordTimeout:
+                    _say(f"pitstop: {self.state[0]}: skipped after {seconds:.0f} s")
+                else:
+                    _say(f"pitstop: {self.state[0]}: done after {seconds:.0f} s")
 
     def one(self, where: str, what: str, stage: str) -> _Watch._Span:
-        return self._Span(self, [where, what, stage, 0.0, False])
+        return self._Span(self, [where, what, stage, 0.0, False, 0.0])
 
-    def record(self, where: str, rec: Record, stage: str) -> _Watch._Span:
+    def record(self, where: str, rec: Record, stage: str, limit_s: float = 0.0) -> _Watch._Span:
         # The record itself: described only if it turns out slow (cheap per record).
-        return self._Span(self, [where, rec, stage, 0.0, False])
+        return self._Span(self, [where, rec, stage, 0.0, False, limit_s])
 
     @staticmethod
     def describe(what: Any) -> str:
@@ -769,6 +813,12 @@ class _Watch:
             return self._Span(self, None)
         where = locs[0] if len(locs) == 1 else f"{locs[0]} to {locs[-1].rsplit(':', 1)[-1]}"
         return self.one(where, f"one of {len(locs):,} records tokenized together", stage)
+
+
+def _warn_after(limit_s: float) -> float:
+    """When a record is named: SLOW_RECORD_SECONDS, or half its limit if that comes first
+    (so it is named before it is skipped)."""
+    return min(SLOW_RECORD_SECONDS, limit_s / 2) if limit_s > 0 else SLOW_RECORD_SECONDS
 
 
 _WATCH = _Watch()
@@ -812,7 +862,7 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="pitstop-parent-watch", daemon=True).start()
 
 
-def process_chunk(chunk: Chunk) -> dict[str, Any]:
+def process_chunk(chunk: Chunk) -> ChunkResult:
     """Worker entry point: never raises, so the parent always gets a readable message."""
     try:
         assert _WORKER is not None, "init_worker was not called"

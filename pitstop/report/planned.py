@@ -19,7 +19,12 @@ from pitstop.core import run_record
 from pitstop.core.errors import ConfigError, DataError
 from pitstop.core.hub import model_dir
 from pitstop.core.run_record import RunSummary, read_summary
-from pitstop.measure.cost_model import shape_from_model_dir, shape_from_params
+from pitstop.measure.cost_model import (
+    ModelShape,
+    shape_from_config,
+    shape_from_model_dir,
+    shape_from_params,
+)
 from pitstop.report.estimate import (
     DEFAULT_HEADROOM,
     DEFAULT_SCALING,
@@ -369,6 +374,7 @@ class _MeasuredRun:
     model: str | None = None  # the model directory to price: the user's, else the run's
     run_model: str | None = None  # the run's model, where the user named none
     tokens: DataTokens | None = None  # the run's own trained tokens, where no data was given
+    shape: ModelShape | None = None  # a model without a directory: read off its layers
 
 
 def _estimate(ask: _PlannedRun) -> Estimate:
@@ -381,9 +387,14 @@ def _estimate(ask: _PlannedRun) -> Estimate:
     run = _measured_run(ask)
     kept = _kept_settings(ask, run)
     max_seq_len = kept.get("max_seq_len", kept.get("measured_seq_len", ask.max_seq_len))
-    assert run.model is not None or ask.params is not None  # estimate_problems checked it
     model = run.model
-    shape = shape_from_model_dir(model) if model else shape_from_params(float(ask.params or 0))
+    if model:
+        shape = shape_from_model_dir(model)
+    elif run.shape is not None:
+        shape = run.shape
+    else:
+        assert ask.params is not None  # _measured_run checked it
+        shape = shape_from_params(float(ask.params))
     toks = run.tokens or data_tokens(
         ask.data, ask.tokens, model_dir=model, max_seq_len=max_seq_len, cache_dir=ask.cache_dir
     )
@@ -427,8 +438,9 @@ def _measured_run(ask: _PlannedRun) -> _MeasuredRun:
         model = run_model = run_defaults(profile, summary)[0]
     if profile is not None and not ask.data and ask.tokens is None:
         run_tokens = run_defaults(profile, summary)[1]
+    shape = recorded_shape(summary) if not model and ask.params is None else None
     missing = []
-    if not model and ask.params is None:
+    if not model and ask.params is None and shape is None:
         missing.append(
             f"--from-profile {ask.from_profile}: the run's summary names no model directory; "
             "give --model DIR (exact) or --params N (a rough Llama-shaped guess)"
@@ -451,7 +463,23 @@ def _measured_run(ask: _PlannedRun) -> _MeasuredRun:
             )
     if missing:
         raise ConfigError(missing, header=f"invalid estimate ({len(missing)} problem(s)):")
-    return _MeasuredRun(profile, step, model, run_model, run_tokens)
+    return _MeasuredRun(profile, step, model, run_model, run_tokens, shape)
+
+
+def recorded_shape(summary: RunSummary | None) -> ModelShape | None:
+    """The shape of a profiled model that has no directory (a plain loop's own `nn.Module`),
+    as the watch read it off its layers (summary.json's profile.model_shapes), or None.
+    Heads are not recorded: 64-wide heads are assumed (they change only the attention
+    memory's estimate, not the FLOPs)."""
+    shapes = (summary.profile or {}).get("model_shapes") if summary is not None else None
+    if not isinstance(shapes, dict) or not shapes.get("num_hidden_layers"):
+        return None
+    hidden = int(shapes.get("hidden_size") or 0)
+    config = {**shapes, "num_attention_heads": max(1, hidden // 64)}
+    try:
+        return shape_from_config(config, source="the profiled model's layers")
+    except DataError:
+        return None
 
 
 def _kept_settings(ask: _PlannedRun, run: _MeasuredRun) -> PlanSettings:

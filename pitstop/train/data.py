@@ -29,7 +29,7 @@ from pitstop.core.config import RunConfig
 from pitstop.core.errors import ConfigError
 from pitstop.core.run_record import PlannedEfficiency
 from pitstop.data.prepare import open_store
-from pitstop.data.stats import eos_only_message
+from pitstop.data.stats import eos_only_message, slow_records_message
 from pitstop.data.store import check_vocab
 from pitstop.probe import Choice
 
@@ -64,6 +64,9 @@ def open_training_store(cfg: RunConfig) -> Any:
     store = open_store(cfg)
     check_vocab(store, cfg.model)  # an id past the embedding fails mid-step otherwise
     check_targets(store, cfg)
+    slow = slow_records_message(store.manifest.get("stats") or {})
+    if slow:
+        log.warning(f"pitstop: warning: {slow}")
     return store
 
 

@@ -202,12 +202,14 @@ class _Search:
         budget_seconds: float,
         bf16_native: bool,
         log: Callable[[str], None],
+        max_pairs: int = MAX_ROUNDS,
     ) -> None:
         self.command, self.output, self.runner = command, output, runner
         self.steps, self.warmup = steps, warmup
         self.deadline = time.monotonic() + budget_seconds
         self.bf16_native = bf16_native
         self.log = log
+        self.max_pairs = max_pairs
         self.n = 0
         self.trial_seconds: list[float] = []
 
@@ -240,7 +242,7 @@ class _Search:
     def measure(self, cand: Candidate, base_dir: Path | None, floor: float) -> Result:
         """Alternate baseline and candidate until judged apart, MAX_ROUNDS, or the budget."""
         res = Result(cand)
-        while len(res.rounds) < MAX_ROUNDS:
+        while len(res.rounds) < self.max_pairs:
             if base_dir is None:
                 if not self.fits(2):
                     break
@@ -289,7 +291,9 @@ def _user_fields(applied: Applied, cand: Candidate) -> dict[str, Value]:
     if "per_device_train_batch_size" in keys:
         keys.add("gradient_accumulation_steps")
     if "bf16" in keys:
-        keys.add("fp16")
+        keys |= {"fp16", "use_cpu"}
+    if "padding_free" in keys:
+        keys.add("max_length")  # set to None with it where the script had one
     return {k: args[k] for k in sorted(keys) if k in args}
 
 
@@ -303,6 +307,7 @@ def tune_script(
     warmup: int = DEFAULT_WARMUP,
     allow_batch_changes: bool = False,
     device: DeviceInfo | None = None,
+    max_pairs: int = MAX_ROUNDS,
     log: Callable[[str], None] = lambda _: None,
 ) -> ScriptTuneReport:
     """Baseline, plan, candidates measured against the baseline, winners combined."""
@@ -321,6 +326,7 @@ def tune_script(
         budget_seconds=budget_seconds,
         bf16_native=False,
         log=log,
+        max_pairs=max_pairs,
     )
     base_dir, rc, applied = search.run("baseline", None)
     if rc != 0 or not (base_dir / SUMMARY).is_file():
@@ -519,11 +525,12 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
         lines.append("  ".join("-" * w for w in widths))
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    else:
-        lines.append("no fix the doctor proposed can be applied from outside the script")
-    lines.append("(measured: steady throughput of the trial / the baseline's, band as compare's)")
+        lines.append(
+            "(measured: steady throughput of the trial / the baseline's, band as compare's)"
+        )
     for n in rep.plan.not_tried:
-        lines.append(f"not tried: {n.fix}: {n.reason}")
+        if n.fix != "anything":  # said in the last line
+            lines.append(f"not tried: {n.fix}: {n.reason}")
     for r in rep.held_back:
         lines.append(
             f"held back: {r.candidate.name} is faster but {r.candidate.math} "
@@ -531,7 +538,9 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         )
     lines.append("")
     code = settings_code(rep)
-    if not code:
+    if not rep.results:
+        lines.append(f"nothing was tried: {_why_nothing(rep)}; keep the script's settings")
+    elif not code:
         lines.append("no change beats the noise: keep the script's settings")
     else:
         if rep.combined is not None:
@@ -543,6 +552,17 @@ def format_script_report(rep: ScriptTuneReport) -> str:
         f"report); settings as JSON: {rep.output / TUNED}"
     )
     return "\n".join(lines)
+
+
+def _why_nothing(rep: ScriptTuneReport) -> str:
+    """Why the plan holds no candidate: the doctor found nothing, or nothing it found can
+    be changed from outside the script."""
+    if any(n.fix == "anything" for n in rep.plan.not_tried):
+        return "the doctor found nothing to change in the baseline run"
+    return (
+        "no fix the doctor proposed can be applied from outside the script (its findings: "
+        f"{Path(rep.baseline) / FINDINGS})"
+    )
 
 
 def format_dry_run(

@@ -85,7 +85,7 @@ def make_plan(
     p.optimizer_and_compile()
     p.micro_batch_split()
     p.rows_of_a_step()
-    if not p.trainer and p.cands == [] and not findings:
+    if p.cands == [] and not findings:
         p.skip.append(NotTried("anything", "the doctor found nothing to change"))
     return Plan("trainer" if p.trainer else "loop", p.cands, p.skip)
 

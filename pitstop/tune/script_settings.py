@@ -148,6 +148,12 @@ def training_args_overrides(
             refused[key] = "TF32 exists on CUDA GPUs only"
         elif key in ("packing", "padding_free") and key not in current:
             refused[key] = "not a field of this script's config (TRL's SFTConfig has it)"
+        elif key == "padding_free" and value and not current.get("packing"):
+            # TRL refuses padding_free without packing while max_length is set (it would not
+            # be enforced): the trial trains rows whole, which the candidate's label says.
+            out["padding_free"] = True
+            if current.get("max_length") is not None:
+                out["max_length"] = None
         elif key == "per_device_train_batch_size":
             micro = int(current.get("per_device_train_batch_size") or 1)
             accum = int(current.get("gradient_accumulation_steps") or 1)
@@ -162,6 +168,10 @@ def training_args_overrides(
                 out["activation_checkpointing"] = value  # its name from transformers 5 on
         if key == "bf16" and key in out:
             out["fp16"] = False  # bf16 replaces fp16; both on is a TrainingArguments error
+            if value and not cuda:
+                # TrainingArguments refuses bf16 on a machine without a GPU unless told the
+                # run is on the CPU (its bf16 is then CPU autocast).
+                out["use_cpu"] = True
     if int(out.get("dataloader_num_workers", current.get("dataloader_num_workers")) or 0) == 0:
         out.pop("dataloader_persistent_workers", None)  # only valid with workers
         out.pop("dataloader_prefetch_factor", None)

@@ -6,7 +6,8 @@ returns AdamW), automatic optimization (Lightning runs forward and backward insi
 `optimizer.step(closure)`), and `L.Trainer(max_steps=..., val_check_interval=...,
 limit_val_batches=...)`.
 
-`--truth FILE`: the optimizer steps, and the seconds of `trainer.fit`.
+`--truth FILE`: the optimizer steps, the seconds of `trainer.fit` after the first training
+batch (a warm-up), and the seconds of validation in them (Lightning's own hooks).
 
     python tests/clients/lightning_loop.py MODEL_DIR [--steps 30] [--val-every 10]
 """
@@ -25,6 +26,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import texts, write_truth
+
+
+class Clock(L.Callback):
+    """The seconds from the end of the first training batch (a warm-up) to the end of fit,
+    and the seconds of the validation loops in them (Lightning's own hooks)."""
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+        self.val_seconds = 0.0
+        self._val_t0 = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.t0 is not None:
+            self.val_seconds += time.perf_counter() - self._val_t0
 
 
 class LitLM(L.LightningModule):
@@ -75,9 +97,15 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    t0 = time.perf_counter()
+    clock = Clock()
+    trainer.callbacks.append(clock)
     trainer.fit(LitLM(a.model), train, val if a.val_every else None)
-    write_truth(a.truth, steps=trainer.global_step, seconds=time.perf_counter() - t0)
+    write_truth(
+        a.truth,
+        steps=trainer.global_step,
+        seconds=time.perf_counter() - clock.t0,
+        val_seconds=clock.val_seconds,
+    )
 
 
 if __name__ == "__main__":
