@@ -73,21 +73,10 @@ def _lightning(work: Path, model: Path, evaluate: bool, n: int) -> tuple[dict, f
 
 def _trl_data(work: Path) -> Path:
     sys.path.insert(0, str(CLIENTS))
-    from _common import texts
+    from _common import prompt_completion_data
 
     data = work / "trl-data"
-    if data.is_dir():
-        return data
-    data.mkdir()
-    rows = texts(260, 3)
-    for name, part in (("train", rows[:200]), ("test", rows[200:])):
-        with (data / f"{name}.jsonl").open("w") as f:
-            for x in part:
-                w = x.split()
-                k = max(1, len(w) // 3)
-                rec = {"prompt": " ".join(w[:k]), "completion": " " + " ".join(w[k:])}
-                f.write(json.dumps(rec) + "\n")
-    return data
+    return data if data.is_dir() else prompt_completion_data(data)
 
 
 def _trl(work: Path, model: Path, evaluate: bool, n: int) -> tuple[dict, float]:

@@ -92,8 +92,16 @@ the same function for every trained model.
 Every system runs in its own subprocess (``python -m bench.headline --system NAME``)
 so none inherits another's imports, threads or allocator state.
 
+``--long`` (issue 46): a run long enough for torch.compile to repay its compile: every
+chapter but the held-out ones on a CPU, the GPU's corpus five times over; it adds
+``hf_compile`` (the HF Trainer with ``torch_compile=True`` and bf16 where the CPU has native
+bf16, fp32 elsewhere; always bf16 on a GPU) and ``pitstop_compiled`` (``--compile on``), and
+its goal is pitstop ≥ 1.3× the compiled HF Trainer. ``--sweep 8`` runs the GPU's swept
+systems at one micro-batch (a lent GPU's minutes).
+
 Usage:
     python -m bench.headline            # full CPU run, writes bench/results/headline.md
+    python -m bench.headline --long     # the long run with the compiled peers (-long.md)
     python -m bench.headline --quick    # a tiny run for the smoke test (< 1 min)
     python -m bench.headline --gpu      # bf16, a ~1B Llama, flash-attn when installed
     python -m bench.headline --gpu --vocab 32768   # the same with a 32k vocabulary
@@ -128,8 +136,11 @@ from bench.common import (
     write_result,
 )
 
-PEERS = ("hf_slow", "hf_dynamic", "hf_bf16", "trl")
-SYSTEMS = (*PEERS, "pitstop", "pitstop_mb", "pitstop_tuned", "ceiling")
+PEERS = ("hf_slow", "hf_dynamic", "hf_bf16", "hf_compile", "trl")
+SYSTEMS = (*PEERS, "pitstop", "pitstop_compiled", "pitstop_mb", "pitstop_tuned", "ceiling")
+# --long (a run long enough for torch.compile to repay its compile): the compiled peer and
+# pitstop compiled join; hf_slow and hf_bf16 are the short run's.
+LONG_SYSTEMS = ("hf_dynamic", "hf_compile", "trl", "pitstop", "pitstop_compiled", "ceiling")
 # GPU mode leaves out hf_slow (padding every row to max length and tokenizing in
 # __getitem__ is no setting a competent GPU user picks); --systems can still ask for it.
 GPU_SYSTEMS = ("hf_dynamic", "trl", "pitstop", "ceiling")
@@ -137,8 +148,10 @@ LABELS = {
     "hf_slow": "HF Trainer, pad to max, tokenize in __getitem__",
     "hf_dynamic": "HF Trainer, dynamic padding + group_by_length + workers",
     "hf_bf16": "HF Trainer, the same + bf16=True, use_cpu=True (bf16 autocast)",
+    "hf_compile": "HF Trainer, dynamic padding + torch_compile=True + bf16 (native bf16 only)",
     "trl": "TRL SFTTrainer, packing bfd + padding_free",
     "pitstop": "pitstop train (defaults)",
+    "pitstop_compiled": "pitstop train --compile on",
     "pitstop_mb": "pitstop train --micro-batch-size (swept)",
     "pitstop_tuned": "pitstop train (tuned config)",
     "ceiling": "ceiling: bare fwd/bwd/AdamW over packed batches in memory",
@@ -151,6 +164,7 @@ CHILD_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 GOAL_VS_PEER = 1.5
+GOAL_VS_COMPILED_PEER = 1.3  # --long: pitstop against the HF Trainer with torch_compile
 GOAL_VS_CEILING = 0.95
 GOAL_LOSS_GAP = 0.05
 
@@ -187,6 +201,9 @@ class Sizes:
     # Micro-batch sizes (rows or documents) every swept system runs at; each one's best is
     # reported (GPU: what a competent user would try on a big card; CPU: none, as before).
     sweep: tuple[int, ...] = ()
+    # --long: the training documents this many times over (shuffled), so that every system
+    # trains long enough for a compile to repay itself; the same tokens for all.
+    repeat: int = 1
 
 
 CPU_FULL = Sizes(
@@ -224,6 +241,10 @@ GPU_FULL = Sizes(
     timeout_s=3600,
     sweep=(4, 8, 16),
 )
+# --long: every chapter not held out; on a GPU, five times over (~2 minutes a system on an
+# H200 instead of ~21 s).
+CPU_LONG = dataclasses.replace(CPU_FULL, train_chapters=None, timeout_s=4 * 3600)
+GPU_LONG = dataclasses.replace(GPU_FULL, repeat=5, timeout_s=2 * 3600)
 # The systems whose micro-batch is swept in GPU mode (pitstop sizes its own: its defaults
 # are what is measured; --systems pitstop_mb sweeps its --micro-batch-size too).
 SWEPT = ("hf_dynamic", "trl", "ceiling", "pitstop_mb")
@@ -369,6 +390,9 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
         return [p for t in texts for p in split_chapter(t, tok, sizes.max_len)]
 
     train_docs, held_docs = pieces(train), pieces(held)
+    if sizes.repeat > 1:  # --long: the same documents several times over, shuffled
+        order = np.random.default_rng(args.data_seed).permutation(len(train_docs) * sizes.repeat)
+        train_docs = [train_docs[i % len(train_docs)] for i in order]
     lens = [len(ids) for ids in tok([d + tok.eos_token for d in train_docs])["input_ids"]]
     assert max(lens) <= sizes.max_len
     for name, docs in (("train.jsonl", train_docs), ("heldout.jsonl", held_docs)):
@@ -431,7 +455,9 @@ def build_setup(args: argparse.Namespace, sizes: Sizes, workdir: Path) -> Setup:
 
 
 def _vocab_suffix(args: argparse.Namespace) -> str:
-    return f"-v{args.vocab}" if getattr(args, "vocab", None) else ""
+    """The results file's and workdir's suffix beyond the mode: the vocabulary, --long."""
+    vocab = f"-v{args.vocab}" if getattr(args, "vocab", None) else ""
+    return vocab + ("-long" if getattr(args, "long", False) else "")
 
 
 def read_texts(path: str) -> list[str]:
@@ -646,7 +672,10 @@ def run_hf(setup: Setup, system: str, outdir: Path, micro: int | None = None) ->
     else:
         from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-        kw = _common_args(setup, outdir, hf_micro, hf_accum, bf16=system == "hf_bf16")
+        bf16 = system == "hf_bf16" or (system == "hf_compile" and _cpu_bf16())
+        kw = _common_args(setup, outdir, hf_micro, hf_accum, bf16=bf16)
+        if system == "hf_compile":
+            kw["torch_compile"] = True
         if system == "hf_slow":
             dataset: Any = _PadToMaxDataset(texts, tok, setup.max_len)
             collator = None  # default_data_collator stacks the fixed-size rows
@@ -667,7 +696,8 @@ def run_hf(setup: Setup, system: str, outdir: Path, micro: int | None = None) ->
                 kw["train_sampling_strategy"] = "group_by_length"
             config = (
                 f"{hf_micro} docs × {hf_accum} accum, dynamic padding, {setup.hf_workers} workers"
-                + (", bf16 autocast" if system == "hf_bf16" else "")
+                + (", bf16 autocast" if bf16 or setup.mode == "gpu" else ", fp32")
+                + (", torch_compile" if system == "hf_compile" else "")
             )
         args = TrainingArguments(**_known_fields(TrainingArguments, kw))
         trainer = _instrument(Trainer, tok.pad_token_id)(
@@ -1016,9 +1046,13 @@ def _pitstop_flags(setup: Setup, cache: Path) -> list[str]:
 
 
 def run_pitstop(
-    setup: Setup, workdir: Path, tuned: bool, micro: int | None = None
+    setup: Setup,
+    workdir: Path,
+    tuned: bool,
+    micro: int | None = None,
+    system: str | None = None,
 ) -> dict[str, Any]:
-    system = "pitstop_tuned" if tuned else ("pitstop_mb" if micro else "pitstop")
+    system = system or ("pitstop_tuned" if tuned else ("pitstop_mb" if micro else "pitstop"))
     outdir = workdir / _outname(system, micro)
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
@@ -1050,6 +1084,7 @@ def run_pitstop(
     cmd = [sys.executable, "-m", "pitstop", "train", *pre, *_pitstop_flags(setup, cache)]
     cmd += ["--output", str(run_out), "--epochs", "1"]
     cmd += ["--micro-batch-size", str(micro)] if micro else []
+    cmd += ["--compile", "on"] if system == "pitstop_compiled" else []
     print(f"[headline] {system}: {LABELS[system]}" + (f" {micro}" if micro else ""), flush=True)
     sp = _spawn(cmd, outdir / "log.txt", setup.timeout_s)
     summary_path = run_out / "summary.json"
@@ -1095,6 +1130,9 @@ def run_pitstop(
         "others_cores": sp.others_cores,
         "model_dir": str(run_out / "final"),
         "peak_memory_bytes": s.get("peak_memory_bytes") if setup.mode == "gpu" else None,
+        # What pitstop measured of compile on its first steps (a compiling run without a
+        # cached measurement): the compile, an eager and a compiled step.
+        "compile_measured": ((choices.get("compile") or {}).get("measured") or {}).get("measured"),
         **notes,
     }
 
@@ -1254,8 +1292,10 @@ def summarize(
             ]
         )
     goals: list[str] = []
-    for name in ("pitstop", "pitstop_tuned"):
+    for name in ("pitstop", "pitstop_compiled", "pitstop_tuned"):
         p = ok.get(name)
+        if p is None and name == "pitstop_compiled" and name not in results:
+            continue  # not asked for (the short run)
         if p is None:
             goals.append(
                 f"- {name}: not measured ({results.get(name, {}).get('reason', 'not run')})"
@@ -1266,6 +1306,12 @@ def summarize(
             x = p["tps_train"] / ok[best]["tps_train"]
             parts.append(
                 f"{x:.2f}× the best peer ({best}) — goal ≥ {GOAL_VS_PEER}×: {'met' if x >= GOAL_VS_PEER else 'NOT met'}"
+            )
+        if "hf_compile" in ok:  # --long: the compiled peer
+            x = p["tps_train"] / ok["hf_compile"]["tps_train"]
+            met = "met" if x >= GOAL_VS_COMPILED_PEER else "NOT met"
+            parts.append(
+                f"{x:.2f}× the HF Trainer with torch_compile — goal ≥ {GOAL_VS_COMPILED_PEER}×: {met}"
             )
         if ceiling:
             c = p["tps_train"] / ceiling["tps_train"]
@@ -1284,6 +1330,29 @@ def summarize(
 
 def _gib(n: float | None) -> str:
     return f"{n / 2**30:.1f} GiB" if n else "n/a"
+
+
+def compile_notes(
+    setup: Setup, results: dict[str, dict[str, Any]], fpt: float, peak: float | None
+) -> list[str]:
+    """The compiled pitstop row's own measurement: its eager and compiled steps as MFU (the
+    step's tokens x FLOPs per token over the step's seconds and the peak), and the compile."""
+    out = []
+    for name in ("pitstop", "pitstop_compiled"):
+        m = results.get(name, {}).get("compile_measured")
+        if not m or not peak:
+            continue
+        steps = results[name].get("optimizer_steps") or 1
+        per_step = (results[name].get("trained_tokens") or 0) / steps
+        mfu = {k: per_step / m[f"{k}_step_seconds"] * fpt / peak for k in ("eager", "compiled")}
+        out.append(
+            f"{name}: pitstop measured compile on its first steps: a {m['compile_seconds']:.1f} s "
+            f"compile, steps of {m['eager_step_seconds']:.3f} s eager and "
+            f"{m['compiled_step_seconds']:.3f} s compiled ({m.get('speedup', 0):.2f}x): MFU "
+            f"{mfu['eager'] * 100:.1f}% eager, {mfu['compiled'] * 100:.1f}% compiled "
+            f"({per_step:,.0f} trained tokens a step)."
+        )
+    return out
 
 
 def sweep_notes(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -1332,7 +1401,13 @@ def _cpu_bf16() -> bool:
 
 
 def parent_main(args: argparse.Namespace) -> int:
-    sizes = GPU_FULL if args.gpu else (CPU_QUICK if args.quick else CPU_FULL)
+    if args.long:
+        sizes = GPU_LONG if args.gpu else CPU_LONG
+    else:
+        sizes = GPU_FULL if args.gpu else (CPU_QUICK if args.quick else CPU_FULL)
+    if args.sweep is not None:  # e.g. one point on a lent GPU with minutes to spare
+        points = tuple(int(x) for x in args.sweep.split(",") if x.strip())
+        sizes = dataclasses.replace(sizes, sweep=points)
     if args.vocab:
         spec = dataclasses.replace(sizes.model, vocab_size=args.vocab, pad_vocab=True)
         sizes = dataclasses.replace(sizes, model=spec)
@@ -1343,7 +1418,10 @@ def parent_main(args: argparse.Namespace) -> int:
             print("--gpu needs a CUDA device (torch.cuda.is_available() is False); "
                   "use --dry-run to print the GPU plan here", file=sys.stderr)  # fmt: skip
             return 2
-    default = GPU_SYSTEMS if args.gpu else tuple(s for s in SYSTEMS if s != "pitstop_mb")
+    short_only = ("pitstop_mb", "hf_compile", "pitstop_compiled")
+    default = GPU_SYSTEMS if args.gpu else tuple(s for s in SYSTEMS if s not in short_only)
+    if args.long:
+        default = tuple(s for s in LONG_SYSTEMS if not (args.gpu and s == "hf_slow"))
     if not args.gpu and not _cpu_bf16():
         default = tuple(s for s in default if s != "hf_bf16")
     systems = args.systems.split(",") if args.systems else list(default)
@@ -1381,11 +1459,14 @@ def parent_main(args: argparse.Namespace) -> int:
         elif system == "hf_bf16" and (args.gpu or not _cpu_bf16()):
             why = "GPU mode: hf_dynamic is bf16 already" if args.gpu else "no native CPU bf16"
             res = {"system": system, "status": "n/a", "reason": why}
-        elif system in ("pitstop", "pitstop_tuned"):
-            res = run_pitstop(setup, workdir, tuned=system == "pitstop_tuned")
+        elif system in ("pitstop", "pitstop_tuned", "pitstop_compiled"):
+            res = run_pitstop(setup, workdir, tuned=system == "pitstop_tuned", system=system)
         else:
             res = run_child_system(setup, workdir, system)
         results[system] = res
+        # Each system's result as it lands: a run cut short renders with --report-only.
+        partial = {"command": command_line(), "seconds": None, "results": results}
+        (workdir / "results.json").write_text(json.dumps(partial, indent=1, default=str))
         if res.get("status") == "ok":
             print(
                 f"[headline] {system}: {res['trained_tokens']:,} trained tokens in "
@@ -1396,7 +1477,9 @@ def parent_main(args: argparse.Namespace) -> int:
             print(f"[headline] {system}: {res['status']} — {res.get('reason')}", flush=True)
 
     models = {k: r["model_dir"] for k, r in results.items() if r.get("status") == "ok"}
-    if models:
+    if models and args.no_eval:
+        print("[headline] --no-eval: held-out loss not evaluated", flush=True)
+    elif models:
         print("[headline] evaluating held-out loss", flush=True)
         ev_path = workdir / "eval.json"
         cmd = [
@@ -1485,7 +1568,8 @@ def report(
         ),
     ]
     notes += sweep_notes(results)
-    for name in ("pitstop", "pitstop_tuned"):
+    notes += compile_notes(setup, results, fpt, peak)
+    for name in ("pitstop", "pitstop_compiled", "pitstop_tuned"):
         r = results.get(name, {})
         if r.get("status") == "ok" and r.get("pitstop_mfu") is not None:
             notes.append(
@@ -1564,6 +1648,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu", action="store_true", help="bf16, a ~1B Llama, flash-attn when installed"
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan (works without CUDA)")
+    p.add_argument(
+        "--long", action="store_true",
+        help="a run long enough for compile to pay: every chapter (GPU: five times over), "
+        "adding the HF Trainer with torch_compile and pitstop --compile on; results go to "
+        "headline[-gpu]-long.md",
+    )  # fmt: skip
+    p.add_argument(
+        "--sweep", help="GPU: the micro-batch sizes the swept systems try (default 4,8,16)"
+    )
     p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument("--train-chapters", type=int, help="training chapters (default: by mode)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: by mode)")
@@ -1577,6 +1670,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", help="scratch directory (default .pitstop-cache/bench/headline*)")
     p.add_argument("--out", help="results file (default bench/results/headline[-quick|-gpu].md)")
     p.add_argument("--no-write", action="store_true", help="print the table only")
+    p.add_argument(
+        "--no-eval", action="store_true", help="skip the held-out loss (a lent GPU's minutes)"
+    )
     p.add_argument(
         "--report-only", action="store_true", help="re-render the last run's table from WORKDIR"
     )

@@ -33,7 +33,7 @@ from bench.common import (
 )
 
 ORDER = ("headline", "prepare", "batching", "train", "estimate", "tune")
-NOT_BENCHMARKS = {"__init__", "common", "run_all"}
+NOT_BENCHMARKS = {"__init__", "common", "run_all", "gpu_wheels"}  # gpu_wheels: a tool
 ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

@@ -178,7 +178,7 @@ def test_grouped_and_capped_paths_equal_one_call_per_document(window, monkeypatc
         calls.append(a[0].shape)
         return real(*a, **kw)
 
-    monkeypatch.setattr(doc_attention.F, "scaled_dot_product_attention", counting)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
     each = doc_attention.per_document_sdpa(q, k, v, cu, window=window, group=False)
     assert len(calls) == 6
     grads = torch.autograd.grad(each.sum(), (q, k, v))

@@ -38,6 +38,27 @@ class FakeDevice:
         self.now += B * T * self.per_position * (1 + (self.packed_penalty if packed else 0.0))
 
 
+def test_timing_is_spent_only_where_the_planned_run_repays_it(store):
+    """A short run: timing the layouts would cost more than a 5% lead could save over the
+    run, so nothing is timed and the fewest positions win, the banner saying why with the
+    numbers. A long run of the same configuration times them."""
+    short = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL, max_steps=2)
+    dev = FakeDevice(1e-6)
+    choice = choose_batching(store, short, dev.run, clock=dev.clock, seconds_per_position=1e-6)
+    assert dev.calls == 0 and choice.rounds == 0 and choice.timings == {}
+    assert choice.unpaid is not None and not choice.unpaid.worth
+    assert choice.strategy == "pack"  # the fewest positions
+    assert "not timed: timing the layouts would not pay on this run" in choice.reason
+    assert f"~{choice.unpaid.cost_s:.1f} s" in choice.reason
+    long = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL, epochs=1000)
+    timed = choose_batching(store, long, dev.run, clock=dev.clock, seconds_per_position=1e-6)
+    assert dev.calls == 2 * (1 + 3 * 4) and timed.unpaid is None and timed.rounds == 3
+    # Without an estimate (no device peak) it times, as before.
+    plain = FakeDevice(1e-6)
+    choose_batching(store, short, plain.run, clock=plain.clock)
+    assert plain.calls > 0
+
+
 def test_auto_picks_the_fastest_measured_strategy(store):
     cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
     dev = FakeDevice(1e-6)

@@ -88,6 +88,21 @@ def test_measured_once_then_reused_and_remeasure_measures_again(tmp_path):
     assert _resolve(cache, Measure("pack")).values == {"batching": "pad"}  # the new entry stays
 
 
+def test_a_measurement_skipped_by_its_payoff_is_not_cached(tmp_path):
+    """The cost model decided because measuring would not pay on that (short) run: a later,
+    longer run of the configuration must still measure, so nothing is stored."""
+    from pitstop.batching.choices import NOT_MEASURED
+
+    cache = tmp_path / "cache"
+
+    def cost_model():
+        return {"batching": "pack"}, {"batching": "cost model"}, {NOT_MEASURED: {"worth": False}}
+
+    assert _resolve(cache, cost_model).values == {"batching": "pack"}
+    m = Measure("bucket")
+    assert _resolve(cache, m).values == {"batching": "bucket"} and m.calls == 1
+
+
 def test_a_damaged_entry_is_measured_again(tmp_path):
     cache = tmp_path / "cache"
     _resolve(cache, Measure("bucket"))

@@ -181,6 +181,38 @@ def test_sized_split_keeps_every_step_and_is_reused_from_the_cache(tiny_model_di
     assert len(calls) > n and fresh.choices["micro_batch"].reason.startswith("measured")
 
 
+def test_sizing_is_spent_only_where_the_planned_run_repays_it(tiny_model_dir, store, tmp_path):
+    """A short run takes the memory cost model's split unmeasured (and says why, with the
+    numbers; not cached); a long run of the same configuration measures."""
+    import dataclasses
+
+    from pitstop.batching.resolve import BatchRequest
+    from pitstop.data.store import TokenStore
+    from pitstop.train import data as data_mod
+
+    def build(cfg, sizer):
+        req = BatchRequest(
+            cfg, TokenStore(cfg.data[0]), device_name="FakeGpu 80GB", out=Path(cfg.output),
+            cache_dir=cfg.cache_dir, sizer=sizer, seconds_per_position=1e-9,
+        )  # fmt: skip
+        return data_mod.build_loader(req)
+
+    calls: list[int] = []
+    measured = _sizer(calls)
+    sizer = dataclasses.replace(measured, predict=FakeGpu().peak)  # the same memory, modelled
+    short = _cfg(tiny_model_dir, store, tmp_path / "out")  # 6 steps
+    loader, geo = build(short, sizer)
+    assert calls == []
+    assert loader.settings.tokens_per_micro_batch == 8 * 64  # the model's largest fit
+    why = geo.choices["micro_batch"].reason
+    assert why.startswith("not measured: sizing it would take ~") and "largest that fits" in why
+    _, again = build(short, sizer)  # nothing was cached: decided the same way again
+    assert calls == [] and again.choices["micro_batch"].reason.startswith("not measured")
+    long = _cfg(tiny_model_dir, store, tmp_path / "long", max_steps=100_000)
+    _, lgeo = build(long, sizer)
+    assert calls and lgeo.choices["micro_batch"].reason.startswith("measured")
+
+
 def test_resume_keeps_the_runs_split_without_measuring(tiny_model_dir, store, tmp_path):
     from pitstop.batching.choices import write_run_choices
 

@@ -75,6 +75,17 @@ def ids(run: dict[str, Any]) -> list[str]:
     return [f["id"] for f in run["findings"]]
 
 
+# Each program's runs, made once per test process: under xdist a module fixture is torn down
+# and set up again whenever the worker's queue runs dry between two tests that use it.
+_RUNS: dict[str, dict[str, Any]] = {}
+
+
+def once(name: str, make: Any) -> dict[str, Any]:
+    if name not in _RUNS:
+        _RUNS[name] = make()
+    return _RUNS[name]
+
+
 def _spin(stop: Any) -> None:
     while not stop.is_set():
         pass
@@ -100,17 +111,20 @@ def busy_cores(n: int = 2) -> Iterator[None]:
 # --- a nanoGPT-style loop -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def nanogpt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    d = tmp_path_factory.mktemp("nanogpt")
-    runs = {}
-    for name, every in (("eval", "10"), ("plain", "0")):
-        cmd = [sys.executable, str(CLIENTS / "nanogpt_loop.py"), "--out", str(d / f"w-{name}")]
-        cmd += ["--max-iters", "30", "--eval-interval", every, "--eval-iters", "40"]
-        cmd += ["--truth", str(d / f"{name}.json")]
-        runs[name] = profile(d / name, *cmd)
-        runs[name]["truth"] = truth(d / f"{name}.json")
-    return runs
+    def make() -> dict[str, Any]:
+        d = tmp_path_factory.mktemp("nanogpt")
+        runs = {}
+        for name, every in (("eval", "10"), ("plain", "0")):
+            cmd = [sys.executable, str(CLIENTS / "nanogpt_loop.py"), "--out", str(d / name)]
+            cmd += ["--max-iters", "30", "--eval-interval", every, "--eval-iters", "40"]
+            cmd += ["--truth", str(d / f"{name}.json")]
+            runs[name] = profile(d / f"run-{name}", *cmd)
+            runs[name]["truth"] = truth(d / f"{name}.json")
+        return runs
+
+    return once("nanogpt", make)
 
 
 @pytest.mark.xdist_group("nanogpt")
@@ -187,17 +201,21 @@ def test_trainer_script_padding_in_training_arguments_terms(
 # --- a Lightning script -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lightning(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("lightning")
-    d = tmp_path_factory.mktemp("lightning")
-    runs = {}
-    for name, every in (("val", "10"), ("plain", "0")):
-        cmd = [sys.executable, str(CLIENTS / "lightning_loop.py"), str(tiny_model_dir)]
-        cmd += ["--steps", "30", "--val-every", every, "--val-batches", "16"]
-        runs[name] = profile(d / name, *cmd, "--truth", str(d / f"{name}.json"))
-        runs[name]["truth"] = truth(d / f"{name}.json")
-    return runs
+
+    def make() -> dict[str, Any]:
+        d = tmp_path_factory.mktemp("lightning")
+        runs = {}
+        for name, every in (("val", "10"), ("plain", "0")):
+            cmd = [sys.executable, str(CLIENTS / "lightning_loop.py"), str(tiny_model_dir)]
+            cmd += ["--steps", "30", "--val-every", every, "--val-batches", "16"]
+            runs[name] = profile(d / name, *cmd, "--truth", str(d / f"{name}.json"))
+            runs[name]["truth"] = truth(d / f"{name}.json")
+        return runs
+
+    return once("lightning", make)
 
 
 @pytest.mark.xdist_group("lightning")
@@ -226,19 +244,9 @@ def test_lightning_backward_is_backward_and_validation_is_eval(lightning: dict[s
 
 def _trl_data(d: Path) -> Path:
     sys.path.insert(0, str(CLIENTS))
-    from _common import texts
+    from _common import prompt_completion_data
 
-    data = d / "data"
-    data.mkdir()
-    rows = texts(260, 3)
-    for name, part in (("train", rows[:200]), ("test", rows[200:])):
-        with (data / f"{name}.jsonl").open("w") as f:
-            for x in part:
-                w = x.split()
-                k = max(1, len(w) // 3)
-                rec = {"prompt": " ".join(w[:k]), "completion": " " + " ".join(w[k:])}
-                f.write(json.dumps(rec) + "\n")
-    return data
+    return prompt_completion_data(d / "data")
 
 
 def trl_command(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
@@ -258,21 +266,26 @@ TRL_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def trl(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("trl")
-    d = tmp_path_factory.mktemp("trl")
-    data = _trl_data(d)
-    runs: dict[str, Any] = {"data": data, "dir": d}
-    # The first run on a fresh cache, beside two busy loops: the CPU's peak is measured busy.
-    env = {**TRL_ENV, "PITSTOP_CACHE_DIR": str(d / "cache")}
-    with busy_cores(2):
-        runs["busy"] = profile(d / "busy", *trl_command(tiny_model_dir, data, d / "o1"), env=env)
-    runs["plain"] = profile(d / "plain", *trl_command(tiny_model_dir, data, d / "o2"), env=env)
-    cmd = trl_command(tiny_model_dir, data, d / "o3", "--eval_strategy", "steps")
-    cmd += ["--eval_steps", "5", "--per_device_eval_batch_size", "4"]
-    runs["eval"] = profile(d / "eval", *cmd, env=env)
-    return runs
+
+    def make() -> dict[str, Any]:
+        d = tmp_path_factory.mktemp("trl")
+        data = _trl_data(d)
+        runs: dict[str, Any] = {"data": data, "dir": d}
+        # The first run on a fresh cache, beside two busy loops: the CPU peak is measured busy.
+        env = {**TRL_ENV, "PITSTOP_CACHE_DIR": str(d / "cache")}
+        model = tiny_model_dir
+        with busy_cores(2):
+            runs["busy"] = profile(d / "busy", *trl_command(model, data, d / "o1"), env=env)
+        runs["plain"] = profile(d / "plain", *trl_command(model, data, d / "o2"), env=env)
+        cmd = trl_command(model, data, d / "o3", "--eval_strategy", "steps")
+        cmd += ["--eval_steps", "5", "--per_device_eval_batch_size", "4"]
+        runs["eval"] = profile(d / "eval", *cmd, env=env)
+        return runs
+
+    return once("trl", make)
 
 
 @pytest.mark.xdist_group("trl")

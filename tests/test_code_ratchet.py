@@ -10,7 +10,7 @@ from pathlib import Path
 PITSTOP = Path(__file__).resolve().parents[1] / "pitstop"
 # The counts at the last change that lowered them (issue 34 aimed at 40 and 200).
 MAX_FMT_SKIP = 15
-MAX_DICT_ANY = 194
+MAX_DICT_ANY = 190
 
 PATTERNS = {"fmt_skip": re.compile(r"#\s*fmt:\s*skip"), "dict_any": re.compile(r"dict\[str, Any\]")}
 

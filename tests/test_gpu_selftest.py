@@ -214,3 +214,27 @@ def test_every_gpu_check_passes() -> None:
     rows = st.run_checks(dev, "bf16")
     failed = [r for r in rows if r.status == "FAIL"]
     assert not failed, st.table(rows)
+
+
+def test_the_lent_gpu_installer_picks_the_newest_wheel_the_machine_can_take(tmp_path) -> None:
+    """bench/gpu_wheels: of two releases in the folder, the newest whose requirements the
+    installed packages meet; a package already installed is never replaced."""
+    import zipfile
+
+    from bench.gpu_wheels import plan
+
+    def wheel(name: str, version: str, *requires: str) -> None:
+        path = tmp_path / f"{name}-{version}-py3-none-any.whl"
+        meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\n{meta}")
+
+    wheel("pitstopfake", "2.0", "numpy>=999")  # no numpy that new exists
+    wheel("pitstopfake", "1.0", "numpy>=1", "pytest; extra == 'test'")
+    wheel("pytest", "0.1")  # installed already: left alone
+    chosen, problems = plan(tmp_path, ("pitstopfake", "pytest"))
+    assert [w.name for w in chosen] == ["pitstopfake-1.0-py3-none-any.whl"] and problems == []
+    (tmp_path / "pitstopfake-1.0-py3-none-any.whl").unlink()
+    chosen, problems = plan(tmp_path, ("pitstopfake",))
+    assert [w.name for w in chosen] == ["pitstopfake-2.0-py3-none-any.whl"]
+    assert "numpy>=999" in problems[0]

@@ -77,6 +77,25 @@ def test_a_planted_leak_is_caught(attn: str, monkeypatch) -> None:
     assert "DIFFER" in check.summary()
 
 
+def test_sdpa_docs_is_checked_as_a_compiled_graph_calls_it_too(monkeypatch) -> None:
+    """A leak planted only in sdpa_docs' compiled path (the op: each row one causal
+    sequence, the documents ignored) fails the check, though the eager path is right."""
+    from pitstop.train import doc_attention, doc_kernel
+
+    doc_attention.register()
+    model = tiny_llama("sdpa_docs")
+    assert _check(model, "sdpa_docs").ok
+
+    def rows_only(q, k, v, cu, **kw):
+        B, _, T, _ = q.shape
+        whole_rows = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+        return doc_kernel.per_document_sdpa(q, k, v, whole_rows, **kw)
+
+    monkeypatch.setattr(doc_attention, "compiled_sdpa_docs", rows_only)
+    leak = _check(model, "sdpa_docs")
+    assert not leak.ok, leak.summary()
+
+
 def test_flash_path_passes_with_boundaries_and_leaks_without(monkeypatch) -> None:
     install_reference_flash(monkeypatch)
     model = tiny_llama("sdpa")

@@ -23,7 +23,7 @@ ALLOWED = {
     ("trainer.py", "optimizer_step"),
     # sdpa_docs reads its document offsets, which to_device keeps on the host for it even
     # on a GPU (train/attention.py; test_sdpa_docs_offsets_stay_on_the_host): no device sync.
-    ("doc_attention.py", "per_document_sdpa"),
+    ("doc_kernel.py", "doc_spans"),
 }
 # The loader builds host batches (counts, metadata) before to_device moves them: reading
 # those is host work, never a device sync.

@@ -89,29 +89,38 @@ def test_run_writes_the_contract_outputs(tiny_model_dir, store, tmp_path, capsys
         assert name in err and c["reason"] in err, name
 
 
-def test_resume_is_bit_identical(tiny_model_dir, store, tmp_path, monkeypatch):
+@pytest.mark.parametrize("compile_", ["off", "on"])
+def test_resume_is_bit_identical(tiny_model_dir, store, tmp_path, monkeypatch, compile_):
+    """Eager: bit for bit. Compiled (`--compile on`, sdpa_docs as one op): every life
+    compiles the same graphs, so the resumed run continues the uninterrupted one; the
+    comparison allows float rounding: a kernel's reduction order may differ between the two
+    compiles (measured: the losses within 1e-6, one weight in 262,144 off by 1.7e-7)."""
     from pitstop.train import run
     from pitstop.train.trainer import RunInterrupted
 
     ref = tmp_path / "ref"
-    s_ref = run(_cfg(tiny_model_dir, store, ref))
+    s_ref = run(_cfg(tiny_model_dir, store, ref, compile=compile_))
     out = tmp_path / "cut"
     monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", "3")  # behaves like SIGTERM after step 3
     with pytest.raises(RunInterrupted) as e:
-        run(_cfg(tiny_model_dir, store, out))
+        run(_cfg(tiny_model_dir, store, out, compile=compile_))
     assert e.value.exit_code == 143 and "--resume" in str(e.value)
     assert (out / "checkpoints" / "step-3" / "COMPLETE.json").is_file()
     monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
     with pytest.raises(ConfigError):
-        run(_cfg(tiny_model_dir, store, out))  # no --resume: refused
-    s = run(_cfg(tiny_model_dir, store, out, resume=True))
+        run(_cfg(tiny_model_dir, store, out, compile=compile_))  # no --resume: refused
+    s = run(_cfg(tiny_model_dir, store, out, resume=True, compile=compile_))
     assert s["resumed_from"].endswith("step-3")
+    assert s["choices"]["compile"]["value"] is (compile_ == "on")
     a, b = _metrics(ref), _metrics(out)
     assert [r["step"] for r in b] == list(range(1, 7))
-    assert [r["loss"] for r in a] == [r["loss"] for r in b]
-    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    tol = {"rel": 0, "abs": 0} if compile_ == "off" else {"rel": 1e-6, "abs": 1e-7}
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], **tol)
+    assert [r["grad_norm"] for r in b] == pytest.approx([r["grad_norm"] for r in a], **tol)
     wa, wb = _weights(ref), _weights(out)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    wtol = {"rtol": 0, "atol": 0} if compile_ == "off" else {"rtol": 1e-5, "atol": 1e-6}
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], **wtol)
     for key in ("trained_tokens", "seen_tokens", "padded_tokens", "optimizer_steps", "final_loss"):
         assert s[key] == s_ref[key], key
 

@@ -23,12 +23,27 @@ def short_store(tmp_path_factory, tiny_tokenizer):
     return make_store(tmp_path_factory.mktemp("short") / "s", tiny_tokenizer, max_len=24)
 
 
-def _fit(model: Path, store: Path, out: Path, **over) -> dict:
+class _StopAfter:
+    """StepHooks: a run planned long (so `auto` finds timing worth it) that ends after `n`."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.started = n, 0
+
+    def step_started(self) -> bool:
+        self.started += 1
+        return self.started >= self.n
+
+    def step_ended(self, step: int) -> None:
+        pass
+
+
+def _fit(model: Path, store: Path, out: Path, stop_after: int | None = None, **over) -> dict:
     from _train_util import train_config
 
     from pitstop.train.trainer import Trainer
 
-    return Trainer.from_config(train_config(model, store, out, **over)).fit().to_json()
+    hooks = _StopAfter(stop_after) if stop_after else None
+    return Trainer.from_config(train_config(model, store, out, **over), hooks=hooks).fit().to_json()
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -79,8 +94,9 @@ DEFAULTS = {"batching": "auto", "micro_batch_size": None, "tokens_per_step": Non
 
 
 # A dense-mask kernel, so `batching: auto` times the layouts (with the default per-document
-# kernel a cost model decides untimed: the next test).
-TIMED = {**DEFAULTS, "attention": "sdpa"}
+# kernel a cost model decides untimed: the next test); planned long enough that timing pays
+# back (batching/payoff.py), and stopped after 4 steps.
+TIMED = {**DEFAULTS, "attention": "sdpa", "max_steps": 100_000, "stop_after": 4}
 
 
 def test_default_runs_decide_the_layout_untimed_and_the_second_reuses(

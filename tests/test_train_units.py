@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from pitstop.core.errors import ConfigError
 from pitstop.measure.flops import flops_model
 from pitstop.measure.timeline import PHASES, Timeline
 from pitstop.probe import (
+    COMPILE_SECONDS_BASIS,
     Choice,
+    CompileSpeed,
     DeviceInfo,
     choose_attention,
     choose_compile,
@@ -139,15 +142,55 @@ def test_probe_precision_tf32_attention_compile():
     with pytest.raises(ConfigError):
         choose_attention("flash_attention_2", CPU, "fp32")
     short = choose_compile("auto", CPU, 60.0)
-    assert short.value is False and "63 s" in short.reason
-    assert choose_compile("auto", CPU, 10 * 3600.0).value is True
+    assert short.value is False and f"{COMPILE_SECONDS_BASIS:.0f} s compile" in short.reason
+    assert short.measured["estimated_run_seconds"] == 60.0
+    long = choose_compile("auto", CPU, 10 * 3600.0)
+    assert long.value is True and "measures both" in long.reason
     assert choose_compile("off", CPU, 1e9).value is False
-    # sdpa_docs reads the boundaries on the host: a graph break per layer, a recompile per
-    # layout. auto never compiles it, however long the run; `on` still does.
-    docs = choose_compile("auto", CPU, 10 * 3600.0, attention="sdpa_docs")
-    assert docs.value is False and "graph break" in docs.reason
-    assert choose_compile("on", CPU, 1.0, attention="sdpa_docs").value is True
-    assert choose_compile("auto", CPU, 10 * 3600.0, attention="sdpa").value is True
+    assert choose_compile("on", CPU, 1.0).value is True
+
+
+def test_compile_auto_decides_by_the_measured_payoff():
+    """With this configuration's measurement, the planned steps' saving against the compile
+    time decides, and the reason gives the numbers; the estimate is not used."""
+    speed = CompileSpeed(30.0, 1.0, 0.8, "reused (cached)")  # saves 0.2 s a step
+    few = choose_compile("auto", CPU, 1e9, steps=100, measured=speed)  # 20 s < 1.5 x 30 s
+    assert few.value is False and "saves" not in few.reason and "would save ~20 s" in few.reason
+    assert "a 30.0 s compile" in few.reason and "1.25x" in few.reason
+    assert few.measured["steps"] == 100 and few.measured["compile_seconds"] == 30.0
+    many = choose_compile("auto", CPU, 1.0, steps=1000, measured=speed)  # 200 s > 45 s
+    assert many.value is True and "saves ~200 s" in many.reason
+    slower = CompileSpeed(10.0, 1.0, 1.1, "measured")
+    assert choose_compile("auto", CPU, 1e9, steps=10**6, measured=slower).value is False
+    # --compile on and off are not decisions: the measurement does not change them.
+    assert choose_compile("on", CPU, 1.0, steps=1, measured=slower).value is True
+    assert choose_compile("off", CPU, 1e9, steps=10**6, measured=speed).value is False
+
+
+def test_compile_timing_measures_eager_then_compiled_steps(tmp_path):
+    from pitstop.train.compile_record import (
+        COMPILED_STEPS,
+        EAGER_STEPS,
+        CompileTiming,
+        cached_speed,
+    )
+
+    key = {"model": "m", "n": 1}
+    timing = CompileTiming(key, tmp_path)
+    eager = [9.0] + [1.0] * (EAGER_STEPS - 1)  # the first eager step is not timed
+    compiled = [41.0] + [0.8] * COMPILED_STEPS  # the first compiled step holds the compile
+    got = []
+    for seconds in eager + compiled:
+        got.append((timing.eager_now(), timing.step_done(seconds)))
+    assert [now for now, _ in got] == [True] * EAGER_STEPS + [False] * (COMPILED_STEPS + 1)
+    assert all(speed is None for _, speed in got[:-1])
+    speed = got[-1][1]
+    assert (speed.compile_s, speed.eager_step_s, speed.compiled_step_s) == pytest.approx(
+        (40.2, 1.0, 0.8)
+    )
+    cached = cached_speed(tmp_path, key)  # the next run of the configuration reads it back
+    assert cached.compile_s == pytest.approx(40.2) and "reused (cached in" in cached.source
+    assert cached_speed(tmp_path, {**key, "n": 2}) is None  # another configuration
 
 
 def test_timeline_phases_sum_to_step_time():
@@ -410,3 +453,15 @@ def test_measurement_config_turns_evaluation_off(tmp_path):
     cfg = RunConfig(model="m", data=["d"], eval_data="auto", eval_steps=5)
     run_cfg = measurement_config(cfg, tmp_path / "run", 4)
     assert run_cfg.eval_data is None and run_cfg.eval_steps is None
+
+
+def test_inductor_caches_live_under_pitstops_cache_unless_the_user_set_theirs(
+    tmp_path, monkeypatch
+):
+    from pitstop.train.compile_record import inductor_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert inductor_cache(tmp_path) == str(tmp_path / "inductor")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/theirs")
+    assert inductor_cache(tmp_path) == "/theirs"

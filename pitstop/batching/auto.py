@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from pitstop.batching.collate import collate
+from pitstop.batching.payoff import Payoff, payoff
 from pitstop.batching.plan import (
     Efficiency,
     Plan,
@@ -116,6 +117,9 @@ class AutoChoice:
     skipped: dict[str, str] = field(default_factory=dict)  # strategy -> why it was not timed
     noise: float = 0.0  # the measurement's relative noise (worst layout's)
     rounds: int = 0
+    # Set when timing was skipped because it would not pay back on this run (not cached:
+    # a longer run of the same configuration times).
+    unpaid: Payoff | None = None
 
 
 def choose_batching(
@@ -135,6 +139,7 @@ def choose_batching(
     lockstep: bool = False,
     broadcast: bool = True,
     progress: Callable[[str], None] | None = None,
+    seconds_per_position: float | None = None,
 ) -> AutoChoice:
     """Time each candidate layout with `run_micro_batch` and return the decision rule's pick.
 
@@ -152,17 +157,85 @@ def choose_batching(
 
     `run_micro_batch.attention` and `.device_type` (optional attributes, default CPU):
     the attention kernel it runs and where; where `cost_model_applies` the cost model
-    decides without timing.
+    decides without timing. `seconds_per_position` (an estimate of a position's
+    forward+backward here): the timing is spent only when the planned run could gain
+    more than it costs (`timing_payoff`), else the cost model decides and says why.
     """
+    laid = _lay_out(
+        store,
+        cfg,
+        candidates,
+        rank=rank,
+        world_size=world_size,
+        samples=samples,
+        indices=indices,
+        lockstep=lockstep,
+    )
+    kernel = getattr(run_micro_batch, "attention", None)
+    if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
+        choice = _cost_model_choice(laid.effs, laid.prepared, laid.skipped, kernel)
+    else:
+        pays = timing_payoff(
+            laid,
+            cfg,
+            world_size=world_size,
+            rounds=min_rounds,
+            warmup=warmup,
+            seconds_per_position=seconds_per_position,
+        )
+        if pays is not None and not pays.worth:
+            choice = _cost_model_choice(laid.effs, laid.prepared, laid.skipped, kernel, pays)
+        else:
+            timed = _time_rounds(
+                store,
+                run_micro_batch,
+                laid,
+                world_size=world_size,
+                warmup=warmup,
+                min_rounds=min_rounds,
+                max_rounds=max_rounds,
+                clock=clock,
+                progress=progress,
+            )
+            choice = _timed_choice(laid, timed, warmup)
+    return _kept(rank0_choice(choice, world_size) if broadcast else choice, laid.leanest_plan)
+
+
+@dataclass
+class _LaidOut:
+    """Each candidate layout of epoch 0, laid out and sampled for timing."""
+
+    # layout -> (sampled micro-batch specs sorted by size, strata of their indices)
+    prepared: dict[str, tuple[list[Any], list[np.ndarray]]]
+    effs: dict[str, Efficiency]
+    skipped: dict[str, str]  # layout -> why it is not timed
+    leanest_plan: Plan | None  # kept for the loader when it wins (plan.keep_plan)
+    targets: np.ndarray  # each sequence's trained tokens
+    n_steps: int  # epoch 0's optimizer steps (the leanest plan's)
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """The epoch's positions computed by each layout still timed, every rank's."""
+        return {k: self.effs[k].positions for k in self.prepared}
+
+
+def _lay_out(
+    store: TokenStore,
+    cfg: RunConfig,
+    candidates: tuple[Layout, ...],
+    *,
+    rank: int,
+    world_size: int,
+    samples: int,
+    indices: np.ndarray | None,
+    lockstep: bool,
+) -> _LaidOut:
+    """Every valid candidate's plan of epoch 0, its efficiency, and the micro-batches to time
+    (in strata by size); a layout another is never slower than is dropped untimed."""
     # The store's facts as they are (int32, memory-mapped), not int64 copies (164 MB at 10M)
     facts = sequence_facts(store)
     lengths, targets = facts.lengths, facts.trained
-    pad_id = store.pad_id
     skipped: dict[str, str] = {}
-    prepared: dict[str, tuple[list[Any], list[np.ndarray]]] = {}
-    effs: dict[str, Efficiency] = {}
-    leanest_plan: Plan | None = None  # kept for the loader when it wins (plan.keep_plan)
-    dominating: dict[str, Plan] = {}  # plans of layouts that hold another's rows padded less
     valid: dict[str, BatchSettings] = {}
     for strategy in candidates:
         try:
@@ -186,14 +259,16 @@ def choose_batching(
             trained=targets,
             lockstep=lockstep,
         )
+    laid = _LaidOut({}, {}, skipped, None, targets, 0)
+    dominating: dict[str, Plan] = {}  # plans of layouts that hold another's rows padded less
     for strategy, settings in valid.items():
         better = Layout.parse(strategy).dominated_by
         if better in dominating:
             # Never timed (below), and its rows are `better`'s, each padded to max_seq_len:
             # counted from that plan, not laid out again (~1 s at 10M documents).
             same_rows = dataclasses.replace(dominating[better], strategy=strategy)
-            effs[strategy] = plan_efficiency(same_rows, settings, lockstep=lockstep)
-            prepared[strategy] = ([], [])
+            laid.effs[strategy] = plan_efficiency(same_rows, settings, lockstep=lockstep)
+            laid.prepared[strategy] = ([], [])
             continue
         # Every layout arranges the same step plan (built once: plan.py shares it).
         plan = shares.get(Layout.parse(strategy)) or build_plan(
@@ -206,51 +281,94 @@ def choose_batching(
             indices=indices,
             trained=targets,
         )
-        # The epoch's positions counted in numpy; the micro-batches to time come from a
-        # sample of its steps (a Python object per micro-batch of the whole epoch cost
-        # seconds and ~100 MB per million documents, for strata of a few samples).
-        specs = [
-            spec
-            for step in sampled_steps(plan.n_steps)
-            for spec in step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
-        ]
-        if not specs:
-            skipped[strategy] = "no micro-batches (empty store)"
-            continue
-        effs[strategy] = plan_efficiency(plan, settings, lockstep=lockstep, lengths=lengths)
-        if leanest_plan is None or effs[strategy].positions < effs[leanest_plan.strategy].positions:
-            leanest_plan = plan
+        _sample(laid, strategy, plan, settings, rank, samples, lockstep, lengths)
         if any(Layout.parse(c).dominated_by == strategy for c in candidates):
             dominating[strategy] = plan
-        specs.sort(key=lambda s: s.n_positions)
-        strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
-        prepared[strategy] = (specs, strata)
     dominating.clear()  # done with (the loader's plan, if any, is kept by keep_plan)
     shares.clear()
-    if not prepared:
+    if not laid.prepared:
         raise ConfigError(
             [f"{k}: {v}" for k, v in skipped.items()],
             header="batching=auto found no strategy it could run:",
         )
+    _drop_dominated(laid)
+    return laid
 
-    positions = {k: effs[k].positions for k in prepared}  # the epoch's, every rank's
-    for layout in list(prepared):
-        # A layout another candidate is never slower than (catalog.layouts) is not timed.
+
+def _sample(
+    laid: _LaidOut,
+    strategy: str,
+    plan: Plan,
+    settings: BatchSettings,
+    rank: int,
+    samples: int,
+    lockstep: bool,
+    lengths: np.ndarray,
+) -> None:
+    """`strategy`'s efficiency and micro-batches to time, added to `laid`."""
+    # The epoch's positions counted in numpy; the micro-batches to time come from a
+    # sample of its steps (a Python object per micro-batch of the whole epoch cost
+    # seconds and ~100 MB per million documents, for strata of a few samples).
+    specs = [
+        spec
+        for step in sampled_steps(plan.n_steps)
+        for spec in step_micro_batches(plan, step, settings, rank, lockstep=lockstep)
+    ]
+    if not specs:
+        laid.skipped[strategy] = "no micro-batches (empty store)"
+        return
+    laid.effs[strategy] = plan_efficiency(plan, settings, lockstep=lockstep, lengths=lengths)
+    lean = laid.leanest_plan
+    if lean is None or laid.effs[strategy].positions < laid.effs[lean.strategy].positions:
+        laid.leanest_plan = plan
+        laid.n_steps = plan.n_steps
+    specs.sort(key=lambda s: s.n_positions)
+    strata = np.array_split(np.arange(len(specs)), min(samples, len(specs)))
+    laid.prepared[strategy] = (specs, strata)
+
+
+def _drop_dominated(laid: _LaidOut) -> None:
+    """A layout another candidate is never slower than (catalog.layouts) is not timed."""
+    positions = laid.positions
+    for layout in list(laid.prepared):
         better = Layout.parse(layout).dominated_by
-        if better is not None and better in prepared:
-            skipped[layout] = (
+        if better is not None and better in laid.prepared:
+            laid.skipped[layout] = (
                 f"not timed: {better} holds the same rows padded less ({positions[better]:,} "
                 f"positions against {positions[layout]:,}) with the same kernels, so {layout} "
                 "cannot win"
             )
-            del prepared[layout]
-    kernel = getattr(run_micro_batch, "attention", None)
-    if cost_model_applies(kernel, getattr(run_micro_batch, "device_type", "cpu")):
-        choice = _cost_model_choice(effs, prepared, skipped, kernel)
-        return _kept(rank0_choice(choice, world_size) if broadcast else choice, leanest_plan)
+            del laid.prepared[layout]
+
+
+@dataclass
+class _Timed:
+    """What the interleaved rounds measured."""
+
+    times: dict[str, list[list[float]]]  # layout -> [round][stratum] seconds
+    weights: dict[str, np.ndarray]
+    scale: dict[str, float]
+    rounds: int
+    ranking: list[str]
+
+
+def _time_rounds(
+    store: TokenStore,
+    run_micro_batch: Callable[[MicroBatch], object],
+    laid: _LaidOut,
+    *,
+    world_size: int,
+    warmup: int,
+    min_rounds: int,
+    max_rounds: int,
+    clock: Callable[[], float],
+    progress: Callable[[str], None] | None,
+) -> _Timed:
+    """Interleaved rounds of each layout's sampled micro-batches until the ranking settles."""
+    prepared, positions = laid.prepared, laid.positions
 
     def run(spec: Any) -> float:
-        batch = collate(store.tokens, store.mask, store.offsets, spec, pad_id)
+        batch = collate(store.tokens, store.mask, store.offsets, spec, store.pad_id)
         t0 = clock()
         run_micro_batch(batch)
         return clock() - t0
@@ -279,21 +397,28 @@ def choose_batching(
         previous, ranking = ranking, sorted(names, key=lambda k: est[k])
         if rounds >= min_rounds and (ranking == previous or winner == _leanest(positions)):
             break
+    return _Timed(times, weights, scale, rounds, ranking)
+
+
+def _timed_choice(laid: _LaidOut, timed: _Timed, warmup: int) -> AutoChoice:
+    """The decision rule's pick from the timings, with the banner's reason."""
+    positions, times, weights = laid.positions, timed.times, timed.weights
+    names = list(laid.prepared)
     est = {k: _estimate(times[k], weights[k]) for k in names}
     noise = max(_noise(times[k], weights[k]) for k in names)
     best = _decide(est, positions, noise)
     timings: dict[str, StrategyTiming] = {}
-    for strategy, (specs, _) in prepared.items():
+    for strategy, (specs, _) in laid.prepared.items():
         sampled_targets = sum(
-            int(targets[np.concatenate(s.rows)].sum(dtype=np.int64)) for s in specs if s.rows
+            int(laid.targets[np.concatenate(s.rows)].sum(dtype=np.int64)) for s in specs if s.rows
         )
         e = est[strategy]
-        sampled_seconds = e / scale[strategy]  # the rate of the sample is the epoch's estimate
+        sampled_seconds = e / timed.scale[strategy]  # the sample's rate is the epoch's estimate
         timings[strategy] = StrategyTiming(
             strategy=strategy,
             tokens_per_second=sampled_targets / sampled_seconds if e > 0 else float("inf"),
             epoch_seconds=e,
-            packing_efficiency=effs[strategy].packing_efficiency,
+            packing_efficiency=laid.effs[strategy].packing_efficiency,
             timed_micro_batches=len(times[strategy][0]),
             timed_seconds=float(sum(map(sum, times[strategy]))),
             positions=positions[strategy],
@@ -306,19 +431,18 @@ def choose_batching(
     leanest = _leanest(positions)
     if best != leanest:
         why = "fastest by more than the noise"
-    elif ranking[0] != best:
-        why = f"fewest positions; {ranking[0]} was not ahead by more than the noise"
+    elif timed.ranking[0] != best:
+        why = f"fewest positions; {timed.ranking[0]} was not ahead by more than the noise"
     else:
         why = "fewest positions"
     n = max(t.timed_micro_batches for t in timings.values())
     reason = (
-        f"{why}; measured on this device ({n} micro-batches each, {rounds} interleaved rounds, "
-        f"noise ±{noise:.1%}, after {warmup} warm-up): "
+        f"{why}; measured on this device ({n} micro-batches each, {timed.rounds} interleaved "
+        f"rounds, noise ±{noise:.1%}, after {warmup} warm-up): "
         + ", ".join(parts)
-        + "".join(f"; {k} skipped: {v}" for k, v in skipped.items())
+        + "".join(f"; {k} skipped: {v}" for k, v in laid.skipped.items())
     )
-    choice = AutoChoice(best, reason, timings, skipped, noise, rounds)  # type: ignore[arg-type]
-    return _kept(rank0_choice(choice, world_size) if broadcast else choice, leanest_plan)
+    return AutoChoice(best, reason, timings, laid.skipped, noise, timed.rounds)  # type: ignore[arg-type]
 
 
 def _kept(choice: AutoChoice, leanest: Plan | None) -> AutoChoice:
@@ -333,22 +457,62 @@ def _cost_model_choice(
     effs: dict[str, Efficiency],
     prepared: dict[str, tuple[list[Any], list[np.ndarray]]],
     skipped: dict[str, str],
-    kernel: str,
+    kernel: str | None,
+    unpaid: Payoff | None = None,
 ) -> AutoChoice:
-    """The layout with the fewest positions, decided without timing (per-document attention)."""
+    """The layout with the fewest positions, decided without timing: with per-document
+    attention, or where timing would not pay back on this run (`unpaid`)."""
     positions = {k: effs[k].positions for k in prepared}
     table = ", ".join(
         f"{k} {positions[k]:,} positions ({effs[k].packing_efficiency:.1%} real)"
         for k in sorted(prepared, key=lambda k: positions[k])
     )
     best = _leanest(positions)
-    reason = (
-        f"cost model, not timed: with per-document attention ({kernel}) a packed row's "
-        "attention costs the sum of its documents' squared lengths, as rows of one document "
-        f"do, so the fewest positions computed is the cheapest: {table}"
-        + "".join(f"; {k} {v}" for k, v in skipped.items())
+    if unpaid is not None:
+        why = (
+            f"cost model, not timed: timing the layouts would not pay on this run "
+            f"({unpaid.describe('timing')}), so the fewest positions computed: {table}"
+        )
+    else:
+        why = (
+            f"cost model, not timed: with per-document attention ({kernel}) a packed row's "
+            "attention costs the sum of its documents' squared lengths, as rows of one "
+            f"document do, so the fewest positions computed is the cheapest: {table}"
+        )
+    reason = why + "".join(f"; {k} {v}" for k, v in skipped.items())
+    choice = AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
+    return dataclasses.replace(choice, unpaid=unpaid)
+
+
+def timing_payoff(
+    laid: _LaidOut,
+    cfg: RunConfig,
+    *,
+    world_size: int,
+    rounds: int,
+    warmup: int,
+    seconds_per_position: float | None,
+) -> Payoff | None:
+    """Whether timing the layouts can pay back on this run (None: no estimate to tell).
+
+    Its cost: `warmup` + `rounds` timed passes of every stratum's micro-batch of each layout
+    timed, at the estimated seconds per position; what it can gain: a layout faster by
+    more than MIN_ADVANTAGE (the smallest lead the rule acts on) over the run's planned
+    positions, this rank's share."""
+    if not seconds_per_position or len(laid.prepared) < 2:
+        return None
+    passes = sum(
+        (warmup * specs[-1].n_positions if specs else 0)
+        + rounds * sum(specs[int(idx[len(idx) // 2])].n_positions for idx in strata)
+        for specs, strata in laid.prepared.values()
     )
-    return AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
+    lean = min(laid.positions.values())
+    if cfg.max_steps:
+        run_positions = lean * cfg.max_steps / max(1, laid.n_steps)  # max_steps wins
+    else:
+        run_positions = lean * float(cfg.epochs or 1.0)
+    run_seconds = run_positions / max(1, world_size) * seconds_per_position
+    return payoff(passes * seconds_per_position, run_seconds, MIN_ADVANTAGE)
 
 
 # Steps whose micro-batches `choose_batching` samples: evenly spread over the epoch.

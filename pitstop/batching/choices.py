@@ -31,7 +31,9 @@ from pitstop.core.errors import DataError
 from pitstop.core.run_record import ChoiceRecord, read_choices, write_choices
 
 __all__ = [
+    "NOT_MEASURED",
     "RUN_CHOICES",
+    "MeasureResult",
     "MeasuredChoices",
     "choice_key",
     "load_cached",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 RUN_CHOICES = run_record.CHOICES  # in the run directory
+# A measurement's key for "skipped: it would not pay back on this run" (the cost model
+# decided, with these numbers): such a record is not cached, so a longer run measures.
+NOT_MEASURED = run_record.NOT_MEASURED
 FORMAT = 1  # bump when the meaning of a stored choice changes: old entries are then ignored
 
 # Run settings a measurement depends on: they change the micro-batches timed (the step
@@ -53,6 +58,9 @@ KEY_SETTINGS = (
     "lora_target_modules", "load_in_4bit", "strategy", "device",
 )  # fmt: skip
 
+
+# What a measurement returns: (values, reasons, measurements), each keyed by the choice.
+MeasureResult = tuple[dict[str, Any], dict[str, str], dict[str, Any]]
 
 # One type for a measured choice, wherever it is kept (the cache, the run's choices.json):
 # the run record's, which validates its shape when read.
@@ -151,7 +159,7 @@ def resolve_measured(
     key: str,
     key_fields: dict[str, Any],
     cache_dir: str | Path,
-    measure: Callable[[], tuple[dict[str, Any], dict[str, str], dict[str, Any]]],
+    measure: Callable[[], MeasureResult],
     run_dir: str | Path | None = None,
     resume: bool = False,
     remeasure: bool = False,
@@ -181,6 +189,6 @@ def resolve_measured(
         reasons=reasons,
         measurements=measurements,
     )
-    if store_result:
+    if store_result and NOT_MEASURED not in measurements:
         save_measured(cache_dir, mc)
     return mc

@@ -32,14 +32,25 @@ from typing import Any
 import numpy as np
 
 from pitstop.batching.collate import collate
+from pitstop.batching.payoff import Payoff, payoff
 from pitstop.batching.plan import MicroBatchSpec, build_plan
 from pitstop.catalog.layouts import Layout
 
-__all__ = ["MicroSizeChoice", "SizeTrial", "choose_micro_rows", "packed_sample", "row_candidates"]
+__all__ = [
+    "SIZING_PASSES",
+    "MicroSizeChoice",
+    "SizeTrial",
+    "choose_micro_rows",
+    "modelled_rows",
+    "packed_sample",
+    "row_candidates",
+    "sizing_payoff",
+]
 
 GIB = 1 << 30
 HEADROOM = 0.10  # of the device memory: allocator fragmentation, the loss's temporaries
 MIN_ADVANTAGE = 0.05  # a larger micro-batch must be this much faster to be worth its memory
+SIZING_PASSES = 3  # forward+backward passes per size measured: one warm-up, then two timed
 
 
 @dataclass(frozen=True)
@@ -88,75 +99,150 @@ def choose_micro_rows(
 ) -> MicroSizeChoice:
     """Pick the micro-batch rows (see the module docstring). `measure(rows)` returns (peak
     bytes, seconds per micro-batch), with math.inf for both when it ran out of memory."""
-    cands = row_candidates(max(1, max_rows))
     budget = capacity_bytes * (1 - headroom) - reserved_bytes
-    trials: dict[int, SizeTrial] = {}
-
-    def trial(rows: int) -> SizeTrial:
-        if rows not in trials:
-            peak, sec = measure(rows)
-            tps = rows * row_tokens / sec if sec > 0 and not math.isinf(sec) else 0.0
-            trials[rows] = SizeTrial(rows, float(peak), float(sec), tps)
-        return trials[rows]
-
-    def fits(t: SizeTrial) -> bool:
-        return not t.out_of_memory and t.peak_bytes <= budget
-
-    small = [c for c in cands if c <= start_rows]
-    a = small[-1] if small else cands[0]
-    larger = [c for c in cands if c > a]
-    b = larger[0] if larger else None
-    ta = trial(a)
-    while not fits(ta) and a > cands[0]:  # even the start does not fit: go down
-        a = max(c for c in cands if c < a)
-        b = None
-        ta = trial(a)
-    predicted: dict[int, float] = {}
-    if fits(ta) and b is not None:
-        tb = trial(b)
-        if fits(tb):
-            slope = max((tb.peak_bytes - ta.peak_bytes) / (b - a), 1.0)
-            base = ta.peak_bytes - slope * a
-            predicted = {c: base + slope * c for c in cands}
-            pick = max(c for c in cands if c <= b or predicted[c] <= budget)
-            while pick > b and not fits(trial(pick)):  # confirm; step down if it did not fit
-                pick = max(c for c in cands if c < pick)
-            # Is the pick also the fastest? Time a halving ladder below it, down to b.
-            cur = pick
-            while (below := [c for c in cands if c <= cur // 2]) and below[-1] > b:
-                cur = below[-1]
-                trial(cur)
-    ok = sorted((t for t in trials.values() if fits(t)), key=lambda t: t.rows)
+    trials = _Trials(measure, row_tokens, budget)
+    smallest, predicted = _measure_ladder(trials, row_candidates(max(1, max_rows)), start_rows)
+    ok = sorted((t for t in trials.done.values() if trials.fits(t)), key=lambda t: t.rows)
+    tried = list(trials.done.values())
     if not ok:
-        best = ta  # the smallest tried (the loop above went down to it)
         why = (
-            f"even {best.rows} row(s) of {row_tokens} tokens did not fit in the budget of "
+            f"even {smallest.rows} row(s) of {row_tokens} tokens did not fit in the budget of "
             f"{_gib(budget)} ({_gib(capacity_bytes)} available, {headroom:.0%} headroom, "
             f"{_gib(reserved_bytes)} for the optimizer state); try --gradient-checkpointing"
         )
-        return MicroSizeChoice(best.rows, why, list(trials.values()), budget, predicted)
+        return MicroSizeChoice(smallest.rows, why, tried, budget, predicted)
     best = ok[0]
     for t in ok[1:]:
         if t.tokens_per_second > best.tokens_per_second * (1 + min_advantage):
             best = t
-    tried = ", ".join(
+    shown = ", ".join(
         f"{t.rows}: out of memory"
         if t.out_of_memory
         else f"{t.rows}: {_gib(t.peak_bytes)}, {t.tokens_per_second:,.0f} tok/s"
-        + ("" if fits(t) else " (over budget)")
-        for t in sorted(trials.values(), key=lambda t: t.rows)
+        + ("" if trials.fits(t) else " (over budget)")
+        for t in sorted(tried, key=lambda t: t.rows)
     )
     biggest = max(t.rows for t in ok)
     why = "the largest that fits" if best.rows == biggest else "fastest of those that fit"
     return MicroSizeChoice(
         best.rows,
-        f"{why} (measured rows: {tried}); budget {_gib(budget)} = {_gib(capacity_bytes)} "
+        f"{why} (measured rows: {shown}); budget {_gib(budget)} = {_gib(capacity_bytes)} "
         f"available - {headroom:.0%} headroom - {_gib(reserved_bytes)} optimizer state; "
         "tokens per optimizer step unchanged",
-        list(trials.values()),
+        tried,
         budget,
         predicted,
     )
+
+
+class _Trials:
+    """Each size measured once (`trial`), and whether it fits the budget (`fits`)."""
+
+    def __init__(
+        self, measure: Callable[[int], tuple[float, float]], row_tokens: int, budget: float
+    ) -> None:
+        self.measure, self.row_tokens, self.budget = measure, row_tokens, budget
+        self.done: dict[int, SizeTrial] = {}
+
+    def trial(self, rows: int) -> SizeTrial:
+        if rows not in self.done:
+            peak, sec = self.measure(rows)
+            ok = sec > 0 and not math.isinf(sec)
+            tps = rows * self.row_tokens / sec if ok else 0.0
+            self.done[rows] = SizeTrial(rows, float(peak), float(sec), tps)
+        return self.done[rows]
+
+    def fits(self, t: SizeTrial) -> bool:
+        return not t.out_of_memory and t.peak_bytes <= self.budget
+
+
+def _measure_ladder(
+    trials: _Trials, cands: list[int], start_rows: int
+) -> tuple[SizeTrial, dict[int, float]]:
+    """Steps 2-4 of the module docstring: two small sizes, the largest predicted to fit
+    (confirmed, else the next smaller), and a halving ladder below it. Returns (the
+    smallest size tried at the start, the peak predicted for each candidate)."""
+    small = [c for c in cands if c <= start_rows]
+    a = small[-1] if small else cands[0]
+    larger = [c for c in cands if c > a]
+    b = larger[0] if larger else None
+    ta = trials.trial(a)
+    while not trials.fits(ta) and a > cands[0]:  # even the start does not fit: go down
+        a = max(c for c in cands if c < a)
+        b = None
+        ta = trials.trial(a)
+    predicted: dict[int, float] = {}
+    if not trials.fits(ta) or b is None:
+        return ta, predicted
+    tb = trials.trial(b)
+    if not trials.fits(tb):
+        return ta, predicted
+    slope = max((tb.peak_bytes - ta.peak_bytes) / (b - a), 1.0)
+    base = ta.peak_bytes - slope * a
+    predicted = {c: base + slope * c for c in cands}
+    pick = max(c for c in cands if c <= b or predicted[c] <= trials.budget)
+    while pick > b and not trials.fits(trials.trial(pick)):  # confirm; else step down
+        pick = max(c for c in cands if c < pick)
+    # Is the pick also the fastest? Time a halving ladder below it, down to b.
+    cur = pick
+    while (below := [c for c in cands if c <= cur // 2]) and below[-1] > b:
+        cur = below[-1]
+        trials.trial(cur)
+    return ta, predicted
+
+
+def sizing_payoff(
+    *,
+    max_rows: int,
+    row_tokens: int,
+    run_positions: float,
+    seconds_per_position: float | None,
+    predicted_rows: int | None = None,
+) -> Payoff | None:
+    """Whether measuring the micro-batch can pay back on this run (None: no estimate).
+
+    Its cost: SIZING_PASSES passes at each size the rule measures, about 2 + 4 + the pick
+    + its halving ladder (the pick: the cost model's largest fit, else `max_rows`); what it
+    can gain over the cost model's pick: MIN_ADVANTAGE of the run (`run_positions`, this
+    process's share)."""
+    if not seconds_per_position:
+        return None
+    pick = max(1, min(max_rows, predicted_rows or max_rows))
+    rows = 2 + 4 + 2 * pick  # the two small sizes, the pick and its ladder (pick/2 + ...)
+    cost = SIZING_PASSES * rows * row_tokens * seconds_per_position
+    return payoff(cost, run_positions * seconds_per_position, MIN_ADVANTAGE)
+
+
+def modelled_rows(
+    predict: Callable[[int], float] | None,
+    *,
+    max_rows: int,
+    capacity_bytes: float,
+    headroom: float = HEADROOM,
+) -> tuple[int | None, str]:
+    """(rows, why) from the memory cost model, unmeasured: the largest divisor of a step's
+    rows whose predicted peak (`predict(rows)`: weights, gradients, optimizer state,
+    activations; pitstop.measure.cost_model) fits the device less the headroom; None (the
+    default split) without a prediction or when even one row does not fit."""
+    budget = capacity_bytes * (1 - headroom)
+    if predict is None:
+        return None, "no memory estimate for this model: the default split"
+    fit = [c for c in row_candidates(max(1, max_rows)) if predict(c) <= budget]
+    if not fit:
+        return None, f"the cost model fits not even 1 row in {_gib(budget)}: the default split"
+    rows = fit[-1]
+    return rows, (
+        f"the largest that fits by the memory cost model ({rows} rows: ~{_gib(predict(rows))} "
+        f"predicted of a budget of {_gib(budget)} = {_gib(capacity_bytes)} available - "
+        f"{headroom:.0%} headroom); tokens per optimizer step unchanged"
+    )
+
+
+def largest_predicted(
+    predict: Callable[[int], float] | None, max_rows: int, capacity_bytes: float
+) -> int | None:
+    """The cost model's largest fitting micro-batch, for estimating what sizing would run."""
+    return modelled_rows(predict, max_rows=max_rows, capacity_bytes=capacity_bytes)[0]
 
 
 def _gib(n: float) -> str:

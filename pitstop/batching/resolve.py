@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.batching.choices import NOT_MEASURED, MeasureResult
 from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
+from pitstop.batching.microsize import largest_predicted, modelled_rows, sizing_payoff
 from pitstop.batching.records import MicroBatch
 from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
 from pitstop.catalog.layouts import ANY_STEP_SIZE, Layout
@@ -56,7 +58,8 @@ class MicroSizer:
     `measure(batch)`: (peak bytes, seconds) of a forward+backward of a micro-batch dict
     (math.inf for both when it ran out of memory);
     `capacity_bytes`: device memory this run can use; `reserved_bytes`: what the first
-    optimizer step still allocates (not in a measured peak);
+    optimizer step still allocates (not in a measured peak); `predict(rows)`: the memory
+    cost model's peak, unmeasured;
     `start_peak_window()`: called once the batch shape is decided, after the last trial
     pass (the sizer's and `batching: auto`'s), so that the run's peak memory
     (pitstop.measure.memory) is its steps' and not its largest trial's.
@@ -66,6 +69,9 @@ class MicroSizer:
     capacity_bytes: float
     reserved_bytes: float
     start_peak_window: Callable[[], None] | None = None
+    # rows -> predicted peak bytes (the memory cost model): the pick where measuring would
+    # not pay back on the run (pitstop.batching.payoff); None: the default split there.
+    predict: Callable[[int], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,10 @@ class BatchRequest:
     `resume_strategy`: the newest checkpoint's layout (an `auto` run from before run
     records keeps it); `indices`: the store's sequence ids to train on (None: all);
     `lockstep`: equal micro-batch counts on every rank (FSDP); `sizer`: size the
-    micro-batch to the device; `out`: the run directory (its recorded choices on resume).
+    micro-batch to the device; `out`: the run directory (its recorded choices on resume);
+    `seconds_per_position`: a position's estimated forward+backward here, which weighs
+    each first-run measurement against the planned run (pitstop.batching.payoff; None:
+    measure as asked).
     """
 
     cfg: RunConfig
@@ -92,6 +101,7 @@ class BatchRequest:
     out: Path | None = None
     cache_dir: str | None = None
     sizer: MicroSizer | None = None
+    seconds_per_position: float | None = None
 
 
 def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
@@ -244,7 +254,10 @@ def _sized_micro_batch(
     max_rows = max_rows_per_rank(cfg, req.world_size)
     trained = sequence_targets(store)
 
-    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    def measure() -> MeasureResult:
+        unpaid = _unmeasured_micro_rows(req, sizer, max_rows)
+        if unpaid is not None:
+            return unpaid
         if req.rank == 0:
             log.info("pitstop: sizing the micro-batch to the device ...")
         step_tokens = max_rows * cfg.max_seq_len
@@ -281,7 +294,40 @@ def _sized_micro_batch(
         store_result=req.rank == 0,
     )
     mc = rank0_choice(mc, req.world_size)
-    return int(mc.values[MICRO_ROWS]), mc, mc.describe(MICRO_ROWS)
+    rows = mc.values[MICRO_ROWS]
+    return (int(rows) if rows else None), mc, mc.describe(MICRO_ROWS)
+
+
+def _unmeasured_micro_rows(
+    req: BatchRequest, sizer: MicroSizer, max_rows: int
+) -> MeasureResult | None:
+    """The micro-batch from the memory cost model, when measuring it would not pay back on
+    this run (pitstop.batching.payoff), as a measurement's (values, reasons, facts); None:
+    measure. One process only: with several a rank's out-of-memory has no back-off."""
+    pays = sizing_payoff(
+        max_rows=max_rows,
+        row_tokens=req.cfg.max_seq_len,
+        run_positions=planned_positions(req) / max(1, req.world_size),
+        seconds_per_position=req.seconds_per_position,
+        predicted_rows=largest_predicted(sizer.predict, max_rows, sizer.capacity_bytes),
+    )
+    if pays is None or pays.worth or req.world_size > 1:
+        return None
+    rows, why = modelled_rows(sizer.predict, max_rows=max_rows, capacity_bytes=sizer.capacity_bytes)
+    why = f"not measured: {pays.describe('sizing it')}; {why}"
+    return {MICRO_ROWS: rows}, {MICRO_ROWS: why}, {NOT_MEASURED: pays.to_dict()}
+
+
+def planned_positions(req: BatchRequest) -> float:
+    """The run's planned positions, every rank's, before any plan is built: max_steps full
+    steps, else its epochs of the training documents' tokens (packing fills rows nearly)."""
+    cfg = req.cfg
+    if cfg.max_steps:
+        s = BatchSettings.from_config(cfg, world_size=req.world_size, strategy=ANY_STEP_SIZE)
+        return float(cfg.max_steps * s.tokens_per_step)
+    lengths = np.asarray(req.store.lengths)
+    tokens = lengths[req.indices].sum() if req.indices is not None else lengths.sum()
+    return float(tokens) * float(cfg.epochs or 1.0)
 
 
 def _measured_batching(req: BatchRequest) -> ChoiceRecord:
@@ -298,7 +344,7 @@ def _measured_batching(req: BatchRequest) -> ChoiceRecord:
         if req.rank == 0:
             log.info(f"pitstop: {line}")
 
-    def measure() -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    def measure() -> MeasureResult:
         if req.run_micro_batch is None:
             raise ValueError("batching auto needs run_micro_batch")  # a bug, not user error
         auto = choose_batching(
@@ -311,6 +357,7 @@ def _measured_batching(req: BatchRequest) -> ChoiceRecord:
             lockstep=req.lockstep,
             broadcast=False,
             progress=say,
+            seconds_per_position=req.seconds_per_position,
         )
         found = {
             "timings": {k: asdict(t) for k, t in auto.timings.items()},
@@ -318,6 +365,8 @@ def _measured_batching(req: BatchRequest) -> ChoiceRecord:
             "noise": auto.noise,
             "rounds": auto.rounds,
         }
+        if auto.unpaid is not None:
+            found[NOT_MEASURED] = auto.unpaid.to_dict()
         # The layout's name, not the member: the record is JSON and read back as text.
         return {"batching": str(auto.strategy)}, {"batching": auto.reason}, found
 

@@ -3,8 +3,10 @@
 The root is `--cache-dir`, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop. Under it:
 `stores/<key>/` (token stores, pitstop.data.cache), `fingerprints/` (memoised file
 digests), `cpu_peak-<digest>.json` / `cpu_peak_bf16-<digest>.json` (the measured CPU peaks
-for MFU), `cpu_precision-<digest>.json` (fp32 against bf16 autocast at a model's shapes) and
-`compile_check-<digest>.json`.
+for MFU), `cpu_precision-<digest>.json` (fp32 against bf16 autocast at a model's shapes),
+`compile_check-<digest>.json`, `compile_speed-<digest>.json` (what torch.compile costs and
+gains for a configuration, pitstop.train.compile_record) and `inductor/` (torch inductor's
+own caches, unless TORCHINDUCTOR_CACHE_DIR is set).
 
 A measurement's file is named by a digest of its key (`keyed_cache_path`): one file per
 key, so a measurement under another key (other shapes, another thread count) never
@@ -27,6 +29,8 @@ CPU_PEAK = "cpu_peak.json"
 CPU_PEAK_BF16 = "cpu_peak_bf16.json"
 CPU_PRECISION = "cpu_precision.json"
 COMPILE_CHECK = "compile_check.json"
+COMPILE_SPEED = "compile_speed.json"
+INDUCTOR = "inductor"
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -57,6 +57,9 @@ SOURCE_PITSTOP, SOURCE_HF, SOURCE_SCRIPT = "pitstop", "hf", "script"
 SOURCES = (SOURCE_PITSTOP, SOURCE_HF, SOURCE_SCRIPT)
 
 # Bump when a field changes meaning. Files without the key are version 0 (before it existed).
+# A measured choice's facts carry this key when measuring was skipped because it would not
+# pay back on that run (pitstop.batching.payoff): the cost model decided, nothing timed.
+NOT_MEASURED = "not_measured"
 SCHEMA_VERSION = 1
 
 # --- shape checks --------------------------------------------------------------------------
@@ -521,6 +524,9 @@ class ChoiceRecord:
 
     def describe(self, name: str) -> str:
         """The banner's reason for `name`: how it was decided, when, and the numbers."""
+        if NOT_MEASURED in self.measurements:  # the cost model decided: nothing was timed
+            kept = "kept from this run: " if self.source == "run" else ""
+            return f"{kept}{self.reasons.get(name, '')}"
         when = _human_time(self.measured_at)
         how = {
             "measured": f"measured {when}",

@@ -632,6 +632,11 @@ def sharded(est: MemoryEstimate, n: int) -> int:
     return int((est.weights + est.optimizer_states) / n + gathered + max(forward, step))
 
 
+def peak_at(shape: ModelShape, plan: Plan, rows: int) -> int:
+    """The estimated peak bytes of `plan` with micro-batches of `rows` rows."""
+    return estimate_memory(shape, replace(plan, micro_batch_size=rows)).peak
+
+
 def max_micro_batch(
     shape: ModelShape, usable_bytes: int, plan: Plan | None = None, *, limit: int = 4096
 ) -> int:

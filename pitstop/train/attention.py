@@ -102,4 +102,7 @@ def attention_kwargs(
     }
     if host:  # sdpa_docs: no packed-row detection (and its sync) in transformers
         kwargs["attention_mask"] = boundaries_only_mask(int(mb["position_ids"].shape[0]))
+        # Under torch.compile the number of documents is a dynamic size from the first
+        # graph on, not a new graph per layout (train/doc_op.py); eager runs ignore it.
+        torch._dynamo.maybe_mark_dynamic(cu, 0)
     return kwargs

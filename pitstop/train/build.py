@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 
 from pitstop import probe
 from pitstop.batching.loader import Loader
+from pitstop.batching.payoff import seconds_per_position
 from pitstop.batching.resolve import BatchRequest
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
@@ -38,6 +40,7 @@ from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import (
     attention_check,
     checkpoint,
+    compile_record,
     data,
     distributed,
     memory_plan,
@@ -48,6 +51,7 @@ from pitstop.train import (
     startup,
 )
 from pitstop.train.compile import compile_module
+from pitstop.train.compile_record import COMPILED_STEPS, EAGER_STEPS
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.forward import TimedMicroBatch, loss_choice
 from pitstop.train.optim import build_optimizer
@@ -73,6 +77,8 @@ class Run:
     wrapped: Any  # the model inside DDP/FSDP (or the model itself)
     forward_model: Any  # what the training forward calls: wrapped, or torch.compile of it
     compiled: bool
+    # A compiling run that measures compile's cost and gain on its first steps (eager first).
+    compile_timing: compile_record.CompileTiming | None
     loader: Loader
     geometry: data.Geometry
     eval_set: EvalSet | None
@@ -149,8 +155,8 @@ def build_run(
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
-    flops, peak_flops, peak_source, wrapped, forward_model = plan_compute(
-        cfg, m, model, geometry, total_steps, choices, faults
+    flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
+        cfg, m, model, geometry, total_steps, choices, faults, loader.settings
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
@@ -171,6 +177,7 @@ def build_run(
         wrapped=wrapped,
         forward_model=forward_model,
         compiled=bool(choices["compile"].value),
+        compile_timing=compile_timing,
         loader=loader,
         geometry=geometry,
         eval_set=eval_set,
@@ -300,7 +307,14 @@ def build_data(
         if tdev.type == "cuda" and not fsdp:
             optimizer = choices["optimizer"]
             sizer = memory_plan.cuda_sizer(
-                model, tdev, attention.value, autocast_dtype, optimizer, ddp=env.distributed
+                model,
+                tdev,
+                attention.value,
+                autocast_dtype,
+                optimizer,
+                ddp=env.distributed,
+                cfg=cfg,
+                precision=m.precision,
             )
         request = BatchRequest(
             cfg,
@@ -315,6 +329,7 @@ def build_data(
             out=out,
             cache_dir=cfg.cache_dir,
             sizer=sizer,
+            seconds_per_position=_seconds_per_position(cfg, m, model),
         )
         loader, geometry = data.build_loader(request)
         if held is not None:
@@ -342,6 +357,14 @@ def build_data(
     return loader, geometry, eval_set, data_key
 
 
+def _seconds_per_position(cfg: RunConfig, m: _Machine, model: Any) -> float | None:
+    """A position's estimated forward+backward on this device (FLOPs at an assumed MFU of
+    its peak): what each first-run measurement is weighed against (batching/payoff.py)."""
+    flops = cost_model.flops_model(model).per_token(cfg.max_seq_len)
+    peak, _ = device_peak(m.dev, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir))
+    return seconds_per_position(flops, peak, probe.ASSUMED_MFU_FOR_ESTIMATE)
+
+
 def plan_compute(
     cfg: RunConfig,
     m: _Machine,
@@ -350,10 +373,13 @@ def plan_compute(
     total_steps: int,
     choices: dict[str, Choice],
     faults: Faults = NO_FAULTS,
-) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any]:
-    """(FLOPs model, device peak, its source, the wrapped model, what the forward calls).
-    FLOPs of the whole model, before any sharding; the distributed wrapper after `auto`'s
-    timing (it times the plain model); compile decided from the estimated run time."""
+    settings: BatchSettings | None = None,
+) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any, compile_record.CompileTiming | None]:
+    """(FLOPs model, device peak, its source, the wrapped model, what the forward calls,
+    the timing of compile's cost and gain when this run measures it). FLOPs of the whole
+    model, before any sharding; the distributed wrapper after `auto`'s timing (it times the
+    plain model); compile decided by its measured payoff, or the estimated run time
+    (train/compile_record.py)."""
     device = m.dev
     flops = cost_model.flops_model(model)
     flops_per_token = flops.per_token(geometry.flops_seq_len)
@@ -364,12 +390,34 @@ def plan_compute(
         total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
     )
     wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env, precision=m.precision)
+    key = compile_record.speed_key(
+        cfg,
+        device=device.name,
+        world_size=m.env.world_size,
+        settings=settings,
+        attention=str(choices["attention"].value),
+        precision=m.precision,
+        threads=torch.get_num_threads() if device.type == "cpu" else None,
+    )
+    measured = compile_record.cached_speed(cfg.cache_dir, key) if cfg.compile != "off" else None
     choices["compile"] = probe.choose_compile(
-        cfg.compile, device, est, attention=choices["attention"].value
+        cfg.compile, device, est, steps=total_steps, measured=measured
     )
     compiled = bool(choices["compile"].value)
+    timing = None
+    if compiled:
+        compile_record.inductor_cache(cfg.cache_dir)
+        if measured is None and total_steps > EAGER_STEPS + COMPILED_STEPS:
+            timing = compile_record.CompileTiming(
+                key, cfg.cache_dir, sync=partial(_sync, m.device), save=m.env.rank == 0
+            )
     forward_model = compile_module(wrapped, m.env.rank, faults) if compiled else wrapped
-    return flops, peak_flops, peak_source, wrapped, forward_model
+    return flops, peak_flops, peak_source, wrapped, forward_model, timing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def build_optimizer_parts(

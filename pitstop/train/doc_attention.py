@@ -44,26 +44,31 @@ hand: no library computes per-document windowed attention with SDPA's fused kern
 
 from __future__ import annotations
 
-import functools
-import itertools
-from collections import defaultdict
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from pitstop.core.errors import short_repr
 from pitstop.train.attention import doc_boundaries, is_boundaries_only
+from pitstop.train.doc_kernel import BAND_BLOCK, MAX_CALLS, native_gqa, per_document_sdpa
+from pitstop.train.doc_op import compiled_sdpa_docs
+
+# The math lives in train/doc_kernel.py; its names stay importable from here.
+__all__ = [
+    "BAND_BLOCK",
+    "DOC_ATTENTION",
+    "MAX_CALLS",
+    "KernelMismatch",
+    "doc_sdpa_attention",
+    "native_gqa",
+    "per_document_sdpa",
+    "register",
+    "through_op",
+]
 
 DOC_ATTENTION = "sdpa_docs"
-
-# Above this many SDPA calls per layer, a GPU micro-batch runs one call per row under a
-# dense document mask: a launch costs the host ~5-10 us forward and again in backward,
-# and 8 rows x 4096 tokens of ~100-token documents would be ~330 of them per layer.
-MAX_CALLS = 32
-# Queries per call on a document longer than its window: each block sees the window's
-# keys before it as well, so a block of Q queries computes Q x (Q + W - 1) scores.
-BAND_BLOCK = 256
 
 # Keyword arguments transformers' attention layers pass that do not change what attention
 # computes (the boundaries are read separately; flags about caching and outputs).
@@ -85,6 +90,23 @@ _NEUTRAL = frozenset(
         "return_dict",
     }
 )
+
+
+# Set by `through_op`: eager calls take the compiled path (the op) too.
+_through_op = False
+
+
+@contextlib.contextmanager
+def through_op() -> Iterator[None]:
+    """Within it, `sdpa_docs` computes through the op a compiled graph calls
+    (train/doc_op.py) even when nothing is compiling: the start-up check (train/packcheck.py)
+    checks that path too, without compiling the model."""
+    global _through_op
+    before, _through_op = _through_op, True
+    try:
+        yield
+    finally:
+        _through_op = before
 
 
 class KernelMismatch(ValueError):
@@ -191,229 +213,12 @@ def doc_sdpa_attention(
         else:
             cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
     dropout_p = dropout if module.training else 0.0
-    out = per_document_sdpa(
-        query, key, value, cu, scale=scaling, dropout_p=dropout_p, window=sliding_window
-    )
+    if (_through_op or torch.compiler.is_compiling()) and not dropout_p:
+        # One opaque node for torch.compile: no graph break, no recompile per layout
+        # (train/doc_op.py). Eager runs keep the plain autograd of the same math.
+        out = compiled_sdpa_docs(query, key, value, cu, scale=scaling, window=sliding_window)
+    else:
+        out = per_document_sdpa(
+            query, key, value, cu, scale=scaling, dropout_p=dropout_p, window=sliding_window
+        )
     return out.view(B, T, H, D), None
-
-
-def native_gqa(
-    device_type: str,
-    dtype: torch.dtype,
-    capability: tuple[int, int] | None,
-    *,
-    masked: bool = False,
-) -> bool:
-    """Whether SDPA's own grouped-query path (``enable_gqa``) runs a fused kernel here.
-
-    On CUDA only the flash kernel takes it: fp16/bf16, sm80+, and no mask (a banded or
-    document mask rules flash out, and the memory-efficient kernel does not group heads).
-    Anywhere else there SDPA falls back to its math kernel, which materialises every
-    [B, H, T, T] score; the keys and values are repeated per head instead, as transformers'
-    eager path does. The CPU's fused kernel takes grouped heads in every dtype."""
-    if device_type != "cuda":
-        return True
-    half = dtype in (torch.float16, torch.bfloat16)
-    return half and not masked and capability is not None and capability >= (8, 0)
-
-
-def per_document_sdpa(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    *,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    window: int | None = None,
-    group: bool | None = None,
-    max_calls: int = MAX_CALLS,
-) -> torch.Tensor:
-    """Causal attention of each document alone, each query seeing at most `window` keys
-    (itself included; None: no window). query [B, H, T, D], key/value [B, H_kv, T, D],
-    `cu_seqlens` int [n_docs + 1] offsets into the flattened B*T positions (covering them
-    all) -> [B*T, H, D].
-
-    `group`: documents of equal length share a call, and more than `max_calls` calls
-    become one masked call per row (default: on CUDA, see the module docstring)."""
-    B, H, T, D = query.shape
-    h_kv = key.shape[1]
-    if window is not None and window < 1:
-        raise ValueError(f"sliding_window must be at least 1, got {window}")
-    bounds = cu_seqlens.tolist()  # host ints: a CPU tensor costs nothing, a GPU one one sync
-    if not bounds or bounds[0] != 0 or bounds[-1] != B * T:
-        raise ValueError(
-            f"cu_seq_lens_q must run from 0 to B*T = {B * T} (the flattened positions), "
-            f"got {bounds[:1]}..{bounds[-1:]}"
-        )
-    spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
-    if len(spans) == B and all(b - a == T for a, b in spans):
-        # One document per row (bucket, pad): one call over the rows as they are.
-        o = _causal(query, key, value, window, scale=scale, dropout_p=dropout_p)
-        return o.transpose(1, 2).reshape(B * T, H, D)
-    if group is None:
-        group = query.device.type == "cuda"
-    sizes = [b - a for a, b in spans]
-    if group and _calls(sizes, window) > max_calls:
-        return _masked_rows(query, key, value, spans, window, scale, dropout_p)
-    # [B*T, heads, D]: documents are contiguous spans of the flattened rows.
-    q = query.transpose(1, 2).reshape(B * T, H, D)
-    k = key.transpose(1, 2).reshape(B * T, h_kv, D)
-    v = value.transpose(1, 2).reshape(B * T, h_kv, D)
-    if group:
-        return _grouped(q, k, v, sizes, window, scale, dropout_p)
-    # Each document is a contiguous span of the flattened rows: its q/k/v are views (no
-    # gather), and the outputs, in document order, tile [B*T] exactly.
-    # [1, heads, L, D]: SDPA's fused CPU kernel takes 4-d inputs only (3-d ones fall back
-    # to the slower math path).
-    # torch.split, not slicing: a slice's backward writes its gradient into a zeroed
-    # full-size tensor (one [B*T, heads, D] fill per document and input), split's is one cat.
-    outs = [
-        _causal(
-            qd.transpose(0, 1)[None],
-            kd.transpose(0, 1)[None],
-            vd.transpose(0, 1)[None],
-            window,
-            scale=scale,
-            dropout_p=dropout_p,
-        )[0].transpose(0, 1)  # [L, H, D]
-        for qd, kd, vd in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
-    ]
-    return torch.cat(outs)
-
-
-def _capability(t: torch.Tensor) -> tuple[int, int] | None:
-    if t.device.type != "cuda":
-        return None
-    return _cuda_capability(t.device.index or 0)
-
-
-@functools.cache
-def _cuda_capability(index: int) -> tuple[int, int]:
-    """Asked once per device: `_sdpa` consults it on every call of every layer."""
-    return torch.cuda.get_device_capability(index)
-
-
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    *,
-    scale: float | None,
-    dropout_p: float,
-) -> torch.Tensor:
-    """One SDPA call, causal without `mask`; grouped key/value heads passed as a fused
-    kernel takes them here (`native_gqa`), else repeated per head."""
-    h, h_kv = q.shape[1], k.shape[1]
-    gqa = h_kv != h
-    if gqa and not native_gqa(q.device.type, q.dtype, _capability(q), masked=mask is not None):
-        from transformers.integrations.sdpa_attention import repeat_kv  # eager's own repeat
-
-        k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)
-        gqa = False
-    return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=gqa,
-    )
-
-
-def _causal(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    window: int | None,
-    *,
-    scale: float | None,
-    dropout_p: float,
-) -> torch.Tensor:
-    """Causal attention of [b, h, L, D] sequences, within `window` when they are longer."""
-    L = q.shape[2]
-    if window is None or window >= L:  # every key a query may see is within its window
-        return _sdpa(q, k, v, None, scale=scale, dropout_p=dropout_p)
-    # Blocks of queries, each over the keys its window reaches: memory and work grow with
-    # L x (block + window), not L^2.
-    block = max(window, BAND_BLOCK)
-    outs = []
-    for s in range(0, L, block):
-        e = min(L, s + block)
-        ks = max(0, s - window + 1)
-        mask = _band(s, e, ks, window, q.device)
-        outs.append(
-            _sdpa(
-                q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e], mask, scale=scale, dropout_p=dropout_p
-            )
-        )
-    return torch.cat(outs, dim=2)
-
-
-def _band(s: int, e: int, ks: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """[e - s, e - ks] bool: query s + i may see key ks + j (causal, within the window)."""
-    qi = torch.arange(s, e, device=device)[:, None]
-    kj = torch.arange(ks, e, device=device)[None, :]
-    allowed = kj <= qi
-    if window is not None:
-        allowed &= kj > qi - window
-    return allowed
-
-
-def _calls(sizes: list[int], window: int | None) -> int:
-    """SDPA calls the grouped path makes: one per distinct length, more for long ones."""
-    block = max(window or 0, BAND_BLOCK)
-    return sum(1 if window is None or n <= window else -(-n // block) for n in set(sizes))
-
-
-def _grouped(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sizes: list[int],
-    window: int | None,
-    scale: float | None,
-    dropout_p: float,
-) -> torch.Tensor:
-    """Documents of equal length stacked into one call each; outputs back in order."""
-    by_len: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(sizes):
-        by_len[n].append(i)
-    qs, ks_, vs = q.split(sizes), k.split(sizes), v.split(sizes)
-    outs: list[torch.Tensor | None] = [None] * len(sizes)
-    for idx in by_len.values():
-        # [n_docs, heads, L, D]
-        qd = torch.stack([qs[i] for i in idx]).transpose(1, 2)
-        kd = torch.stack([ks_[i] for i in idx]).transpose(1, 2)
-        vd = torch.stack([vs[i] for i in idx]).transpose(1, 2)
-        o = _causal(qd, kd, vd, window, scale=scale, dropout_p=dropout_p)
-        for j, i in enumerate(idx):
-            outs[i] = o[j].transpose(0, 1)  # [L, H, D]
-    return torch.cat(outs)  # type: ignore[arg-type]
-
-
-def _masked_rows(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    spans: list[tuple[int, int]],
-    window: int | None,
-    scale: float | None,
-    dropout_p: float,
-) -> torch.Tensor:
-    """One call over all rows under a dense [B, 1, T, T] document (and window) mask: the
-    launch cap's path, for micro-batches of many short documents."""
-    B, H, T, D = query.shape
-    doc = torch.empty(B * T, dtype=torch.int64)
-    for i, (a, b) in enumerate(spans):
-        doc[a:b] = i
-    doc = doc.view(B, T).to(query.device, non_blocking=True)
-    pos = torch.arange(T, device=query.device)
-    allowed = (doc[:, :, None] == doc[:, None, :]) & (pos[None, :] <= pos[:, None])[None]
-    if window is not None:
-        allowed &= (pos[None, :] > pos[:, None] - window)[None]
-    o = _sdpa(query, key, value, allowed[:, None], scale=scale, dropout_p=dropout_p)
-    return o.transpose(1, 2).reshape(B * T, H, D)

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from pitstop.batching.microsize import SIZING_PASSES
 from pitstop.batching.resolve import MicroSizer
 from pitstop.core.config import RunConfig
+from pitstop.core.errors import DataError
 from pitstop.measure import cost_model  # the one cost model: optimizer-state bytes
 from pitstop.probe import Choice
 from pitstop.train import checkpoint, distributed, model_io, optim
 from pitstop.train.forward import to_device, token_loss_sum
-
-_SIZING_PASSES = 3  # one warm-up, then the fastest of two timed
 
 
 def checkpoint_host_bytes(
@@ -51,8 +52,12 @@ def cuda_sizer(
     optimizer: Choice,
     *,
     ddp: bool = False,
+    cfg: RunConfig | None = None,
+    precision: str = "bf16",
 ) -> MicroSizer:
-    """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize)."""
+    """Measures a micro-batch's peak memory and time on this GPU (pitstop.batching.microsize);
+    with `cfg`, also predicts it from the memory cost model (what sizing falls back to where
+    measuring would not pay back on the run: pitstop.batching.payoff)."""
 
     def measure(mb: dict[str, Any]) -> tuple[float, float]:
         batch = to_device(mb, device, attention)  # the kernel the run trains with
@@ -62,7 +67,7 @@ def cuda_sizer(
             torch.cuda.reset_peak_memory_stats(device)
             # Two passes without zeroing: the second runs with the first's gradients alive,
             # as every micro-batch after the first of a step does. The first warms up.
-            for _ in range(_SIZING_PASSES):
+            for _ in range(SIZING_PASSES):
                 t0 = time.perf_counter()
                 token_loss_sum(model, batch, device.type, autocast_dtype).backward()
                 torch.cuda.synchronize(device)
@@ -86,7 +91,34 @@ def cuda_sizer(
         capacity,
         sizer_reserved_bytes(params, optimizer, ddp=ddp),
         start_peak_window=lambda: torch.cuda.reset_peak_memory_stats(device),
+        predict=memory_predictor(cfg, attention, precision) if cfg is not None else None,
     )
+
+
+def memory_predictor(
+    cfg: RunConfig, attention: str, precision: str
+) -> Callable[[int], float] | None:
+    """rows -> a micro-batch of that many rows' predicted peak bytes for a step (weights,
+    gradients, optimizer state, activations, logits: `cost_model.estimate_memory`); None
+    for a model the cost model cannot read."""
+    try:
+        shape = cost_model.shape_from_model_dir(cfg.model)
+    except (DataError, OSError, ValueError):
+        return None
+    plan = cost_model.Plan(
+        seq_len=cfg.max_seq_len,
+        precision=precision if precision in cost_model.COMPUTE_BYTES else "bf16",
+        attention=attention,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        lora_r=cfg.lora_r,
+        load_in_4bit=cfg.load_in_4bit,
+        optimizer=cfg.optimizer,
+    )
+
+    def predict(rows: int) -> float:
+        return float(cost_model.peak_at(shape, plan, rows))
+
+    return predict
 
 
 def sizer_reserved_bytes(

@@ -31,7 +31,7 @@ from pitstop.core.config import RunConfig
 from pitstop.core.run_record import RunSummary, write_summary
 from pitstop.measure.memory import peak_memory
 from pitstop.measure.timeline import Timeline
-from pitstop.probe import DeviceInfo
+from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending, run_dir
 from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
@@ -81,6 +81,14 @@ class Trainer:
         # the ranks agree on it at logging steps (train/cadence.py).
         self._guard = GuardedForward(run.wrapped, run.forward_model if run.compiled else None)
         self.cadence.compile_failed_here = lambda: self._guard.failed
+        settings = run.loader.settings
+        self._dynamic_width = (
+            run.compiled and settings is not None and not (settings.strategy.fixed_rows)
+        )
+        if hooks is not None:
+            # A measurement (pitstop profile, tune's trials) times its own steps, compile's
+            # first one included: compiled from its first step, nothing measured here.
+            run.compile_timing = None
 
         # --- the run's state (a resumed run restores it: the summary counts the whole run)
         self.state = RunState()
@@ -124,7 +132,13 @@ class Trainer:
         return next(self._batches)
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
-        return to_device(mb, self.run.device, self.run.choices["attention"].value)
+        batch = to_device(mb, self.run.device, self.run.choices["attention"].value)
+        if self._dynamic_width:
+            # Rows as wide as each micro-batch's longest (bucket): under torch.compile the
+            # width is a dynamic size from the first graph on, not a recompile (eager: no-op).
+            torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
+            torch._dynamo.maybe_mark_dynamic(batch["position_ids"], 1)
+        return batch
 
     def _loss(self, batch: DeviceBatch, model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
@@ -135,6 +149,9 @@ class Trainer:
         return token_loss_sum(forward, batch, self.run.device.type, self.run.autocast_dtype)
 
     def _forward(self, **kwargs: Any) -> Any:
+        timing = self.run.compile_timing
+        if timing is not None and timing.eager_now():  # compile's cost and gain measured
+            return self._guard.eager(**kwargs)  # the same math (train/compile_record.py)
         out = self._guard(**kwargs)
         if self.run.compiled and not self._guard.active:  # this rank fell back (train/compile.py)
             self._compile_fell_back()
@@ -289,8 +306,11 @@ class Trainer:
         """Steps until the cadence says the run is done; raises RunInterrupted on a signal."""
         tl.start_step()
         while self.cadence.running(self.state.step):
+            t_step = time.perf_counter()
             if not self._step_or_back_off(tl):
                 continue  # the same step again, from its first micro-batch
+            if self.run.compile_timing is not None:
+                self._time_compile(t_step)
             rec = tl.end_step()
             tl.start_step()  # logging, eval and checkpoint below count toward the next step
             self._pending[-1].record = rec
@@ -318,6 +338,32 @@ class Trainer:
                     total_steps=self.total_steps,
                     checkpoint=self.run.writer.last_written,
                 )
+
+    def _time_compile(self, t_step: float) -> None:
+        """Feed the step's seconds to the compile timing; once it has measured compile's
+        cost and gain (train/compile_record.py), record them in the compile choice."""
+        run = self.run
+        timing = run.compile_timing
+        assert timing is not None
+        if not run.compiled:  # the compile failed and this run went eager: nothing to time
+            run.compile_timing = None
+            return
+        timing.sync()  # a GPU's clock must cover the step's device work (these steps only)
+        speed = timing.step_done(time.perf_counter() - t_step)
+        if speed is None:
+            return
+        run.compile_timing = None
+        before = run.choices["compile"]
+        run.choices["compile"] = Choice(
+            True,
+            f"{before.reason}; {speed.describe()}",
+            {**(before.measured or {}), "measured": speed.to_dict()},
+        )
+        if self.is_main:
+            log.info(
+                f"pitstop: compile {speed.describe()}; kept for this configuration's next "
+                "run (compile: auto decides with it)"
+            )
 
     def _step_or_back_off(self, tl: Timeline) -> bool:
         """One optimizer step; False when a CUDA out-of-memory made the loader re-split

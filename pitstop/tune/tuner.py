@@ -160,8 +160,7 @@ def _real_run_would_compile(cfg: RunConfig, dev: Any, baseline: TrialResult, tps
     if not peak or not fpt:
         return False
     est = probe.estimated_run_seconds(steps, tps, fpt, peak)
-    attention = baseline.settings.attention
-    return bool(probe.choose_compile("auto", dev, est, attention=attention).value)
+    return bool(probe.choose_compile("auto", dev, est, steps=steps).value)
 
 
 def _warm_process(runner: Any, say: Callable[[str], None]) -> float:

@@ -31,3 +31,18 @@ def texts(n: int, seed: int = 0) -> list[str]:
 def write_truth(path: str | None, **values: Any) -> None:
     if path:
         Path(path).write_text(json.dumps(values), encoding="utf-8")
+
+
+def prompt_completion_data(data: Path, n: int = 260, test: int = 60) -> Path:
+    """A dataset directory TRL's `--dataset_name` reads offline: train.jsonl and test.jsonl
+    of prompt/completion records (the first third of each text is the prompt)."""
+    data.mkdir(parents=True, exist_ok=True)
+    rows = texts(n, 3)
+    for name, part in (("train", rows[: n - test]), ("test", rows[n - test :])):
+        with (data / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for x in part:
+                w = x.split()
+                k = max(1, len(w) // 3)
+                rec = {"prompt": " ".join(w[:k]), "completion": " " + " ".join(w[k:])}
+                f.write(json.dumps(rec) + "\n")
+    return data

@@ -1,0 +1,227 @@
+"""What torch.compile pays on the headline model: eager against compiled `pitstop train`,
+interleaved, and the payoff model's prediction against what the runs measured (issue 46).
+
+Each run is a whole `pitstop train` process of the headline model (bench/headline.py's CPU
+setup: a 4-layer, 256-wide Llama, 8k vocabulary, rows of 1024, 4,096 tokens a step,
+sdpa_docs) over every training chapter, for the same number of steps: `--compile off`
+against `--compile on`, alternating (off/on, then on/off, ...), each with a fresh cache
+directory, so every compiled run pays a cold compile (inductor's caches under it) and
+measures compile's cost on its first steps as any first compiled run does. The step count
+is chosen from a short eager calibration run so that each run trains about `--minutes`.
+
+Reported, medians over the pairs: trained tokens/s on the train clock and over the whole
+process (start to final model saved, the compile included), the compiled/eager ratios, the
+compile time and step times pitstop measured (summary.json: choices.compile.measured), what
+`compile: auto` would decide for a run of that length, and the payoff model's prediction
+of the train-clock saving (3 eager steps, the compile, then compiled steps, against every
+step eager) against the saving the runs measured.
+
+Usage:
+    python -m bench.compile_payoff              # 3 pairs of ~10-minute runs (about an hour)
+    python -m bench.compile_payoff --short      # the quick model, 1 pair of 24 steps (minutes)
+    python -m bench.compile_payoff --pairs 2 --minutes 5
+
+Timings are only as good as the machine is quiet: the report gives the CPU other processes
+used while each run ran (bench.headline's witness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    command_line,
+    describe_machine,
+    machine,
+    markdown_table,
+    write_result,
+)
+from bench.headline import CPU_FULL, CPU_QUICK, Setup, _pitstop_flags, _spawn, _tail, build_setup
+
+GOAL_TRAIN = 1.2  # compiled train tokens/s over eager
+GOAL_WHOLE = 1.1  # compiled whole-process tokens/s over eager, the compile included
+GOAL_PREDICTION = 0.25  # the payoff model's predicted saving within this of the measured
+
+
+def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int) -> dict[str, Any]:
+    """One `pitstop train` process with a fresh cache directory; its summary and clocks."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cache = out / "cache"
+    cmd = [sys.executable, "-m", "pitstop", "train", *_pitstop_flags(setup, cache)]
+    cmd += ["--output", str(out / "run"), "--compile", compile_, "--max-steps", str(steps)]
+    cmd += ["--log-steps", "50", "--report-to", "none"]
+    print(f"[compile_payoff] {compile_}: {steps} steps", flush=True)
+    sp = _spawn(cmd, out / "log.txt", timeout)
+    path = out / "run" / "summary.json"
+    if sp.rc != 0 or not path.is_file():
+        raise SystemExit(f"pitstop train --compile {compile_} failed: {_tail(out / 'log.txt')}")
+    s = json.loads(path.read_text())
+    choice = (s.get("choices") or {}).get("compile") or {}
+    return {
+        "compile": compile_,
+        "trained_tokens": s["trained_tokens"],
+        "train_seconds": s["train_seconds"],
+        "wall_seconds": sp.seconds,
+        "others_cores": sp.others_cores,
+        "steps": s.get("optimizer_steps"),
+        "compiled": choice.get("value"),
+        "measured": (choice.get("measured") or {}).get("measured"),
+    }
+
+
+def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
+    """Trained tokens per second of a short eager run (the step count's basis)."""
+    r = run_pitstop(setup, workdir / "calibrate", "off", 8, timeout)
+    return r["trained_tokens"] / r["train_seconds"]
+
+
+def predicted_saving(measured: dict[str, Any], steps: int) -> float:
+    """The payoff model's train-clock saving of a compiled run over an eager one of `steps`:
+    the compiled run's first EAGER_STEPS steps are eager, then the compile, then compiled
+    steps (pitstop.train.compile_record)."""
+    from pitstop.train.compile_record import EAGER_STEPS
+
+    eager, compiled = measured["eager_step_seconds"], measured["compiled_step_seconds"]
+    compiled_run = EAGER_STEPS * eager + measured["compile_seconds"]
+    compiled_run += (steps - EAGER_STEPS) * compiled
+    return steps * eager - compiled_run
+
+
+def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], list[str]]:
+    rows = []
+    for r in runs:
+        m = r.get("measured") or {}
+        rows.append([
+            r["compile"], f"{r['trained_tokens'] / r['train_seconds']:,.0f}",
+            f"{r['trained_tokens'] / r['wall_seconds']:,.0f}",
+            f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}",
+            f"{m['compile_seconds']:.1f}" if m else "",
+            f"{m['eager_step_seconds']:.3f} / {m['compiled_step_seconds']:.3f}" if m else "",
+            f"{r['others_cores']:.2f}" if r.get("others_cores") is not None else "n/a",
+        ])  # fmt: skip
+    by = {c: [r for r in runs if r["compile"] == c] for c in ("off", "on")}
+
+    def med(c: str, key: str) -> float:
+        return statistics.median(r["trained_tokens"] / r[key] for r in by[c])
+
+    train_x = med("on", "train_seconds") / med("off", "train_seconds")
+    whole_x = med("on", "wall_seconds") / med("off", "wall_seconds")
+    saving = statistics.median(r["train_seconds"] for r in by["off"]) - statistics.median(
+        r["train_seconds"] for r in by["on"]
+    )
+    facts = [r["measured"] for r in by["on"] if r.get("measured")]
+    goals = [
+        f"- compiled train tokens/s {train_x:.2f}x eager (goal >= {GOAL_TRAIN}x: "
+        f"{'met' if train_x >= GOAL_TRAIN else 'NOT met'})",
+        f"- compiled whole-process tokens/s {whole_x:.2f}x eager, the compile included (goal >= "
+        f"{GOAL_WHOLE}x: {'met' if whole_x >= GOAL_WHOLE else 'NOT met'})",
+    ]
+    if facts:
+        pred = statistics.median(predicted_saving(m, steps) for m in facts)
+        err = abs(pred - saving) / abs(saving) if saving else math.inf
+        goals.append(
+            f"- the payoff model predicted a train-clock saving of {pred:.0f} s; the runs "
+            f"measured {saving:.0f} s (medians): {err:.0%} off (goal within "
+            f"{GOAL_PREDICTION:.0%}: {'met' if err <= GOAL_PREDICTION else 'NOT met'})"
+        )
+        goals.append(f"- {auto_decision(facts[0], steps)}")
+    return rows, goals
+
+
+def auto_decision(facts: dict[str, Any], steps: int) -> str:
+    """What `compile: auto` decides for a run of `steps` with this measurement."""
+    from pitstop.probe import CompileSpeed, DeviceInfo, choose_compile
+
+    speed = CompileSpeed(
+        facts["compile_seconds"], facts["eager_step_seconds"], facts["compiled_step_seconds"],
+        "measured by these runs",
+    )  # fmt: skip
+    cpu = DeviceInfo("cpu", "cpu")
+    choice = choose_compile("auto", cpu, None, steps=steps, measured=speed)
+    short = choose_compile("auto", cpu, None, steps=max(1, steps // 20), measured=speed)
+    return (
+        f"compile: auto for a run of {steps} steps: {'compile' if choice.value else 'eager'} "
+        f"({choice.reason}); for {max(1, steps // 20)} steps: "
+        f"{'compile' if short.value else 'eager'}"
+    )
+
+
+HEADERS = [
+    "compile", "trained tok/s (train)", "trained tok/s (whole process)", "train / whole s",
+    "compile s (measured)", "step s eager / compiled (measured)", "other processes (cores)",
+]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.compile_payoff", description=__doc__)
+    p.add_argument("--short", action="store_true", help="the quick model, 1 pair of 24 steps")
+    p.add_argument("--pairs", type=int, help="eager/compiled pairs (default 3; --short 1)")
+    p.add_argument("--minutes", type=float, default=10.0, help="training minutes per run")
+    p.add_argument("--steps", type=int, help="steps per run (default: from --minutes)")
+    p.add_argument("--workdir", help="scratch directory (default .pitstop-cache/bench/...)")
+    p.add_argument("--out", help="results file (default bench/results/compile_payoff[-short].md)")
+    p.add_argument("--no-write", action="store_true", help="print the table only")
+    args = p.parse_args(argv)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU benchmark: no child may pick up a GPU
+    sizes = CPU_QUICK if args.short else CPU_FULL
+    suffix = "-short" if args.short else ""
+    workdir = Path(args.workdir or REPO_ROOT / ".pitstop-cache" / "bench" / f"compile{suffix}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ns = argparse.Namespace(
+        seed=0, data_seed=1234, lr=None, gpu=False, quick=args.short, vocab=None,
+        train_chapters=sizes.train_chapters if args.short else 10_000,
+    )  # fmt: skip
+    setup = build_setup(ns, sizes, workdir)
+    timeout = 4 * 3600
+    steps = args.steps or (24 if args.short else 0)
+    if not steps:
+        tps = calibrate(setup, workdir, timeout)
+        steps = math.ceil(args.minutes * 60 * tps / setup.tokens_per_step)
+        print(f"[compile_payoff] eager calibration: {tps:,.0f} tok/s -> {steps} steps", flush=True)
+    pairs = args.pairs or (1 if args.short else 3)
+    runs = []
+    for i in range(pairs):
+        for c in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            runs.append(run_pitstop(setup, workdir / f"{c}-{i}", c, steps, timeout))
+    rows, goals = summarize(runs, steps)
+    info = machine()
+    table = markdown_table(HEADERS, rows)
+    notes = [
+        f"Model: {setup.model_desc}; {setup.notes[0]}.",
+        f"Each run: `pitstop train` defaults, {steps} steps of {setup.tokens_per_step:,} tokens "
+        f"(rows of {setup.max_len}), a fresh cache directory (a cold compile), {pairs} "
+        "pair(s) interleaved; medians over the pairs.",
+        "The compiled runs' first 3 steps run eagerly (pitstop measures compile's cost and "
+        "gain on them), then compiled: the measured columns are pitstop's own record.",
+        f"Machine: {describe_machine(info)}; the whole benchmark took "
+        f"{time.perf_counter() - t0:.0f} s. Other processes' CPU while each run ran is in "
+        "the last column: above 0.25 cores the timings are noisy.",
+    ]
+    body = "\n".join(
+        [table, "", "Goals:", "", *goals, "", "Notes:", "", *[f"- {n}" for n in notes]]
+    )
+    print(table, "\n", "\n".join(goals), sep="\n")
+    if not args.no_write:
+        out = Path(args.out) if args.out else RESULTS_DIR / f"compile_payoff{suffix}.md"
+        title = "torch.compile's payoff on the headline model (pitstop train, eager vs compiled)"
+        path = write_result("compile_payoff", title, body, command=command_line(),
+                            machine_info=info, path=out)  # fmt: skip
+        print(f"\n[compile_payoff] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
