@@ -59,6 +59,24 @@ def test_timing_is_spent_only_where_the_planned_run_repays_it(store):
     assert plain.calls > 0
 
 
+def test_untimed_sdpa_docs_on_a_gpu_keeps_one_document_per_row(store):
+    """sdpa_docs on a GPU pays a launch per packed document, which positions do not count
+    (an H200 trained 2.6x slower with pack untimed than with the timed bucket): when timing
+    would not pay, the fewest positions among the layouts of one document per row win."""
+    short = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL, max_steps=2)
+    dev = FakeDevice(1e-6)
+
+    class OnGpu:  # the trainer's micro-batch runner names its kernel and device
+        attention, device_type = "sdpa_docs", "cuda"
+
+        def __call__(self, batch) -> None:
+            dev.run(batch)
+
+    choice = choose_batching(store, short, OnGpu(), clock=dev.clock, seconds_per_position=1e-6)
+    assert dev.calls == 0 and choice.unpaid is not None and not choice.unpaid.worth
+    assert choice.strategy == "bucket" and "pack left out" in choice.reason
+
+
 def test_auto_picks_the_fastest_measured_strategy(store):
     cfg = RunConfig(max_seq_len=MSL, tokens_per_step=8 * MSL)
     dev = FakeDevice(1e-6)

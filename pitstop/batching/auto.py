@@ -184,7 +184,7 @@ def choose_batching(
             seconds_per_position=seconds_per_position,
         )
         if pays is not None and not pays.worth:
-            choice = _cost_model_choice(laid.effs, laid.prepared, laid.skipped, kernel, pays)
+            choice = _unpaid_choice(laid, kernel, pays)
         else:
             timed = _time_rounds(
                 store,
@@ -482,6 +482,36 @@ def _cost_model_choice(
     reason = why + "".join(f"; {k} {v}" for k, v in skipped.items())
     choice = AutoChoice(best, reason, {}, skipped, 0.0, 0)  # type: ignore[arg-type]
     return dataclasses.replace(choice, unpaid=unpaid)
+
+
+# Where timing is skipped for a kernel the positions do not price (sdpa_docs on a GPU): one
+# document per row runs each micro-batch's attention as one fused causal call; packed rows
+# pay a launch per document, or a dense mask past the launch cap. Measured on an H200
+# (2026-11-27, bench/gpu_lent.sh, a 1.1B Llama): pack at 32 rows trained 18.4k tokens/s where
+# the timed choice, bucket at 16 rows, had trained 47.1k (2026-11-26, headline-gpu.md).
+ONE_CALL_LAYOUTS_ON_GPU = "sdpa_docs"
+
+
+def _unpaid_choice(laid: _LaidOut, kernel: str | None, pays: Payoff) -> AutoChoice:
+    """The layout when timing would not pay: the fewest positions, among the layouts of
+    one document per row where the kernel's cost is not in the positions (sdpa_docs on a
+    GPU: `cost_model_applies` is False for it for that reason)."""
+    if kernel != ONE_CALL_LAYOUTS_ON_GPU:
+        return _cost_model_choice(laid.effs, laid.prepared, laid.skipped, kernel, pays)
+    one_doc = {
+        k: v for k, v in laid.prepared.items() if not (Layout.lookup(k) or Layout.PACK).packed
+    }
+    if not one_doc:
+        return _cost_model_choice(laid.effs, laid.prepared, laid.skipped, kernel, pays)
+    choice = _cost_model_choice(laid.effs, one_doc, laid.skipped, kernel, pays)
+    packed = sorted(set(laid.prepared) - set(one_doc))
+    why = (
+        f"; {', '.join(packed)} left out: {kernel} on a GPU runs a packed row's attention as a "
+        "launch per document (a dense mask past its launch cap), which positions do not count; "
+        "one document per row is one fused call (an H200 trained 2.6x faster with bucket than "
+        "with pack untimed)"
+    )
+    return dataclasses.replace(choice, reason=choice.reason + why)
 
 
 def timing_payoff(
