@@ -12,11 +12,11 @@ import pytest
 
 import pitstop
 
-INPUT_MB = 40
+INPUT_MB = 16  # 16 chunks of 1 MiB: many windows' worth (it was 40: 2.5x the time, issue 45)
 # What prepare may add per process (parent, and the largest worker) to the peak after its
 # imports (torch, transformers, the tokenizer: ~330 MB here, more with a CUDA build): ~8x the
-# input, which holding the input's tokens would pass (a quarter of this input tokenized at
-# once peaked 380 MB above the imports). Measured: ~20 MB, at 10, 40 and 80 MB of input
+# input, which holding the input's tokens would pass (a quarter of a 40 MB input tokenized at
+# once peaked 380 MB above the imports, ~38x). Measured: ~20 MB, at 10, 40 and 80 MB of input
 # alike. (It was an absolute 1024 MB for an 80 MB input.)
 GROWTH_LIMIT_MB = 8 * INPUT_MB
 

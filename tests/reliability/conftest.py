@@ -1,7 +1,10 @@
 """Fixtures of the reliability suite: one token store and uninterrupted reference runs.
 
-The `soak` marker is registered here (until pyproject.toml lists it) and soak tests
-are deselected unless `-m` mentions `soak`, so `make test` never runs the long kill loop.
+Every test here carries the `reliability` marker: `make test-reliability` runs the suite,
+`make test` leaves it out, and CI (`.ci/run`) runs both (issue 45: a real CLI process per run,
+half of the whole suite's time). The `soak` marker is registered here (until pyproject.toml
+lists it) and soak tests are deselected unless `-m` mentions `soak`, so neither target runs
+the long kill loop.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "soak: long crash/kill loops, run by `make soak` only")
 
 
+HERE = Path(__file__).resolve().parent
+
+
+# First, so that `-m "not reliability"` (pytest's own hook) sees the marker.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.resolve().parents:
+            item.add_marker(pytest.mark.reliability)
     if "soak" in (config.getoption("markexpr") or ""):
         return
     keep = [i for i in items if i.get_closest_marker("soak") is None]

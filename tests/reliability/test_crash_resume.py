@@ -175,6 +175,28 @@ def test_sigkill_during_step_write_and_after_rename_then_resume(
 
 
 @pytest.mark.slow
+def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_newest(
+    tiny_model_dir, rel_store, reference, tmp_path
+):
+    """The run SIGKILLs itself inside its step-4 checkpoint write, after the weights are
+    written and before the marker: the partial holds the weights, yet step-2 stays the newest
+    checkpoint; `--resume` removes the partial and ends bit-identical to the run never killed.
+    (It was tests/test_train_run.py's, with a reference run of its own: issue 45.)"""
+    from pitstop.train.checkpoint import latest_checkpoint
+
+    out = tmp_path / "out"
+    killed = run(train_cmd(tiny_model_dir, rel_store, out), **die_at("ckpt-write:4"))
+    assert killed.returncode == KILLED, killed.stderr[-3000:]
+    partial = next((out / "checkpoints").glob(".step-4.partial-*"))
+    assert (partial / "model.safetensors").is_file()  # the weights were already written...
+    assert latest_checkpoint(out / "checkpoints").name == "step-2"  # ...but it is not taken
+    done = run(train_cmd(tiny_model_dir, rel_store, out, "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not partial.exists()
+    assert_same_as(out, reference)
+
+
+@pytest.mark.slow
 def test_sigkill_under_default_settings_then_resume(tiny_model_dir, rel_store, tmp_path):
     """Default settings (batching auto): kills right after the measurement, in a step,
     mid-write, right after a restore and after a rename; the run ends bit-identical to
