@@ -52,7 +52,7 @@ test-reliability: $(STAMP)
 
 # The real-client suite (tests/test_clients.py): pitstop on nanoGPT-style, accelerate,
 # Lightning, Trainer and TRL programs, each a process of its own; CI runs it after `make test`.
-# Each program's runs are one xdist group (they share a module fixture), so none runs twice.
+# Each program's tests are one xdist group (a worker makes its runs once and shares them).
 test-clients: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup --durations=10 -m clients
 
