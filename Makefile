@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # a fresh clone tests what the last green run tested, not whatever was released since.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo test test-clients test-reliability test-fast bench lint format soak soak-load clean test-oldest test-newest lock
+.PHONY: install demo test test-clients test-reliability test-long test-fast bench lint format soak soak-load clean test-oldest test-newest lock
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +37,18 @@ demo: $(STAMP)
 # we are root and it is missing; without it that one test skips and says why.
 CHROMIUM_INSTALL = command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || true
 
-# `make test` leaves out the real-client and reliability suites (their own targets below;
-# CI runs all three): on 2 cores it takes under 10 minutes (issue 45).
+# `make test` leaves out the real-client, reliability and long suites (their own targets
+# below; CI runs all four): on 2 cores it takes well under 10 minutes (issue 45).
 test: $(STAMP)
 	$(CHROMIUM_INSTALL)
-	$(PY) -m pytest -n 2 --durations=25 -m "not clients and not reliability"
+	$(PY) -m pytest -n 2 --durations=25 -m "not clients and not reliability and not long"
+
+# The longest multi-process and end-to-end runs (the `long` marker: torchrun DDP/FSDP2 runs
+# against one process, the headline and compare smoke runs, two measured-memory cases); CI
+# runs it after `make test`. Run it after a change to distributed training, checkpoints
+# under FSDP2, the benchmarks or the memory estimate.
+test-long: $(STAMP)
+	$(PY) -m pytest -n 2 --durations=15 -m long
 
 # The reliability suite (tests/reliability, docs/guarantees.md): each promise checked on real
 # `python -m pitstop` processes that are killed, signalled, starved of disk; CI runs it after

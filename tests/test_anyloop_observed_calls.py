@@ -318,6 +318,7 @@ def test_process_group_read_at_the_first_step(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_torchrun_run_records_its_world_size(tmp_path: Path) -> None:
     """`pitstop profile -- torchrun --nproc-per-node 2 loop.py`: rank 0 writes world_size 2."""
     loop = [str(ROOT / "tests" / "_linear_loop.py"), "--steps", "4"]

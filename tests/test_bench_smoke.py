@@ -30,6 +30,7 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_headline_quick_writes_the_table(tmp_path: Path) -> None:
     out = tmp_path / "headline.md"
     proc = _run(

@@ -75,6 +75,7 @@ def pitstop_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_compare_rerun_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,6 +96,7 @@ def test_compare_rerun_end_to_end(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_torchrun_launcher_form_rank0_writes(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():

@@ -122,6 +122,7 @@ def test_an_oom_in_compile_backs_off_and_keeps_compile(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ddp_compile_failure_on_one_rank_all_ranks_go_eager_wrapped(
     tiny_model_dir, store, tmp_path
 ) -> None:

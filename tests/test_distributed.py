@@ -18,7 +18,7 @@ import pytest
 from _train_util import assert_same_weights_across_ranks, free_port, rank_env
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = 4
 

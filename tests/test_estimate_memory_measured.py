@@ -4,12 +4,13 @@ How it is measured (honest on a CPU, where torch has no allocator statistics):
 each case runs in a fresh Python process with glibc's mmap threshold pinned at
 64 KiB (MALLOC_MMAP_THRESHOLD_), so every tensor buffer is its own mapping that
 goes back to the OS when freed and the resident set tracks live tensor bytes
-instead of heap the allocator keeps. The process records its resident set before
-building the model, trains one warm-up step, resets the kernel's high-water mark
-(/proc/self/clear_refs, 5), trains one more step, and reports VmHWM minus the
-starting resident set: weights + AdamW states + the step's peak, plus whatever
-the runtime itself allocates (autograd graph, thread buffers: ~30 MB, which is
-why the model is big enough for activations and states to dominate).
+instead of heap the allocator keeps. The process first trains one step of a tiny
+model of the same kind, so the runtime's one-off memory (modules imported on first
+use, BLAS threads, autograd's own buffers) is in the baseline, not the peak: without
+it that ~30-90 MB, varying by machine and load, put the checkpointing case at 0.80 on
+CI. Then it records its resident set, builds the model, trains one warm-up step,
+resets the kernel's high-water mark (/proc/self/clear_refs, 5), trains one more step,
+and reports VmHWM minus the baseline: weights + AdamW states + the step's peak.
 
 The loop is a bare transformers + AdamW(foreach) loop in fp32 (what pitstop runs
 on a CPU), since it measures the estimate's arithmetic rather than the trainer.
@@ -43,25 +44,32 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     cfg = LlamaConfig(**spec["config"])
     ids = torch.randint(0, cfg.vocab_size, (spec["batch"], spec["seq"]))
-    torch.ones(256, 256) @ torch.ones(256, 256)  # start BLAS threads before the baseline
-    gc.collect()
-    base = status("VmRSS")
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=spec["attention"])
-    model.train()
-    if spec["checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
-    def step():
+    def build(config):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=spec["attention"])
+        model.train()
+        if spec["checkpointing"]:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def step(model, opt, ids):
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    step()
+    # The runtime's own one-off memory (modules imported on first use, BLAS threads, autograd)
+    # is not the model's: a tiny model of the same kind trains one step before the baseline.
+    tiny = LlamaConfig(**{**spec["config"], "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 1, "vocab_size": 128})
+    step(*build(tiny), torch.randint(0, 128, (2, 16)))
+    gc.collect()
+    base = status("VmRSS")
+    model, opt = build(cfg)
+    step(model, opt, ids)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    step()
+    step(model, opt, ids)
     print(json.dumps({"peak_bytes": status("VmHWM") - base}))
     """
 )
@@ -99,8 +107,8 @@ def measure(batch: int, seq: int, attention: str, checkpointing: bool) -> int:
     ("attention", "checkpointing"),
     [
         ("sdpa", False),
-        pytest.param("eager", False, marks=pytest.mark.slow),
-        pytest.param("sdpa", True, marks=pytest.mark.slow),
+        pytest.param("eager", False, marks=[pytest.mark.slow, pytest.mark.long]),
+        pytest.param("sdpa", True, marks=[pytest.mark.slow, pytest.mark.long]),
     ],
 )
 def test_estimate_within_20_percent_of_measured_peak(attention: str, checkpointing: bool) -> None:
@@ -117,5 +125,5 @@ def test_estimate_within_20_percent_of_measured_peak(attention: str, checkpointi
     ratio = est.peak / measured
     print(f"{attention} checkpointing={checkpointing}: estimate {est.peak / 1e6:.1f} MB, "
           f"measured {measured / 1e6:.1f} MB, ratio {ratio:.3f}")  # fmt: skip
-    # Seen on the 2-core dev box: 0.96 (sdpa), 0.97 (eager), 0.91 (checkpointing).
+    # Seen on the 2-core dev box: 0.98 (sdpa), 0.98 (eager), 0.96 (checkpointing).
     assert 0.8 <= ratio <= 1.2

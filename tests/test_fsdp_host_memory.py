@@ -112,6 +112,7 @@ def test_final_save_without_a_kept_gather_waits_for_the_writer_first(monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_fsdp2_load_full_state_reads_on_rank_0_only_and_resumes_exactly(tmp_path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), str(REPO / "tests" / "_grad_accum_worker.py"),
@@ -129,6 +130,7 @@ STORE_DOCS = 12
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_fsdp2_full_fine_tune_resumes_bit_identically(tiny_model_dir, store, tmp_path) -> None:
     """Stopped after step 2 and resumed (rank 0 reads, FSDP2 broadcasts) == uninterrupted."""
 

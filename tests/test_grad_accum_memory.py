@@ -44,6 +44,7 @@ def _same_math(res: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ddp_no_sync_micro_batches_accumulate_into_the_buckets(tmp_path):
     for res in _ranks("ddp", tmp_path):
         for i, st in enumerate(res["steps"]):
@@ -57,6 +58,7 @@ def test_ddp_no_sync_micro_batches_accumulate_into_the_buckets(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_fsdp2_holds_only_sharded_gradients_between_micro_batches(tmp_path):
     for res in _ranks("fsdp", tmp_path):
         sharded, full = res["sharded_grad_bytes"], res["full_grad_bytes"]

@@ -26,7 +26,7 @@ from pitstop.core.errors import DataError
 from pitstop.data import prepare as prep
 from pitstop.data.store import WRITTEN, TokenStore, is_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Differ between two prepares of the same data: when, and how fast.
 _TIMING = ("created", "prepare_seconds", "tokens_per_second")
 
