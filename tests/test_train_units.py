@@ -7,6 +7,8 @@ import itertools
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -465,3 +467,22 @@ def test_inductor_caches_live_under_pitstops_cache_unless_the_user_set_theirs(
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/theirs")
     assert inductor_cache(tmp_path) == "/theirs"
+
+
+def test_torchs_own_default_in_the_environment_is_not_taken_for_the_users(tmp_path) -> None:
+    """Importing torch._dynamo writes torch's default cache dir into TORCHINDUCTOR_CACHE_DIR
+    (transformers imports it while loading a model, before pitstop compiles): pitstop's
+    cache still gets inductor's caches. Before the fix every compile wrote to
+    /tmp/torchinductor_<user> and a fresh pitstop cache was never a cold compile."""
+    code = (
+        "import os, sys, torch._dynamo\n"
+        "torch_set = os.environ.get('TORCHINDUCTOR_CACHE_DIR')\n"
+        "from pitstop.train.compile_record import inductor_cache\n"
+        "print(torch_set, inductor_cache(sys.argv[1]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    torch_set, ours = out.stdout.split()
+    assert torch_set != "None", "torch no longer writes its default: the case is gone"
+    assert ours == str(tmp_path / "inductor")

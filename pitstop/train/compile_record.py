@@ -156,13 +156,29 @@ def save_speed(cache_dir: str | Path | None, key: CompileKey, speed: CompileSpee
 
 def inductor_cache(cache_dir: str | Path | None) -> str:
     """Where inductor keeps its caches for this run: the user's TORCHINDUCTOR_CACHE_DIR if
-    set, else `<pitstop cache>/inductor` (set for this process, before the first compile)."""
+    set, else `<pitstop cache>/inductor` (set for this process, before the first compile).
+
+    Importing torch._dynamo (transformers does, loading a model) writes torch's default
+    (`<tmp>/torchinductor_<user>`) into TORCHINDUCTOR_CACHE_DIR, so that value is torch's
+    choice, not the user's: it is replaced like an unset one."""
     given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if given:
+    if given and os.path.abspath(given) != _torch_default_inductor_dir():
         return given
     where = str(cache_root(cache_dir) / INDUCTOR)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = where
     return where
+
+
+def _torch_default_inductor_dir() -> str:
+    """torch's own default inductor cache directory (what it writes into the environment)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # older torch: the same rule, written out
+        import getpass
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return os.path.abspath(default_cache_dir())
 
 
 class CompileTiming:
