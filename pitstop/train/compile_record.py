@@ -27,10 +27,12 @@ covers the device's work.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
 import statistics
+import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -174,9 +176,6 @@ def _torch_default_inductor_dir() -> str:
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:  # older torch: the same rule, written out
-        import getpass
-        import tempfile
-
         return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     return os.path.abspath(default_cache_dir())
 
