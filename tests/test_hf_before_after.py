@@ -11,6 +11,7 @@ fewer trained tokens, next to the steps/s and tokens/s ratios.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,10 @@ def test_report_and_estimate_read_hf_runs(
     capsys.readouterr()
     code = main(["estimate", "--from-profile", str(after), "--params", "1e6", "--tokens", "1e6"])
     out = capsys.readouterr().out
-    assert (
-        code == 0 and "measured" in out and "machine load " in out and " cores when measured" in out
-    )
+    assert code == 0 and "measured" in out
+    # The load it was measured under; where other processes or the hypervisor took CPU,
+    # that follows ("...; other processes used 0.6 of 2 cores (0.1 of it stolen by the
+    # hypervisor) when measured": CI's host once put the steal between "cores" and "when").
+    assert re.search(
+        r"machine load [\d.]+ on \d+ cores(; other processes [^\n]*)? when measured", out
+    ), out
