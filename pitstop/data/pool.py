@@ -35,6 +35,8 @@ TICK_SECONDS = 1.0
 WAITING: tuple[int, None] = (-1, None)
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# How long a terminated worker gets to go before it is killed.
+_TERMINATE_WAIT_SECONDS = 5.0
 
 
 def in_order(
@@ -108,12 +110,28 @@ def _init_worker(settings: Settings) -> None:
 
 
 def _end_workers(ex: ProcessPoolExecutor) -> None:
-    """Terminate the pool's workers now: shutting the pool down would wait for the chunk
-    each one is on (minutes, for a slow record)."""
-    if hasattr(ex, "terminate_workers"):  # Python 3.14
-        ex.terminate_workers()
-        return
-    # Before 3.14 the executor only exposes its processes as `_processes` (pid -> Process).
-    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+    """Terminate the pool's workers now (shutting the pool down would wait for the chunk
+    each one is on: minutes, for a slow record), then unblock the pool's manager thread.
+
+    A worker killed while it sends a result leaves half a message in the result pipe, and
+    the manager thread waits for the rest of it forever, so the `shutdown` after this would
+    never return (seen: a SIGTERM to `prepare --workers 2`, hung in 1 run of 3). The parent
+    holds the pipe's write end too; once every worker is gone, closing it turns that wait
+    into an end of file, which the manager takes for a broken pool and cleans up after.
+    Python 3.14's `terminate_workers` kills the workers but leaves that pipe as it is, so
+    the same steps run on every version, through the executor's private fields (stable
+    from 3.9 to 3.14; each step is skipped where a field is missing)."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for proc in procs:
         with contextlib.suppress(Exception):  # already gone
             proc.terminate()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(_TERMINATE_WAIT_SECONDS)
+            if proc.is_alive():  # SIGTERM held up (a worker not yet past its start)
+                proc.kill()
+                proc.join()
+    writer = getattr(getattr(ex, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        with contextlib.suppress(OSError):
+            writer.close()

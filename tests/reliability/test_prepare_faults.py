@@ -107,6 +107,47 @@ def test_a_stop_signal_to_the_group_while_workers_wait_prints_one_line(
     assert list((cache / "stores").iterdir()) == []  # stopped through its cleanup
 
 
+# A worker that writes the first bytes of a result message and stops there, as a worker
+# killed in the middle of sending its result does; the pool's manager thread then waits for
+# the rest. Run in a fresh process: a pool that hangs would hang pytest's exit too.
+_HALF_A_RESULT = """
+import os, struct, sys, time
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from pitstop.data import pool
+
+def half_a_result(fd):
+    os.write(fd, struct.pack("!i", 1 << 20) + b"only the start")  # 1 MiB promised
+    time.sleep(600)
+
+ex = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+fut = ex.submit(half_a_result, ex._result_queue._writer.fileno())
+time.sleep(1.0)  # the manager thread is in recv(), waiting for the rest
+pool._end_workers(ex)
+ex.shutdown(wait=True, cancel_futures=True)
+print("shut down:", type(fut.exception()).__name__)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork")
+def test_a_worker_killed_mid_result_does_not_hang_the_stop(tmp_path):
+    """The CI failure of 2026-11-28: SIGTERM to `prepare --workers 2` hung for 120 s, its
+    pool's manager thread in `recv()` of a result its killed worker had half sent."""
+    script = tmp_path / "half.py"
+    script.write_text(_HALF_A_RESULT)
+    proc = subprocess.Popen([sys.executable, str(script)], env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the script and its sleeping worker
+        proc.communicate()
+        pytest.fail("the pool's shutdown hung after its workers were terminated")
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == "shut down: BrokenProcessPool", out + err
+
+
 # --- a file-size limit ----------------------------------------------------------------
 
 
