@@ -66,10 +66,16 @@ def test_nproc_2_ddp_matches_one_process_and_resumes(tiny_model_dir, store, refe
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "pitstop", *_args(tiny_model_dir, store, out), "--nproc", "2"]
     # Stop after step 2 (as SIGTERM would), then resume with two processes again.
-    cut = subprocess.run(cmd, env=rank_env(PITSTOP_TEST_STOP_AT_STEP="2"), capture_output=True,
-                         text=True, timeout=240)  # fmt: skip
+    tmp = tmp_path / "tmpdir"  # the launch's temporary files: none may be left behind
+    tmp.mkdir()
+    cut = subprocess.run(cmd, env=rank_env(PITSTOP_TEST_STOP_AT_STEP="2", TMPDIR=str(tmp)),
+                         capture_output=True, text=True, timeout=240)  # fmt: skip
     assert cut.returncode != 0 and "launching 2 processes" in cut.stderr, cut.stderr
     assert "--nproc-per-node 2" in cut.stderr
+    left = [
+        p.name for p in tmp.iterdir() if p.name.startswith(("torchelastic_", "pitstop-launch-"))
+    ]
+    assert left == [], left  # torchrun's own log directory went with the launch's
     assert (out / "checkpoints" / "step-2" / "COMPLETE.json").is_file()
     done = subprocess.run([*cmd, "--resume"], env=rank_env(), capture_output=True, text=True,
                           timeout=240)  # fmt: skip
@@ -183,3 +189,4 @@ def test_launch_argv_is_a_list_without_a_shell(tmp_path):
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert argv[argv.index("--nproc-per-node") + 1] == "3"
     assert argv[-4:] == ["pitstop", "train", "--config", str(tmp_path / "run.yaml")]
+    assert Path(argv[argv.index("--log-dir") + 1]).parent == tmp_path  # removed with it

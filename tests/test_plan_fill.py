@@ -5,6 +5,7 @@ plan, and with it the golden losses and resumes, is unchanged."""
 from __future__ import annotations
 
 import bisect
+import sys
 
 import numpy as np
 import pytest
@@ -199,3 +200,54 @@ def test_rows_are_filled_chunk_by_chunk_the_same_in_parallel(monkeypatch) -> Non
     f, b = _fill_rows(lengths[:1000], 256)
     one_flat, one_bounds = _fill_chunks(lengths[:1000], 256)
     assert one_flat.tolist() == list(f) and one_bounds.tolist() == list(b)
+
+
+def _fill_in_a_worker_that_ignores_ctrl_c(lengths: np.ndarray, msl: int):
+    """The real fill, in a worker that must not run the parent's SIGINT handler (Ctrl-C
+    reaches the whole process group; the parent alone stops and prints)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        raise AssertionError(f"a fill worker handles SIGINT: {signal.getsignal(signal.SIGINT)}")
+    return _fill_rows(lengths, msl)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fill forks on Linux only")
+def test_fill_workers_leave_ctrl_c_to_the_parent(monkeypatch) -> None:
+    from pitstop.core.stopping import stop_on_signals
+
+    monkeypatch.setattr(plan_mod, "FILL_CHUNK", 1000)
+    monkeypatch.setattr(plan_mod, "FILL_WORKERS", 2)
+    monkeypatch.setattr(plan_mod, "_fill_rows", _fill_in_a_worker_that_ignores_ctrl_c)
+    lengths = _lengths("long_tailed", 4500, 256, 12)
+    with stop_on_signals("the test", "nothing"):  # the handler a forked worker would keep
+        flat, _ = _fill_chunks(lengths, 256)
+    assert sorted(flat.tolist()) == list(range(4500))
+
+
+def _a_fill_that_takes_minutes(lengths: np.ndarray, msl: int):
+    import time
+
+    time.sleep(600)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fill forks on Linux only")
+def test_a_stop_ends_the_fill_workers_at_once(monkeypatch) -> None:
+    """Ctrl-C while the workers are on chunks that take minutes: the planner stops at once
+    and its workers are ended, not waited for."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from pitstop.core.stopping import Stopped, stop_on_signals
+
+    monkeypatch.setattr(plan_mod, "FILL_CHUNK", 1000)
+    monkeypatch.setattr(plan_mod, "FILL_WORKERS", 2)
+    monkeypatch.setattr(plan_mod, "_fill_rows", _a_fill_that_takes_minutes)
+    lengths = _lengths("long_tailed", 4500, 256, 12)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(Stopped), stop_on_signals("the test", "nothing"):
+        _fill_chunks(lengths, 256)
+    assert time.monotonic() - start < 30  # not the 600 s each worker's chunk takes

@@ -61,6 +61,7 @@ import numpy as np
 
 from pitstop.batching.settings import BatchSettings
 from pitstop.catalog.layouts import Layout
+from pitstop.core import forked_workers
 
 __all__ = [
     "STEP_BAND",
@@ -318,17 +319,29 @@ def _filled(
             yield arrays(a, _fill_job(job(a, b)))
         return
     # fork: the workers start in milliseconds and need nothing but their chunk (Linux only:
-    # macOS offers fork but its system frameworks are not fork-safe)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+    # macOS offers fork but its system frameworks are not fork-safe). Their stop is prepare's
+    # pool's (`forked_workers`): Ctrl-C is the parent's alone, and a stop ends the workers.
+    ex = ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=forked_workers.worker_signals,
+    )
+    try:
         pending: deque[tuple[int, Future[tuple[array, array]]]] = deque()
         for a, b in spans:
-            pending.append((a, ex.submit(_fill_job, job(a, b))))
+            with forked_workers.stop_signals_blocked():  # a submit may fork a worker
+                pending.append((a, ex.submit(_fill_job, job(a, b))))
             if len(pending) > workers:
                 first, fut = pending.popleft()
                 yield arrays(first, fut.result())
         while pending:
             first, fut = pending.popleft()
             yield arrays(first, fut.result())
+    except BaseException:  # a stop, a failure, or the plan's reader gone (GeneratorExit)
+        forked_workers.end_workers(ex)
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 class _StepCutter:

@@ -402,8 +402,14 @@ def optimizer_state_by_name(
 
 
 def launch_argv(config_file: Path, nproc: int) -> list[str]:
-    """The torchrun command line of `--nproc N` (an argv list, never a shell string)."""
+    """The torchrun command line of `--nproc N` (an argv list, never a shell string).
+
+    torchrun's log directory goes beside the config file, in the launch's own temporary
+    directory: left to itself, torchrun makes a /tmp/torchelastic_* directory per run and
+    never removes it."""
+    log_dir = config_file.parent / "torchrun-logs"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--log-dir", str(log_dir)]
     train = ["-m", "pitstop", "train", "--config", str(config_file)]
     return [*torchrun, "--nproc-per-node", str(nproc), *train]
 

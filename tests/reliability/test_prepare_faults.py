@@ -114,7 +114,7 @@ _HALF_A_RESULT = """
 import os, struct, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
-from pitstop.data import pool
+from pitstop.core import forked_workers
 
 def half_a_result(fd):
     os.write(fd, struct.pack("!i", 1 << 20) + b"only the start")  # 1 MiB promised
@@ -123,7 +123,7 @@ def half_a_result(fd):
 ex = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
 fut = ex.submit(half_a_result, ex._result_queue._writer.fileno())
 time.sleep(1.0)  # the manager thread is in recv(), waiting for the rest
-pool._end_workers(ex)
+forked_workers.end_workers(ex)
 ex.shutdown(wait=True, cancel_futures=True)
 print("shut down:", type(fut.exception()).__name__)
 """
