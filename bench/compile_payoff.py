@@ -69,6 +69,7 @@ def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int
         raise SystemExit(f"pitstop train --compile {compile_} failed: {_tail(out / 'log.txt')}")
     s = json.loads(path.read_text())
     choice = (s.get("choices") or {}).get("compile") or {}
+    graphs = graphs_of(setup, cache, out / "graphs") if compile_ == "on" else None
     return {
         "compile": compile_,
         "trained_tokens": s["trained_tokens"],
@@ -78,7 +79,22 @@ def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int
         "steps": s.get("optimizer_steps"),
         "compiled": choice.get("value"),
         "measured": (choice.get("measured") or {}).get("measured"),
+        "graphs": graphs,
     }
+
+
+def graphs_of(setup: Setup, cache: Path, out: Path) -> int:
+    """The graphs the payoff model counts for this setup's micro-batches
+    (`pitstop.train.build.compile_graphs_of`), from the run's own cached choices."""
+    from pitstop.core.config import build_config
+    from pitstop.train.build import build_run, compile_graphs_of
+
+    values = {
+        "model": setup.model_dir, "data": [setup.train_file], "max_seq_len": setup.max_len,
+        "tokens_per_step": setup.tokens_per_step, "lr": setup.lr, "seed": setup.seed,
+        "cache_dir": str(cache), "output": str(out), "report_to": ["none"],
+    }  # fmt: skip
+    return compile_graphs_of(build_run(build_config(values, None)).loader)
 
 
 def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
@@ -87,14 +103,15 @@ def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
     return r["trained_tokens"] / r["train_seconds"]
 
 
-def predicted_saving(measured: dict[str, Any], steps: int) -> float:
+def predicted_saving(measured: dict[str, Any], steps: int, graphs: int = 1) -> float:
     """The payoff model's train-clock saving of a compiled run over an eager one of `steps`:
     the compiled run's first EAGER_STEPS steps are eager, then the compile, then compiled
-    steps (pitstop.train.compile_record)."""
+    steps (pitstop.train.compile_record), and a compile for each further graph its
+    micro-batch shapes make (probe.compile_graphs)."""
     from pitstop.train.compile_record import EAGER_STEPS
 
     eager, compiled = measured["eager_step_seconds"], measured["compiled_step_seconds"]
-    compiled_run = EAGER_STEPS * eager + measured["compile_seconds"]
+    compiled_run = EAGER_STEPS * eager + graphs * measured["compile_seconds"]
     compiled_run += (steps - EAGER_STEPS) * compiled
     return steps * eager - compiled_run
 
@@ -122,6 +139,7 @@ def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], 
         r["train_seconds"] for r in by["on"]
     )
     facts = [r["measured"] for r in by["on"] if r.get("measured")]
+    graphs = max([r.get("graphs") or 1 for r in by["on"]] or [1])
     goals = [
         f"- compiled train tokens/s {train_x:.2f}x eager (goal >= {GOAL_TRAIN}x: "
         f"{'met' if train_x >= GOAL_TRAIN else 'NOT met'})",
@@ -129,19 +147,21 @@ def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], 
         f"{GOAL_WHOLE}x: {'met' if whole_x >= GOAL_WHOLE else 'NOT met'})",
     ]
     if facts:
-        pred = statistics.median(predicted_saving(m, steps) for m in facts)
+        pred = statistics.median(predicted_saving(m, steps, graphs) for m in facts)
         err = abs(pred - saving) / abs(saving) if saving else math.inf
         goals.append(
             f"- the payoff model predicted a train-clock saving of {pred:.0f} s; the runs "
             f"measured {saving:.0f} s (medians): {err:.0%} off (goal within "
             f"{GOAL_PREDICTION:.0%}: {'met' if err <= GOAL_PREDICTION else 'NOT met'})"
         )
-        goals.append(f"- {auto_decision(facts[0], steps)}")
+        goals.append(f"- {auto_decision(facts[0], steps, graphs)}")
     return rows, goals
 
 
-def auto_decision(facts: dict[str, Any], steps: int) -> str:
-    """What `compile: auto` decides for a run of `steps` with this measurement."""
+def auto_decision(facts: dict[str, Any], steps: int, graphs: int = 1) -> str:
+    """What `compile: auto` decides for a run of `steps` with this measurement and the
+    setup's micro-batch shapes (`graphs`: counted over the epoch, an upper bound for the
+    shorter run)."""
     from pitstop.probe import CompileSpeed, DeviceInfo, choose_compile
 
     speed = CompileSpeed(
@@ -149,8 +169,10 @@ def auto_decision(facts: dict[str, Any], steps: int) -> str:
         "measured by these runs",
     )  # fmt: skip
     cpu = DeviceInfo("cpu", "cpu")
-    choice = choose_compile("auto", cpu, None, steps=steps, measured=speed)
-    short = choose_compile("auto", cpu, None, steps=max(1, steps // 20), measured=speed)
+    choice = choose_compile("auto", cpu, None, steps=steps, measured=speed, graphs=graphs)
+    short = choose_compile(
+        "auto", cpu, None, steps=max(1, steps // 20), measured=speed, graphs=graphs
+    )
     return (
         f"compile: auto for a run of {steps} steps: {'compile' if choice.value else 'eager'} "
         f"({choice.reason}); for {max(1, steps // 20)} steps: "

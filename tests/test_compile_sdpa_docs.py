@@ -133,12 +133,14 @@ class _Recording:
     (a run that measures compile's payoff runs its first steps eagerly)."""
 
     layouts: set[tuple[int, ...]]
+    rows: list[int]  # each compiled micro-batch's row count, in order
 
     def to_device(self, mb):
         batch = super().to_device(mb)  # type: ignore[misc]
         timing = self.run.compile_timing  # type: ignore[attr-defined]
         if self.run.compiled and (timing is None or not timing.eager_now()):  # type: ignore[attr-defined]
             self.layouts.add(tuple(batch["cu_seq_lens_q"].tolist()))
+            self.rows.append(int(batch["input_ids"].shape[0]))
         return batch
 
 
@@ -158,12 +160,13 @@ def _train(model_dir: Path, store: Path, out: Path, compile_: str) -> dict[str, 
     torch._dynamo.reset()
     counters.clear()
     trainer = Recording.from_config(cfg, save_final=False)
-    trainer.layouts = set()
+    trainer.layouts, trainer.rows = set(), []
     summary = trainer.fit()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     result = {
         "losses": [r["loss"] for r in lines],
         "layouts": trainer.layouts,
+        "rows": trainer.rows,
         "graphs": counters["stats"]["unique_graphs"],
         "breaks": dict(counters["graph_break"]),
         "compiled": summary.to_json()["choices"]["compile"]["value"],
@@ -211,6 +214,19 @@ def test_a_compiled_run_has_no_graph_break_and_at_most_two_graphs_over_its_layou
     assert len(on["layouts"]) >= 10, "the test needs at least ten document layouts"
     assert on["breaks"] == {}
     assert 1 <= on["graphs"] <= 2, on
+
+
+@pytest.mark.slow
+def test_the_payoff_model_counts_the_graphs_dynamo_built(runs):
+    """`probe.compile_graphs`, from the row counts of the micro-batches that ran compiled
+    (the batches themselves), against dynamo's own count of the graphs it built. The run
+    mixes micro-batches of 2 rows and of 1 (steps of 3 and 5 packed rows), so the count is
+    more than one graph."""
+    from pitstop.probe import compile_graphs
+
+    on = runs["on"]
+    assert set(on["rows"]) == {1, 2}, "the test needs micro-batches of one row and of two"
+    assert compile_graphs(on["rows"][0], on["rows"]) == on["graphs"] == 2
 
 
 @pytest.mark.slow
