@@ -156,10 +156,10 @@ def build_run(
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    graphs = compile_graphs_of(loader) if cfg.compile == "auto" else 1
     flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
-        cfg, m, model, geometry, total_steps, choices, faults, loader.settings,
-        graphs=compile_graphs_of(loader) if cfg.compile == "auto" else 1,
-    )  # fmt: skip
+        cfg, m, model, geometry, total_steps, choices, faults, loader.settings, graphs=graphs
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
     writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
