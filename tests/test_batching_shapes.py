@@ -54,3 +54,25 @@ def test_bucket_rows_are_not_counted():
                       seed=1, epoch=0)  # fmt: skip
     s = BatchSettings("bucket", MSL, 512, micro_batch_size=2)
     assert micro_batch_rows(plan, s) is None
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_ranks_share_counts_as_the_whole_plan_walked(lockstep):
+    """Under torchrun each rank keeps only its share of the plan (`build_rank_plans`): its
+    counted row counts are the ones its own micro-batches have."""
+    from pitstop.batching.rank_plan import build_rank_plans
+    from pitstop.catalog.layouts import Layout
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, MSL + 1, size=600).astype(np.int64)
+    # Steps of ~16 rows dealt to 3 ranks in micro-batches of 3: without lockstep ranks 1
+    # and 2 never get a one-row micro-batch; with it, FSDP's fillers give them some.
+    s = BatchSettings("pack", MSL, 2048, micro_batch_size=3, world_size=3)
+    for rank in range(3):
+        (share,) = build_rank_plans(lengths, settings={Layout.parse("pack"): s}, seed=1, epoch=0,
+                                    rank=rank, lockstep=lockstep).values()  # fmt: skip
+        got = micro_batch_rows(share, s, rank, lockstep=lockstep)
+        assert got is not None
+        assert (got.first, set(got.sizes)) == _walked(share, s, rank, lockstep), rank
+        if rank:
+            assert (1 in got.sizes) is lockstep  # the case the test is for

@@ -246,8 +246,12 @@ def test_a_stop_ends_the_fill_workers_at_once(monkeypatch) -> None:
     monkeypatch.setattr(plan_mod, "FILL_WORKERS", 2)
     monkeypatch.setattr(plan_mod, "_fill_rows", _a_fill_that_takes_minutes)
     lengths = _lengths("long_tailed", 4500, 256, 12)
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
-    with pytest.raises(Stopped), stop_on_signals("the test", "nothing"):
-        _fill_chunks(lengths, 256)
+    try:
+        with pytest.raises(Stopped), stop_on_signals("the test", "nothing"):
+            ctrl_c.start()
+            _fill_chunks(lengths, 256)
+    finally:
+        ctrl_c.cancel()  # never a SIGINT to pytest itself, whatever happened above
     assert time.monotonic() - start < 30  # not the 600 s each worker's chunk takes

@@ -37,16 +37,16 @@ def micro_batch_rows(
         return None
     world = settings.world_size
     per_step = np.diff(np.asarray(plan.step_bounds, dtype=np.int64))
-    if plan.rank is not None:  # a rank's share holds only its own rows
-        ranks = {plan.rank: per_step}
-    else:  # rows r0 + rank, r0 + rank + world, ...
-        ranks = {r: np.maximum(0, (per_step - r + world - 1) // world) for r in range(world)}
     if settings.micro_batch_size is not None:
         k = settings.micro_batch_size
     else:
         assert settings.tokens_per_micro_batch is not None
         k = max(1, settings.tokens_per_micro_batch // plan.max_seq_len)
-    mine = ranks.get(rank, per_step)
+
+    def rows_of(r: int) -> np.ndarray:  # rows r0 + r, r0 + r + world, ... of each step
+        return np.maximum(0, (per_step - r + world - 1) // world)
+
+    mine = per_step if plan.rank is not None else rows_of(rank)  # a share: its own rows
     sizes: set[int] = set()
     if (mine >= k).any():
         sizes.add(k)
@@ -54,9 +54,11 @@ def micro_batch_rows(
     sizes.update(int(x) for x in np.unique(rest[rest > 0]))
     if (mine == 0).any():
         sizes.add(1)  # a filler row
-    if lockstep and world > 1 and plan.rank is None:
-        counts = np.stack([np.maximum(1, -(-n // k)) for n in ranks.values()])
-        if (np.maximum(1, -(-mine // k)) < counts.max(axis=0)).any():
-            sizes.add(1)  # lockstep fillers
+    if lockstep and world > 1:  # fillers up to the rank with the most micro-batches
+        most = plan.step_most
+        if most is None:
+            most = np.max([np.maximum(1, -(-rows_of(r) // k)) for r in range(world)], axis=0)
+        if (np.maximum(1, -(-mine // k)) < most).any():
+            sizes.add(1)
     first = int(min(k, mine[0])) or 1
     return MicroBatchRows(first, frozenset(sizes))

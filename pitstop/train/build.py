@@ -419,7 +419,7 @@ def plan_compute(
     return flops, peak_flops, peak_source, wrapped, forward_model, timing
 
 
-def compile_graphs_of(loader: Any) -> int:
+def compile_graphs_of(loader: Loader) -> int:
     """Graphs torch.compile would build over the loader's micro-batches (`probe.
     compile_graphs`), counted on the first epoch's plan; 1 where that cannot be counted
     (bucket's rows vary in width as well, or a loader object the caller passed)."""
