@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -714,6 +714,40 @@ def choose_optimizer(dev: DeviceInfo) -> Choice:
             "CUDA: fused AdamW (one kernel for all parameters; skips non-finite steps without a sync)",
         )
     return Choice("adamw_foreach", "CPU: AdamW with multi-tensor (foreach) updates")
+
+
+def choose_host_memory(
+    requested: str, dev: DeviceInfo, environ: Mapping[str, str] | None = None
+) -> Choice:
+    """Whether the run keeps freed host memory for its next step (core/host_malloc.py):
+    `auto` on a CPU run, unless the process already chose its allocator. Deciding is pure;
+    `apply_host_memory` acts on the decision."""
+    from pitstop.core import host_malloc
+
+    if requested == "off":
+        return Choice(False, "--keep-freed-memory off: glibc's defaults")
+    if requested == "auto" and dev.type == "cuda":
+        return Choice(False, "a GPU run: its tensors live in CUDA's caching allocator")
+    own = host_malloc.own_allocator_setting(environ)
+    if own is not None:
+        return Choice(False, f"the process's own allocator setting is kept ({own})")
+    how = "--keep-freed-memory on" if requested == "on" else "CPU training"
+    return Choice(
+        True,
+        f"{how}: freed host memory is kept for the next step (glibc mallopt: mmap and trim "
+        "thresholds raised), so a step does not page-fault its tensors in again",
+    )
+
+
+def apply_host_memory(choice: Choice) -> Choice:
+    """Act on `choose_host_memory`'s decision; the choice as it stands after (why not, if
+    glibc could not do it)."""
+    if not choice.value:
+        return choice
+    from pitstop.core import host_malloc
+
+    problem = host_malloc.keep_freed()
+    return choice if problem is None else Choice(False, f"not kept: {problem}")
 
 
 def apply_backend_flags(dev: DeviceInfo, tf32: Choice) -> None:

@@ -48,8 +48,8 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "weight_decay", "max_grad_norm", "optimizer", "adam_betas", "seed", "max_bad_steps",
     ),
     "precision and speed": (
-        "precision", "attention", "compile", "gradient_checkpointing", "device", "strategy",
-        "nproc",
+        "precision", "attention", "compile", "keep_freed_memory", "gradient_checkpointing",
+        "device", "strategy", "nproc",
     ),
     "LoRA and QLoRA": (
         "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit",

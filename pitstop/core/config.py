@@ -150,6 +150,12 @@ class RunConfig:
     )
     attention: Attention = _f("auto", "attention kernel", cmds=RUNNERS)
     compile: OnOffAuto = _f("auto", "torch.compile the model", cmds=RUNNERS)
+    keep_freed_memory: OnOffAuto = _f(
+        "auto",
+        "keep freed host memory for the next step instead of handing it back to the OS "
+        "(glibc; auto: on when training on the CPU)",
+        cmds=RUNNERS,
+    )
     gradient_checkpointing: bool = _f(
         False, "recompute activations in backward to save memory", cmds=RUNNERS
     )

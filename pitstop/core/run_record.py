@@ -260,6 +260,7 @@ class RunSummary:
     world_size: int | None = _kind("int")
     time_breakdown: dict[str, float] = _kind("num_map", {})  # seconds per phase
     checkpoint_pause_seconds: float | None = _kind("num")
+    host_page_faults_per_step: float | None = _kind("num")  # after the first step
     checkpoint_write_seconds: float | None = _kind("num")
     checkpoint_host_buffer_bytes: float | None = _kind("num")
     skipped_steps: int | None = _kind("int")

@@ -224,6 +224,8 @@ def place_run(
     if problems:
         raise ConfigError(problems, header="invalid configuration for several processes:")
     choices["device"] = dev_choice
+    host = probe.choose_host_memory(cfg.keep_freed_memory, device)
+    choices["host_memory"] = probe.apply_host_memory(host)
     # Several CPU processes would each time the CPU alone and might disagree: they keep
     # the unmeasured answer (fp32) unless bf16 is asked for.
     # A resumed run keeps the precision its first life measured (choices.json), so a

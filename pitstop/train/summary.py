@@ -103,12 +103,14 @@ def trainer_summary(
     config: dict[str, Any],
     resumed_from: str | None,
     final_saved: bool = True,
+    faults_per_step: float | None = None,
 ) -> RunSummary:
     """The `pitstop train` run's summary.json so far. `checkpoints` is the run's checkpoint
     writer (its best checkpoint, write seconds and host buffer); `t_process` the
     time.time() this process started (wall_seconds adds the runs before a resume); `cpu_start`
     the CPU times other processes' share of the machine is measured from; `final_saved` False:
-    a measurement run that keeps no final model (`Trainer(save_final=False)`)."""
+    a measurement run that keeps no final model (`Trainer(save_final=False)`);
+    `faults_per_step` the process's minor page faults per step after its first."""
     import torch  # the trainer has it loaded; torch-free readers never call this
 
     ts = state.train_seconds
@@ -142,6 +144,7 @@ def trainer_summary(
         world_size=world_size,
         time_breakdown=dict(state.phase_totals),
         checkpoint_pause_seconds=state.ckpt_pause,
+        host_page_faults_per_step=faults_per_step,
         checkpoint_write_seconds=checkpoints.write_seconds,
         checkpoint_host_buffer_bytes=checkpoints.staging.nbytes,
         skipped_steps=state.skipped_steps,

@@ -26,7 +26,7 @@ import torch
 
 from pitstop.batching.loader import Loader
 from pitstop.batching.records import MicroBatch, MicroBatchMeta
-from pitstop.core import log, runlock
+from pitstop.core import host_malloc, log, runlock
 from pitstop.core.config import RunConfig
 from pitstop.core.run_record import RunSummary, write_summary
 from pitstop.measure.memory import peak_memory
@@ -100,6 +100,7 @@ class Trainer:
         self._bad_run_t = torch.zeros((), device=run.device)
         self._pending: list[PendingStep] = []
         self.train_seconds_now = 0.0
+        self._faults_from: tuple[int, int] | None = None  # (step, minor faults) after step 1
         self._micro: tuple[int, int, tuple[int, ...]] | None = None  # for an OOM message
         self._oom_retryable = False  # the OOM came from a forward/backward (a backoff may help)
 
@@ -312,6 +313,8 @@ class Trainer:
             if self.run.compile_timing is not None:
                 self._time_compile(t_step)
             rec = tl.end_step()
+            if self._faults_from is None:
+                self._faults_from = (self.state.step, host_malloc.minor_faults())
             tl.start_step()  # logging, eval and checkpoint below count toward the next step
             self._pending[-1].record = rec
             self.run_log.step_done()
@@ -620,4 +623,13 @@ class Trainer:
             config=run.cfg.to_dict(),
             resumed_from=self.resumed_from,
             final_saved=self.save_final,
+            faults_per_step=self._faults_per_step(),
         )
+
+    def _faults_per_step(self) -> float | None:
+        """Minor page faults per step since this process's first step ended (its first
+        touches of the run's memory are not a step's cost)."""
+        if self._faults_from is None or self.state.step <= self._faults_from[0]:
+            return None
+        step, faults = self._faults_from
+        return (host_malloc.minor_faults() - faults) / (self.state.step - step)
