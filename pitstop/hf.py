@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ with without_bitsandbytes():  # transformers' trainer utilities import peft, pef
 from pitstop.advise.doctor import DoctorReport, device_from_dict, doctor
 from pitstop.advise.environment import environment
 from pitstop.advise.profile_text import format_profile
-from pitstop.core import run_record
+from pitstop.core import host_malloc, run_record
 from pitstop.core.atomic import write_json_atomic
 from pitstop.core.cache_layout import cache_root
 from pitstop.core.run_record import RunSummary, StepLine, write_steps, write_summary
@@ -226,6 +227,7 @@ class PitstopCallback(TrainerCallback):
             "events": {"checkpoints": 0, "evals": 0, "logs": 0},
             "worker_startup_s": 0.0,
             "worker_shutdown_s": 0.0,
+            "faults": host_malloc.minor_faults(),  # the step's own count, at _close
         }
         self._after_step_end = False
 
@@ -237,6 +239,7 @@ class PitstopCallback(TrainerCallback):
         named = sum(v for k, v in cur["phases"].items() if k != "other")
         cur["phases"]["other"] = max(0.0, seconds - named)
         cur["seconds"] = seconds
+        cur["faults"] = host_malloc.minor_faults() - cur["faults"]
         self._steps.append(cur)
         self._cur = None
 
@@ -565,6 +568,10 @@ class PitstopCallback(TrainerCallback):
         profile["seen_tokens"], profile["padded_tokens"] = seen, positions
         profile["flops_per_token"] = flops_per_token
         profile.update(_worker_records(steps, warm))
+        if not self._cuda and measured:
+            # The median step: glibc's heap settles over the first few steps (a transient).
+            faults = statistics.median(s["faults"] for s in measured)
+            profile.update(host_malloc.fault_record(faults))
         return profile
 
     def _mfu(

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pitstop.core import run_record
+from pitstop.core import host_malloc, run_record
 from pitstop.core.config import RunConfig
 from pitstop.core.run_record import RunSummary, StepLine, read_steps
 from pitstop.measure.flops import mfu as mfu_of
@@ -223,6 +223,9 @@ def run_profile(
         notes=notes,
     )
     profile["step_spread"] = step_spread(step_seconds)
+    on_cpu = isinstance(summary.device, dict) and summary.device.get("type") == "cpu"
+    if on_cpu and summary.host_page_faults_per_step is not None:
+        profile.update(host_malloc.fault_record(summary.host_page_faults_per_step))
     profile["verdict"] = verdict(profile).to_dict()
     trace = run.trace_path
     return ProfileRun(profile, summary, trace if trace and trace.exists() else None)

@@ -8,11 +8,14 @@ a fresh process: the setting is process-wide and cannot be undone.
 
 from __future__ import annotations
 
+import io
 import json
 import platform
 import subprocess
 import sys
 import textwrap
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +152,35 @@ def test_a_cpu_run_keeps_freed_memory_and_its_summary_counts_the_faults(tiny_mod
     assert default["host_page_faults_per_step"] > 1000, default["host_page_faults_per_step"]
     assert kept["host_page_faults_per_step"] < default["host_page_faults_per_step"] / 10
     assert kept["final_loss"] == default["final_loss"]  # the same math, bit for bit
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's environment variables")
+def test_the_doctor_names_a_scripts_page_faults_and_a_second_run_without_them_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pitstop profile -- python loop.py` of a plain loop whose 32 MiB logits glibc hands
+    back every step: the finding names the faults and the fix; the same loop started with
+    the fix's environment (a second run without the cause) faults far less, the kernel's own
+    count, and gets no finding."""
+    from pitstop import cli
+    from pitstop.advise.rules.memory import GLIBC_KEEP_ENV
+
+    def profile(name: str) -> tuple[dict, list[dict]]:
+        cmd = [sys.executable, str(Path(__file__).with_name("_faulting_loop.py")), "--steps", "30"]
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+            rc = cli.main(["profile", "--output", str(tmp_path / name), "--", *cmd])
+        assert rc == 0, err.getvalue()[-3000:]
+        prof = json.loads((tmp_path / name / "pitstop_profile.json").read_text())
+        return prof, json.loads((tmp_path / name / "findings.json").read_text())["findings"]
+
+    first, found = profile("default")
+    faults = first["host_page_faults_per_step"]
+    assert faults > 3 * 8192, faults  # the logits, their gradient, the softmax: 32 MiB each
+    assert first["page_fault_seconds"] > 0
+    (f,) = [f for f in found if f["id"] == "host-page-faults"]
+    assert GLIBC_KEEP_ENV in f["fix"] and f["evidence"]["page_faults_per_step"] == round(faults)
+    for pair in GLIBC_KEEP_ENV.split():
+        monkeypatch.setenv(*pair.split("="))
+    second, found = profile("kept")
+    assert second["host_page_faults_per_step"] < faults / 5, second["host_page_faults_per_step"]
+    assert not [f for f in found if f["id"] == "host-page-faults"]

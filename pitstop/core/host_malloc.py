@@ -23,12 +23,20 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import platform
 import resource
+import time
 from collections.abc import Mapping
 
-__all__ = ["keep_freed", "minor_faults", "own_allocator_setting"]
+__all__ = [
+    "fault_record",
+    "keep_freed",
+    "minor_faults",
+    "own_allocator_setting",
+    "page_fault_seconds",
+]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -82,3 +90,31 @@ def keep_freed() -> str | None:
 def minor_faults() -> int:
     """Minor page faults of this process so far (pages the kernel mapped in on first touch)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def page_fault_seconds(mib: int = 32, repeats: int = 3) -> float | None:
+    """Seconds one minor page fault costs here: fresh anonymous memory touched once per page
+    (the kernel maps and zero-fills each page on its first write), the fastest of `repeats`.
+    What a step pays per fault for memory handed back to the OS and allocated again
+    (measured: 2.4 us on the 2-core dev box, a virtual machine). None where no fault was seen."""
+    import numpy as np
+
+    page = resource.getpagesize()
+    best: float | None = None
+    for _ in range(repeats):
+        region = mmap.mmap(-1, mib << 20)
+        view = np.frombuffer(region, dtype=np.uint8)
+        f0, t0 = minor_faults(), time.perf_counter()
+        view[::page] = 1
+        seconds, faults = time.perf_counter() - t0, minor_faults() - f0
+        del view
+        region.close()
+        if faults > 0:
+            best = min(best, seconds / faults) if best is not None else seconds / faults
+    return best
+
+
+def fault_record(per_step: float) -> dict[str, float | None]:
+    """A CPU profile's page-fault fields: the faults per measured step and what one costs
+    here (the doctor's `host-page-faults` finding reads both)."""
+    return {"host_page_faults_per_step": per_step, "page_fault_seconds": page_fault_seconds()}

@@ -32,6 +32,11 @@ either. Keys (units in the names where a user reads them)::
     model_shapes       {"hidden_size", "intermediate_size", "vocab_size"} of the trained model,
                        read off its layers (optional): the shapes a CPU's fp32 / bf16 speed is
                        measured at for the precision finding
+    host_page_faults_per_step  minor page faults of the process in the median measured step, on a CPU
+                       (optional): memory the kernel mapped in on first touch, mostly the
+                       step's tensors handed back to the OS by the allocator and allocated again
+    page_fault_seconds what one minor page fault cost on this machine, measured when the
+                       profile was written (optional; pitstop.core.host_malloc)
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ FIELD_KINDS = {
     "mfu": "num", "peak_memory_bytes": "num", "device": "dict_or_str", "choices": "dict",
     "config": "dict", "utilisation": "dict", "notes": "list", "machine": "dict",
     "seen_tokens": "num", "padded_tokens": "num", "flops_per_token": "num", "program": "str",
-    "model_shapes": "dict",
+    "model_shapes": "dict", "host_page_faults_per_step": "num", "page_fault_seconds": "num",
 }  # fmt: skip
 
 

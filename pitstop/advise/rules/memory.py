@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from pitstop.advise.finding import Finding
-from pitstop.advise.rules.context import Context, lora_rank, rule
+from pitstop.advise.rules.context import Context, lora_rank, pct, rule
 from pitstop.advise.setup import UNKNOWN, Setup
 from pitstop.measure.cost_model import Plan, PlanCost, is_eight_bit, plan_cost
 from pitstop.measure.verdict import COMPUTE_PHASES
@@ -191,4 +191,56 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
             "torch.utils.checkpoint wrappers) from the training script",
         ),
         gain=saved * compute,
+    )
+
+
+# A step whose page faults cost at least this share of it gets the finding (low below
+# HOST_FAULTS_MEDIUM, medium below HOST_FAULTS_HIGH). pitstop's choices, not measurements.
+HOST_FAULTS_MIN, HOST_FAULTS_MEDIUM, HOST_FAULTS_HIGH = 0.03, 0.08, 0.2
+# glibc keeps freed memory for reuse with these (pitstop/core/host_malloc.py sets the same
+# from inside a `pitstop train` process; a script's process reads them at start).
+GLIBC_KEEP_ENV = "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647"
+
+
+@rule("host-page-faults")
+def host_page_faults(ctx: Context) -> Finding | None:
+    """A CPU run that faults its memory in again every step: the allocator handed the step's
+    tensors back to the OS, and the kernel maps and zero-fills them on their next first
+    touch. The time is the faults per step counted by the kernel times what one fault cost
+    on this machine (both in the profile), over the step."""
+    p = ctx.profile
+    if not p or ctx.cuda:
+        return None
+    faults, each = p.get("host_page_faults_per_step"), p.get("page_fault_seconds")
+    step = ctx.base_step_seconds()
+    if not faults or not each or not step:
+        return None
+    share = min(faults * each / step, 1.0)
+    if share < HOST_FAULTS_MIN:
+        return None
+    s = ctx.setup
+    fix = s.fix(
+        "--keep-freed-memory auto (the default: on for a CPU run)",
+        f"start the script with {GLIBC_KEEP_ENV} in its environment (glibc keeps freed "
+        "memory for the next step), or with LD_PRELOAD of jemalloc or tcmalloc",
+    )
+    return Finding(
+        id="host-page-faults",
+        severity="high"
+        if share >= HOST_FAULTS_HIGH
+        else ("medium" if share >= HOST_FAULTS_MEDIUM else "low"),
+        title=f"{faults:,.0f} page faults a step: the allocator hands the step's memory back "
+        "to the OS and the kernel maps it in again",
+        evidence={
+            "page_faults_per_step": round(faults),
+            "page_fault_us": round(each * 1e6, 2),
+            "step_seconds": round(step, 4),
+        },
+        effect=f"{faults:,.0f} faults x {each * 1e6:.2f} us (one fault, measured here) = "
+        f"{faults * each:.3f} s of a {step:.3f} s step ({pct(share)}); kept memory is reused "
+        "without faults (the same math: only where the tensors live changes)",
+        basis="measured in this profile",
+        fix=fix,
+        gain=share,
+        gain_measured=True,
     )
