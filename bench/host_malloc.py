@@ -13,6 +13,12 @@ kernel: getrusage), and the peak resident memory at the first logged step and at
 (metrics.jsonl's `peak_memory_gib`, summary.json's `peak_memory_bytes`): kept memory must
 not grow the peak as the run goes on.
 
+Then the doctor's explanation against a second run without its cause: `pitstop profile --
+python examples/faulting_loop.py` (a plain loop whose 32 MiB logits glibc hands back every
+step) with glibc's defaults and with the `host-page-faults` finding's fix in its environment,
+interleaved: the share of the step the finding says the faults cost, against the step-time
+saving the second run measured (medians of the profiles' steps).
+
 Usage:
     python -m bench.host_malloc                 # 2 pairs of 120 steps (about 20 minutes)
     python -m bench.host_malloc --pairs 1 --steps 40
@@ -25,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -69,6 +76,52 @@ def run_pitstop(setup: Setup, out: Path, keep: str, steps: int, timeout: int) ->
     }
 
 
+def profile_script(workdir: Path, name: str, keep: bool, steps: int) -> dict[str, Any]:
+    """`pitstop profile -- python examples/faulting_loop.py`, with the finding's fix in the
+    environment when `keep`; the median step, the faults and the finding's share."""
+    from pitstop.advise.rules.memory import GLIBC_KEEP_ENV
+
+    out = workdir / name
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, **dict(p.split("=") for p in GLIBC_KEEP_ENV.split())} if keep else None
+    loop = [sys.executable, str(REPO_ROOT / "examples" / "faulting_loop.py"), "--steps", str(steps)]
+    cmd = [sys.executable, "-m", "pitstop", "profile", "--output", str(out), "--", *loop]
+    print(f"[host_malloc] faulting_loop.py, memory {'kept' if keep else 'default'}", flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"pitstop profile failed: {r.stderr[-2000:]}")
+    prof = json.loads((out / "pitstop_profile.json").read_text())
+    found = json.loads((out / "findings.json").read_text())["findings"]
+    share = next((f["gain"] for f in found if f["id"] == "host-page-faults"), None)
+    return {
+        "keep": keep,
+        "step": statistics.median(prof["step_seconds"]),
+        "faults": prof.get("host_page_faults_per_step"),
+        "fault_us": (prof.get("page_fault_seconds") or 0) * 1e6,
+        "share": share,
+    }
+
+
+def script_findings(runs: list[dict[str, Any]]) -> list[str]:
+    default = [r for r in runs if not r["keep"]]
+    kept = [r for r in runs if r["keep"]]
+    step_d = statistics.median(r["step"] for r in default)
+    step_k = statistics.median(r["step"] for r in kept)
+    shares = [r["share"] for r in default if r["share"] is not None]
+    said = f"{statistics.median(shares):.1%}" if shares else "no finding"
+    return [
+        f"- glibc's defaults: median step {step_d * 1e3:.1f} ms, "
+        f"{statistics.median(r['faults'] for r in default):,.0f} page faults a step at "
+        f"{statistics.median(r['fault_us'] for r in default):.2f} us each; the doctor's "
+        f"`host-page-faults` finding: {said} of the step "
+        f"({sum(1 for r in default if r['share'] is not None)} of {len(default)} profiles)",
+        f"- the finding's fix in the environment: median step {step_k * 1e3:.1f} ms, "
+        f"{statistics.median(r['faults'] for r in kept):,.0f} page faults a step, finding in "
+        f"{sum(1 for r in kept if r['share'] is not None)} of {len(kept)} profiles",
+        f"- measured saving {1 - step_k / step_d:.1%} of the step, against the finding's {said}",
+    ]
+
+
 def summarize(runs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
     rows = [
         [
@@ -100,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.host_malloc", description=__doc__)
     p.add_argument("--pairs", type=int, default=2, help="off/on pairs (default 2)")
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
+    p.add_argument("--script-steps", type=int, default=40, help="steps of faulting_loop.py")
     p.add_argument("--workdir", help="scratch directory (default .pitstop-cache/bench/...)")
     p.add_argument("--out", help="results file (default bench/results/host_malloc.md)")
     p.add_argument("--no-write", action="store_true", help="print the table only")
@@ -113,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         for keep in ("off", "on") if i % 2 == 0 else ("on", "off"):
             runs.append(run_pitstop(setup, workdir / f"{keep}-{i}", keep, args.steps, 3600))
     rows, findings = summarize(runs)
+    script = []
+    for i in range(args.pairs):
+        for keep in (False, True) if i % 2 == 0 else (True, False):
+            name = f"script-{'kept' if keep else 'default'}-{i}"
+            script.append(profile_script(workdir, name, keep, args.script_steps))
+    findings += [
+        "",
+        "The doctor's explanation of a script, against a second run without the cause:",
+        "",
+    ]
+    findings += script_findings(script)
     notes = [
         f"- Each run: `pitstop train` of the headline model, {args.steps} steps of "
         f"{setup.tokens_per_step:,} tokens (rows of {setup.max_len}), compile off, a fresh "

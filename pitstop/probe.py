@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.core import run_record, runlock
+from pitstop.core import host_malloc, run_record, runlock
 from pitstop.core.config import RunConfig
 from pitstop.core.errors import ConfigError
 from pitstop.core.versions import parse_version
@@ -722,8 +722,6 @@ def choose_host_memory(
     """Whether the run keeps freed host memory for its next step (core/host_malloc.py):
     `auto` on a CPU run, unless the process already chose its allocator. Deciding is pure;
     `apply_host_memory` acts on the decision."""
-    from pitstop.core import host_malloc
-
     if requested == "off":
         return Choice(False, "--keep-freed-memory off: glibc's defaults")
     if requested == "auto" and dev.type == "cuda":
@@ -744,8 +742,6 @@ def apply_host_memory(choice: Choice) -> Choice:
     glibc could not do it)."""
     if not choice.value:
         return choice
-    from pitstop.core import host_malloc
-
     problem = host_malloc.keep_freed()
     return choice if problem is None else Choice(False, f"not kept: {problem}")
 

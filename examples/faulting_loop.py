@@ -2,7 +2,8 @@
 vocabulary) for `pitstop profile -- ...` tests of the host-page-faults finding: under glibc's
 defaults each is handed back to the OS when freed and faulted in again the next step.
 
-Usage: python tests/_faulting_loop.py [--steps N]
+Usage: python examples/faulting_loop.py [--steps N]
+(tests/test_host_malloc.py and `python -m bench.host_malloc` profile it.)
 """
 
 import argparse
