@@ -41,8 +41,10 @@ from bench.common import REPO_ROOT, command_line, describe_machine, markdown_tab
 from bench.compile_payoff import headline_setup
 from bench.headline import Setup, _pitstop_flags, _spawn, _tail
 
+STEADY_FROM = 5  # the steady step: the median after the first 5 (the heap settles in them)
 HEADERS = [
     "keep freed memory", "trained tok/s (train)", "trained tok/s (whole process)",
+    "steady step s (median)",
     "page faults / step", "peak memory GiB (first log / end)", "other processes (cores)",
 ]  # fmt: skip
 
@@ -63,13 +65,16 @@ def run_pitstop(setup: Setup, out: Path, keep: str, steps: int, timeout: int) ->
         )
     s = json.loads(path.read_text())
     lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
-    peaks = [m["peak_memory_gib"] for m in map(json.loads, lines) if "peak_memory_gib" in m]
+    metrics = [json.loads(x) for x in lines]
+    peaks = [m["peak_memory_gib"] for m in metrics if "peak_memory_gib" in m]
+    steady = [m["step_seconds"] for m in metrics[STEADY_FROM:] if m.get("step_seconds")]
     return {
         "keep": keep,
         "kept": (s.get("choices") or {}).get("host_memory", {}).get("value"),
         "tok_s": s["trained_tokens"] / s["train_seconds"],
         "whole_tok_s": s["trained_tokens"] / sp.seconds,
         "faults": s.get("host_page_faults_per_step"),
+        "step": statistics.median(steady) if steady else None,
         "peak_first": peaks[0] if peaks else None,
         "peak_end": s["peak_memory_bytes"] / 2**30,
         "others_cores": sp.others_cores,
@@ -126,6 +131,7 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
     rows = [
         [
             r["keep"], f"{r['tok_s']:,.0f}", f"{r['whole_tok_s']:,.0f}",
+            f"{r['step']:.3f}" if r["step"] else "n/a",
             f"{r['faults']:,.0f}" if r["faults"] is not None else "n/a",
             f"{r['peak_first']:.3f} / {r['peak_end']:.3f}" if r["peak_first"] else "n/a",
             f"{r['others_cores']:.2f}" if r.get("others_cores") is not None else "n/a",
@@ -140,6 +146,9 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
         f"- kept: trained tokens/s {med('on', 'tok_s') / med('off', 'tok_s'):.2f}x glibc's "
         f"defaults on the train clock, {med('on', 'whole_tok_s') / med('off', 'whole_tok_s'):.2f}x"
         " over the whole process (medians)",
+        f"- the steady step (the median after the first {STEADY_FROM}): "
+        f"{med('off', 'step'):.3f} s with glibc's defaults, {med('on', 'step'):.3f} s kept: "
+        f"{med('off', 'step') / med('on', 'step'):.2f}x",
         f"- page faults per step: {med('off', 'faults'):,.0f} with glibc's defaults, "
         f"{med('on', 'faults'):,.0f} kept",
         f"- peak resident memory at the end: {med('off', 'peak_end'):.3f} GiB with glibc's "
