@@ -722,9 +722,17 @@ def choose_host_memory(
     """Whether the run keeps freed host memory for its next step (core/host_malloc.py):
     `auto` on a CPU run, unless the process already chose its allocator. Deciding is pure;
     `apply_host_memory` acts on the decision."""
+    keep = requested == "on" or (requested == "auto" and dev.type != "cuda")
+    if not keep and host_malloc.kept_in_this_process():
+        return Choice(
+            True,
+            f"--keep-freed-memory {requested}, but an earlier run in this process already keeps "
+            "freed memory (glibc's mallopt has no way back): start a new process for glibc's "
+            "defaults",
+        )
     if requested == "off":
         return Choice(False, "--keep-freed-memory off: glibc's defaults")
-    if requested == "auto" and dev.type == "cuda":
+    if not keep:
         return Choice(False, "a GPU run: its tensors live in CUDA's caching allocator")
     own = host_malloc.own_allocator_setting(environ)
     if own is not None:

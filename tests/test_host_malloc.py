@@ -26,6 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = DeviceInfo(type="cpu", name="cpu")
 GPU = DeviceInfo(type="cuda", name="gpu", capability=(9, 0), bf16=True)
 
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier in-process run in this test worker may have kept freed memory; these
+    tests decide as a fresh process would (the one that tests that case sets it back)."""
+    monkeypatch.setattr(host_malloc, "_kept", False)
+
+
 _FAULTS = textwrap.dedent(
     """
     import json, sys
@@ -110,6 +118,17 @@ def test_the_processs_own_allocator_setting_is_kept(environ: dict[str, str]) -> 
 def test_an_unrelated_preload_does_not_count() -> None:
     assert choose_host_memory("auto", CPU, environ={"LD_PRELOAD": "libfoo.so"}).value is True
     assert host_malloc.own_allocator_setting({"GLIBC_TUNABLES": "glibc.cpu.x86_shstk=on"}) is None
+
+
+def test_a_process_that_already_keeps_freed_memory_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier run in the process kept freed memory: mallopt cannot be undone, so `off`
+    (or a GPU run's `auto`) says the memory is still kept, and how to get the defaults."""
+    monkeypatch.setattr(host_malloc, "_kept", True)
+    for requested, dev in (("off", CPU), ("auto", GPU)):
+        c = choose_host_memory(requested, dev, environ={})
+        assert c.value is True and "earlier run in this process" in c.reason
+    monkeypatch.setattr(host_malloc, "_kept", False)  # a fresh process: off is off
+    assert choose_host_memory("off", CPU, environ={}).value is False
 
 
 def test_not_glibc_is_said(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,8 +72,17 @@ def _libc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "mallopt") else None
 
 
+_kept = False  # this process raised the thresholds (mallopt has no way back to the defaults)
+
+
+def kept_in_this_process() -> bool:
+    """Whether an earlier `keep_freed` in this process (a run before this one) succeeded."""
+    return _kept
+
+
 def keep_freed() -> str | None:
     """Raise glibc's mmap and trim thresholds for this process; None when done, else why not."""
+    global _kept
     family = platform.libc_ver()[0]
     if family != "glibc":
         return f"not glibc ({family or platform.system()}): mallopt is glibc's"
@@ -84,6 +93,7 @@ def keep_freed() -> str | None:
         return "glibc refused a higher mmap threshold"
     if libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) != 1:
         return "glibc refused a higher trim threshold"
+    _kept = True
     return None
 
 
