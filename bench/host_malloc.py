@@ -84,11 +84,11 @@ def run_pitstop(setup: Setup, out: Path, keep: str, steps: int, timeout: int) ->
 def profile_script(workdir: Path, name: str, keep: bool, steps: int) -> dict[str, Any]:
     """`pitstop profile -- python examples/faulting_loop.py`, with the finding's fix in the
     environment when `keep`; the median step, the faults and the finding's share."""
-    from pitstop.advise.rules.memory import GLIBC_KEEP_ENV
+    from pitstop.core.host_malloc import KEEP_ENV
 
     out = workdir / name
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, **dict(p.split("=") for p in GLIBC_KEEP_ENV.split())} if keep else None
+    env = {**os.environ, **KEEP_ENV} if keep else None
     loop = [sys.executable, str(REPO_ROOT / "examples" / "faulting_loop.py"), "--steps", str(steps)]
     cmd = [sys.executable, "-m", "pitstop", "profile", "--output", str(out), "--", *loop]
     print(f"[host_malloc] faulting_loop.py, memory {'kept' if keep else 'default'}", flush=True)

@@ -720,7 +720,8 @@ def choose_host_memory(
     requested: str, dev: DeviceInfo, environ: Mapping[str, str] | None = None
 ) -> Choice:
     """Whether the run keeps freed host memory for its next step (core/host_malloc.py):
-    `auto` on a CPU run, unless the process already chose its allocator. Deciding is pure;
+    `auto` on a CPU run, unless the process already chose its allocator (read from `environ`)
+    or an earlier run in it already keeps freed memory. It only decides;
     `apply_host_memory` acts on the decision."""
     keep = requested == "on" or (requested == "auto" and dev.type != "cuda")
     if not keep and host_malloc.kept_in_this_process():

@@ -5,7 +5,7 @@ the logits, gradients). glibc hands a freed block above its mmap threshold back 
 (`munmap`), and trims the top of its heap above its trim threshold; the next step's
 allocation of the same size then faults every 4 KiB page in again, each zero-filled by the
 kernel. On the headline model (2-core Intel Xeon, fp32, 2 x 1024 positions a micro-batch)
-that was 65,000-100,000 minor page faults per optimizer step, and the steps ran 10-20%
+that was about 78,000 minor page faults per optimizer step, and the runs trained 1.02-1.07x
 faster without them (`python -m bench.host_malloc`, bench/results/host_malloc.md).
 
 Raising both thresholds keeps freed memory in the heap, where the next allocation of the
@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 
 __all__ = [
+    "KEEP_ENV",
     "fault_record",
     "keep_freed",
     "minor_faults",
@@ -44,8 +45,14 @@ _M_MMAP_THRESHOLD = -3
 # size on newer releases): the largest one it takes is used.
 _MMAP_THRESHOLDS = (1 << 30, 1 << 25)
 _TRIM_THRESHOLD = (1 << 31) - 1  # an int: never trim the heap's top
+# The same two settings as environment variables, which glibc reads when a process starts:
+# what the doctor tells a script to run with (advise/rules/memory.py `host-page-faults`).
+KEEP_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(_MMAP_THRESHOLDS[0]),
+    "MALLOC_TRIM_THRESHOLD_": str(_TRIM_THRESHOLD),
+}
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
-_GLIBC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_GLIBC_ENV = (*KEEP_ENV, "MALLOC_TOP_PAD_")
 
 
 def own_allocator_setting(environ: Mapping[str, str] | None = None) -> str | None:
@@ -108,7 +115,7 @@ def page_fault_seconds(mib: int = 32, repeats: int = 3) -> float | None:
     fill of the now-mapped memory, per fault the kernel counted; the fastest of `repeats`.
     None where no fault was seen (memory kept, or huge pages).
 
-    Measured 1.7-1.8 us on the 2-core dev box (a virtual machine); a single thread touching
+    Measured 1.3-1.4 us on the 2-core dev box (a virtual machine); a single thread touching
     pages pays 2.3-2.5 us, and two threads fault in parallel."""
     import torch
 

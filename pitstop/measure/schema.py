@@ -32,9 +32,10 @@ either. Keys (units in the names where a user reads them)::
     model_shapes       {"hidden_size", "intermediate_size", "vocab_size"} of the trained model,
                        read off its layers (optional): the shapes a CPU's fp32 / bf16 speed is
                        measured at for the precision finding
-    host_page_faults_per_step  minor page faults of the process in the median measured step, on a CPU
-                       (optional): memory the kernel mapped in on first touch, mostly the
-                       step's tensors handed back to the OS by the allocator and allocated again
+    host_page_faults_per_step  minor page faults of the process per step, on a CPU
+                       (optional; the median measured step, or for pitstop's own profile
+                       summary.json's mean after step 1): memory the kernel mapped in on first
+                       touch, mostly a step's tensors handed back to the OS and allocated again
     page_fault_seconds what one minor page fault cost on this machine, measured when the
                        profile was written (optional; pitstop.core.host_malloc)
 """

@@ -7,6 +7,7 @@ import os
 from pitstop.advise.finding import Finding
 from pitstop.advise.rules.context import Context, lora_rank, pct, rule
 from pitstop.advise.setup import UNKNOWN, Setup
+from pitstop.core import host_malloc
 from pitstop.measure.cost_model import Plan, PlanCost, is_eight_bit, plan_cost
 from pitstop.measure.verdict import COMPUTE_PHASES
 from pitstop.probe import DeviceInfo
@@ -199,7 +200,7 @@ def checkpointing_unneeded(ctx: Context) -> Finding | None:
 HOST_FAULTS_MIN, HOST_FAULTS_MEDIUM, HOST_FAULTS_HIGH = 0.03, 0.08, 0.2
 # glibc keeps freed memory for reuse with these (pitstop/core/host_malloc.py sets the same
 # from inside a `pitstop train` process; a script's process reads them at start).
-GLIBC_KEEP_ENV = "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647"
+GLIBC_KEEP_ENV = " ".join(f"{k}={v}" for k, v in host_malloc.KEEP_ENV.items())
 
 
 @rule("host-page-faults")
