@@ -52,6 +52,7 @@ from bench.headline import CPU_FULL, CPU_QUICK, Setup, _pitstop_flags, _spawn, _
 GOAL_TRAIN = 1.2  # compiled train tokens/s over eager
 GOAL_WHOLE = 1.1  # compiled whole-process tokens/s over eager, the compile included
 GOAL_PREDICTION = 0.25  # the payoff model's predicted saving within this of the measured
+SLOW_STEP = 5.0  # a step this many times the run's median is reported (a compile)
 
 
 def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int) -> dict[str, Any]:
@@ -69,6 +70,9 @@ def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int
         raise SystemExit(f"pitstop train --compile {compile_} failed: {_tail(out / 'log.txt')}")
     s = json.loads(path.read_text())
     choice = (s.get("choices") or {}).get("compile") or {}
+    lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
+    seconds = {r["step"]: r["step_seconds"] for r in map(json.loads, lines)}
+    typical = statistics.median(seconds.values())
     return {
         "compile": compile_,
         "trained_tokens": s["trained_tokens"],
@@ -78,21 +82,10 @@ def run_pitstop(setup: Setup, out: Path, compile_: str, steps: int, timeout: int
         "steps": s.get("optimizer_steps"),
         "compiled": choice.get("value"),
         "measured": (choice.get("measured") or {}).get("measured"),
+        # Compiles show as steps far above the median: the first compiled one, and any
+        # recompile (a micro-batch shape the first graph did not take).
+        "slow_steps": {k: v for k, v in seconds.items() if v > SLOW_STEP * typical},
     }
-
-
-def graphs_of(setup: Setup, cache: Path, out: Path) -> int:
-    """The graphs the payoff model counts for this setup's micro-batches
-    (`pitstop.train.build.compile_graphs_of`), from the run's own cached choices."""
-    from pitstop.core.config import build_config
-    from pitstop.train.build import build_run, compile_graphs_of
-
-    values = {
-        "model": setup.model_dir, "data": [setup.train_file], "max_seq_len": setup.max_len,
-        "tokens_per_step": setup.tokens_per_step, "lr": setup.lr, "seed": setup.seed,
-        "cache_dir": str(cache), "output": str(out), "report_to": ["none"],
-    }  # fmt: skip
-    return compile_graphs_of(build_run(build_config(values, None)).loader)
 
 
 def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
@@ -101,22 +94,20 @@ def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
     return r["trained_tokens"] / r["train_seconds"]
 
 
-def predicted_saving(measured: dict[str, Any], steps: int, graphs: int = 1) -> float:
+def predicted_saving(measured: dict[str, Any], steps: int) -> float:
     """The payoff model's train-clock saving of a compiled run over an eager one of `steps`:
     the compiled run's first EAGER_STEPS steps are eager, then the compile, then compiled
-    steps (pitstop.train.compile_record), and a compile for each further graph its
-    micro-batch shapes make (probe.compile_graphs)."""
+    steps (pitstop.train.compile_record); one compile, whatever the micro-batches' row
+    counts (train/compile.py `mark_rows_dynamic`)."""
     from pitstop.train.compile_record import EAGER_STEPS
 
     eager, compiled = measured["eager_step_seconds"], measured["compiled_step_seconds"]
-    compiled_run = EAGER_STEPS * eager + graphs * measured["compile_seconds"]
+    compiled_run = EAGER_STEPS * eager + measured["compile_seconds"]
     compiled_run += (steps - EAGER_STEPS) * compiled
     return steps * eager - compiled_run
 
 
-def summarize(
-    runs: list[dict[str, Any]], steps: int, graphs: int = 1
-) -> tuple[list[list[str]], list[str]]:
+def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], list[str]]:
     rows = []
     for r in runs:
         m = r.get("measured") or {}
@@ -126,6 +117,7 @@ def summarize(
             f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}",
             f"{m['compile_seconds']:.1f}" if m else "",
             f"{m['eager_step_seconds']:.3f} / {m['compiled_step_seconds']:.3f}" if m else "",
+            ", ".join(f"{k}: {v:.1f} s" for k, v in r.get("slow_steps", {}).items()) or "none",
             f"{r['others_cores']:.2f}" if r.get("others_cores") is not None else "n/a",
         ])  # fmt: skip
     by = {c: [r for r in runs if r["compile"] == c] for c in ("off", "on")}
@@ -146,21 +138,19 @@ def summarize(
         f"{GOAL_WHOLE}x: {'met' if whole_x >= GOAL_WHOLE else 'NOT met'})",
     ]
     if facts:
-        pred = statistics.median(predicted_saving(m, steps, graphs) for m in facts)
+        pred = statistics.median(predicted_saving(m, steps) for m in facts)
         err = abs(pred - saving) / abs(saving) if saving else math.inf
         goals.append(
             f"- the payoff model predicted a train-clock saving of {pred:.0f} s; the runs "
             f"measured {saving:.0f} s (medians): {err:.0%} off (goal within "
             f"{GOAL_PREDICTION:.0%}: {'met' if err <= GOAL_PREDICTION else 'NOT met'})"
         )
-        goals.append(f"- {auto_decision(facts[0], steps, graphs)}")
+        goals.append(f"- {auto_decision(facts[0], steps)}")
     return rows, goals
 
 
-def auto_decision(facts: dict[str, Any], steps: int, graphs: int = 1) -> str:
-    """What `compile: auto` decides for a run of `steps` with this measurement and the
-    setup's micro-batch shapes (`graphs`: counted over the epoch, an upper bound for the
-    shorter run)."""
+def auto_decision(facts: dict[str, Any], steps: int) -> str:
+    """What `compile: auto` decides for a run of `steps` with this measurement."""
     from pitstop.probe import CompileSpeed, DeviceInfo, choose_compile
 
     speed = CompileSpeed(
@@ -168,10 +158,8 @@ def auto_decision(facts: dict[str, Any], steps: int, graphs: int = 1) -> str:
         "measured by these runs",
     )  # fmt: skip
     cpu = DeviceInfo("cpu", "cpu")
-    choice = choose_compile("auto", cpu, None, steps=steps, measured=speed, graphs=graphs)
-    short = choose_compile(
-        "auto", cpu, None, steps=max(1, steps // 20), measured=speed, graphs=graphs
-    )
+    choice = choose_compile("auto", cpu, None, steps=steps, measured=speed)
+    short = choose_compile("auto", cpu, None, steps=max(1, steps // 20), measured=speed)
     return (
         f"compile: auto for a run of {steps} steps: {'compile' if choice.value else 'eager'} "
         f"({choice.reason}); for {max(1, steps // 20)} steps: "
@@ -192,7 +180,8 @@ def headline_setup(workdir: Path, *, short: bool = False) -> Setup:
 
 HEADERS = [
     "compile", "trained tok/s (train)", "trained tok/s (whole process)", "train / whole s",
-    "compile s (measured)", "step s eager / compiled (measured)", "other processes (cores)",
+    "compile s (measured)", "step s eager / compiled (measured)",
+    f"steps over {SLOW_STEP:g}x the median", "other processes (cores)",
 ]  # fmt: skip
 
 
@@ -222,9 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(pairs):
         for c in ("off", "on") if i % 2 == 0 else ("on", "off"):
             runs.append(run_pitstop(setup, workdir / f"{c}-{i}", c, steps, timeout))
-    # The same for every run of the setup: counted once, with the first compiled run's cache.
-    graphs = graphs_of(setup, workdir / "on-0" / "cache", workdir / "graphs")
-    rows, goals = summarize(runs, steps, graphs)
+    rows, goals = summarize(runs, steps)
     info = machine()
     table = markdown_table(HEADERS, rows)
     notes = [

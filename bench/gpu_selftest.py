@@ -17,8 +17,8 @@ to do when it fails; the code is in bench/gpu_checks_*.py):
 - throughput: tokens/s of sdpa_docs vs sdpa (dense mask) vs flash_attention_2 on packed
   rows of 64-, 256- and 1024-token documents (informational);
 - syncs: three steps of pitstop's Trainer under torch.cuda.set_sync_debug_mode("error");
-- recompiles: torch.compile of a model with sdpa_docs over ten document layouts: at most
-  2 graphs, no graph break, eager's loss and gradients;
+- recompiles: torch.compile of a model with sdpa_docs over ten document layouts, 1- and
+  2-row micro-batches: one graph, no graph break, eager's loss and gradients;
 - compile_ddp: `--compile on` compiles the DDP wrapper and falls back to it;
 - fsdp_mp: FSDP2's bf16 policy runs and matches the unsharded autocast loss;
 - staging: checkpoint host buffers pinned, the state's exact bytes (tied weights once),

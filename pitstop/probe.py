@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -609,7 +609,6 @@ def choose_compile(
     *,
     steps: int | None = None,
     measured: CompileSpeed | None = None,
-    graphs: int = 1,
 ) -> Choice:
     """`auto` compiles when the run is long enough to repay the compile: this
     configuration's measured compile time against its measured per-step gain times the
@@ -617,9 +616,8 @@ def choose_compile(
     length against pitstop's basis (COMPILE_SECONDS_BASIS, COMPILE_GAIN_BASIS), and a run
     that compiles then measures it. Either way the reason gives the numbers.
 
-    `graphs` is how many graphs the run's micro-batch shapes make torch.compile build
-    (`compile_graphs`): each is a compile of its own (the headline model's first 5-row step
-    on the CPU recompiled for 32 s, 2026-11-28), so the cost is `graphs` compiles.
+    One compile per run: every micro-batch shape runs the first graph (the row count is
+    marked dynamic, train/compile.py `mark_rows_dynamic`; bucket's width too).
 
     `Choice.measured` holds what the decision rests on (the measurement, or the estimate)."""
     ok, why = compile_status()
@@ -632,21 +630,20 @@ def choose_compile(
     if not ok:
         return Choice(False, why)
     if measured is not None and steps:
-        return _measured_payoff(measured, steps, graphs)
+        return _measured_payoff(measured, steps)
     if estimated_run_seconds is None:
         return Choice(False, "run length unknown, so the compile time may not pay back")
     saving = estimated_run_seconds * (1 - 1 / COMPILE_GAIN_BASIS)
-    cost = graphs * COMPILE_SECONDS_BASIS
+    cost = COMPILE_SECONDS_BASIS
     estimate = {
         "estimated_run_seconds": estimated_run_seconds,
         "compile_seconds_basis": COMPILE_SECONDS_BASIS,
         "gain_basis": COMPILE_GAIN_BASIS,
-        "graphs": graphs,
         "estimated_saving_seconds": saving,
     }
     basis = (
         f"not measured for this configuration yet; estimated run {estimated_run_seconds:.0f} s: "
-        f"pitstop's basis (a {COMPILE_SECONDS_BASIS:.0f} s compile{_per_graph(graphs)}, then "
+        f"pitstop's basis (a {COMPILE_SECONDS_BASIS:.0f} s compile, then "
         f"{COMPILE_GAIN_BASIS:.2f}x faster steps) would save "
         f"~{saving:.0f} s"
     )
@@ -663,38 +660,17 @@ def choose_compile(
     )
 
 
-def compile_graphs(first: int, sizes: Iterable[int]) -> int:
-    """Graphs torch.compile builds for micro-batches whose only varying size is their row
-    count: `first` rows first, then every count in `sizes`. Dynamo compiles the first count
-    as a static size; a second count above one recompiles it as a dynamic size, which takes
-    every later count above one; a single row is always a graph of its own (dynamo
-    specialises sizes 0 and 1). tests/test_compile_sdpa_docs.py checks this against
-    dynamo's own count of the graphs it built."""
-    counts = set(sizes)
-    graphs = 1
-    if any(n > 1 and n != first for n in counts):
-        graphs += 1  # the dynamic graph
-    if first != 1 and 1 in counts:
-        graphs += 1  # one row
-    return graphs
-
-
-def _per_graph(graphs: int) -> str:
-    return f" for each of {graphs} micro-batch shapes" if graphs > 1 else ""
-
-
-def _measured_payoff(speed: CompileSpeed, steps: int, graphs: int = 1) -> Choice:
+def _measured_payoff(speed: CompileSpeed, steps: int) -> Choice:
     """`auto` with this configuration's measurement: compile when `steps` compiled steps
-    save more than COMPILE_PAYBACK_MEASURED times the compile (one per graph)."""
+    save more than COMPILE_PAYBACK_MEASURED times the compile."""
     saving = speed.saving(steps)
-    cost = graphs * speed.compile_s
-    facts = {**speed.to_dict(), "steps": steps, "graphs": graphs, "saving_seconds": saving}
+    cost = speed.compile_s
+    facts = {**speed.to_dict(), "steps": steps, "saving_seconds": saving}
     head = f"{speed.describe()}; over this run's {steps} steps "
-    what = "the compile time" if graphs == 1 else f"{graphs} compiles (its micro-batch shapes)"
     if saving >= COMPILE_PAYBACK_MEASURED * cost:
         return Choice(
             True,
-            head + f"it saves ~{saving:.0f} s, over {COMPILE_PAYBACK_MEASURED:g}x {what}",
+            head + f"it saves ~{saving:.0f} s, over {COMPILE_PAYBACK_MEASURED:g}x the compile time",
             facts,
         )
     if saving <= 0:
@@ -702,7 +678,7 @@ def _measured_payoff(speed: CompileSpeed, steps: int, graphs: int = 1) -> Choice
     return Choice(
         False,
         head + f"it would save ~{saving:.0f} s, less than {COMPILE_PAYBACK_MEASURED:g}x "
-        f"{what}: eager",
+        "the compile time: eager",
         facts,
     )
 

@@ -93,6 +93,17 @@ def test_the_packed_rows_run_on_the_cpu() -> None:
     assert "FAIL" not in st.table(rows)
 
 
+def test_the_recompile_check_runs_on_the_cpu_with_one_graph_for_one_and_two_rows() -> None:
+    """The check a lent GPU runs with inductor, here with aot_eager: 1- and 2-row
+    micro-batches over ten layouts in one graph (without `mark_rows_dynamic` the first
+    one-row micro-batch is a graph of its own, and the check fails)."""
+    from bench import gpu_selftest as st
+
+    (row,) = st.run_checks(torch.device("cpu"), "fp32", [st.check_recompiles])
+    assert row.status == "pass", row.detail
+    assert "1 graphs in all" in row.detail and "0 graph breaks" in row.detail
+
+
 def test_a_crashing_check_is_a_failed_row_and_the_rest_still_run() -> None:
     from bench import gpu_selftest as st
 

@@ -22,11 +22,10 @@ from typing import Any
 import torch
 
 from pitstop import probe
-from pitstop.batching.loader import Loader, MicroBatchLoader
+from pitstop.batching.loader import Loader
 from pitstop.batching.payoff import seconds_per_position
 from pitstop.batching.resolve import BatchRequest
 from pitstop.batching.settings import BatchSettings
-from pitstop.batching.shapes import micro_batch_rows
 from pitstop.catalog.layouts import Layout
 from pitstop.core import log, run_record, versions
 from pitstop.core.cache_layout import cache_root
@@ -156,9 +155,8 @@ def build_run(
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
-    graphs = compile_graphs_of(loader) if cfg.compile == "auto" else 1
     flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
-        cfg, m, model, geometry, total_steps, choices, faults, loader.settings, graphs=graphs
+        cfg, m, model, geometry, total_steps, choices, faults, loader.settings
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
@@ -378,8 +376,6 @@ def plan_compute(
     choices: dict[str, Choice],
     faults: Faults = NO_FAULTS,
     settings: BatchSettings | None = None,
-    *,
-    graphs: int = 1,
 ) -> tuple[cost_model.FlopsModel, float | None, str, Any, Any, compile_record.CompileTiming | None]:
     """(FLOPs model, device peak, its source, the wrapped model, what the forward calls,
     the timing of compile's cost and gain when this run measures it). FLOPs of the whole
@@ -407,7 +403,7 @@ def plan_compute(
     )
     measured = compile_record.cached_speed(cfg.cache_dir, key) if cfg.compile != "off" else None
     choices["compile"] = probe.choose_compile(
-        cfg.compile, device, est, steps=total_steps, measured=measured, graphs=graphs
+        cfg.compile, device, est, steps=total_steps, measured=measured
     )
     compiled = bool(choices["compile"].value)
     timing = None
@@ -419,16 +415,6 @@ def plan_compute(
             )
     forward_model = compile_module(wrapped, m.env.rank, faults) if compiled else wrapped
     return flops, peak_flops, peak_source, wrapped, forward_model, timing
-
-
-def compile_graphs_of(loader: Loader) -> int:
-    """Graphs torch.compile would build over the loader's micro-batches (`probe.
-    compile_graphs`), counted on the first epoch's plan; 1 where that cannot be counted
-    (bucket's rows vary in width as well, or a loader object the caller passed)."""
-    if not isinstance(loader, MicroBatchLoader):
-        return 1
-    rows = micro_batch_rows(loader.plan(0), loader.settings, loader.rank, lockstep=loader.lockstep)
-    return 1 if rows is None else probe.compile_graphs(rows.first, rows.sizes)
 
 
 def _sync(device: torch.device) -> None:

@@ -33,7 +33,7 @@ from pitstop.core.faults import NO_FAULTS, Faults
 from pitstop.probe import Choice
 from pitstop.train import oom
 
-__all__ = ["GuardedForward", "compile_module"]
+__all__ = ["GuardedForward", "compile_module", "mark_rows_dynamic"]
 
 
 class GuardedForward:
@@ -91,6 +91,28 @@ class GuardedForward:
             f"pitstop: warning: torch.compile failed ({_short(why)}); continuing without "
             "compile (the same model, wrapped the same way; the training math is unchanged)"
         )
+
+
+def mark_rows_dynamic(batch: dict[str, Any]) -> None:
+    """Make a micro-batch's row count one size torch.compile never specialises on, so every
+    row count, one row included, runs the first graph (eager calls ignore the mark).
+
+    Dynamo compiles a size as a constant, recompiles once with it dynamic when a second
+    value comes, and always compiles a size of 1 as a graph of its own (it specialises 0
+    and 1). A step of 5 rows cut into micro-batches of 2 + 2 + 1 therefore cost a second
+    compile: 21-27 s cold on the headline model on the 2-core CPU (bench/compile_payoff,
+    2026-11-28). Marked unbacked (shared by the tensors whose first dimension is the rows),
+    the count is a symbol with no 0/1 specialisation from the first graph on, and the
+    model's code may not branch on it: transformers' Llama does not
+    (tests/test_compile_sdpa_docs.py runs 1- and 2-row micro-batches in one graph). The
+    same compiled step measured within noise of the static one (0.58 against 0.56 s and
+    0.62 against 0.65 s, forward and backward of 2 rows of 1024, in one process)."""
+    import torch
+
+    for key in ("input_ids", "position_ids", "attention_mask"):
+        t = batch.get(key)
+        if isinstance(t, torch.Tensor) and t.dim() >= 1:
+            torch._dynamo.decorators.mark_unbacked(t, 0, shape_id="micro_batch_rows")
 
 
 def _short(text: str, limit: int = 300) -> str:

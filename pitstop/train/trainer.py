@@ -36,7 +36,7 @@ from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending
 from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
 from pitstop.train.cadence import Cadence
-from pitstop.train.compile import GuardedForward
+from pitstop.train.compile import GuardedForward, mark_rows_dynamic
 from pitstop.train.evaluate import EvalResult, held_out_loss
 from pitstop.train.export import write_final
 from pitstop.train.forward import DeviceBatch, to_device, token_loss_sum
@@ -85,6 +85,7 @@ class Trainer:
         self._dynamic_width = (
             run.compiled and settings is not None and not (settings.strategy.fixed_rows)
         )
+        self._dynamic_rows = run.compiled
         if hooks is not None:
             # A measurement (pitstop profile, tune's trials) times its own steps, compile's
             # first one included: compiled from its first step, nothing measured here.
@@ -134,6 +135,8 @@ class Trainer:
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
         batch = to_device(mb, self.run.device, self.run.choices["attention"].value)
+        if self._dynamic_rows:
+            mark_rows_dynamic(batch)  # one graph for every row count, one row included
         if self._dynamic_width:
             # Rows as wide as each micro-batch's longest (bucket): under torch.compile the
             # width is a dynamic size from the first graph on, not a recompile (eager: no-op).
