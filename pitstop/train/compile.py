@@ -32,6 +32,7 @@ from pitstop.core import log
 from pitstop.core.faults import NO_FAULTS, Faults
 from pitstop.probe import Choice
 from pitstop.train import oom
+from pitstop.train.forward import DeviceBatch
 
 __all__ = ["GuardedForward", "compile_module", "mark_rows_dynamic"]
 
@@ -93,7 +94,7 @@ class GuardedForward:
         )
 
 
-def mark_rows_dynamic(batch: dict[str, Any]) -> None:
+def mark_rows_dynamic(batch: DeviceBatch) -> None:
     """Make a micro-batch's row count one size torch.compile never specialises on, so every
     row count, one row included, runs the first graph (eager calls ignore the mark).
 
