@@ -261,10 +261,10 @@ def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
 
     sdpa_docs is one opaque op under compile (pitstop/train/doc_op.py), its offsets a
     dynamic size: a new layout is not a new graph; the row count is unbacked
-    (train/compile.py `mark_rows_dynamic`): one row is not a graph of its own. On a GPU the compiler is inductor (what
-    `--compile on` runs); on the CPU (`--cpu`) aot_eager, which traces the op's fake and its
-    backward as inductor does without minutes of code generation (the CPU's inductor runs
-    are tests/test_compile_sdpa_docs.py)."""
+    (train/compile.py `mark_rows_dynamic`): one row is not a graph of its own. On a GPU
+    the compiler is inductor (what `--compile on` runs); on the CPU (`--cpu`) aot_eager,
+    which traces the op's fake and its backward as inductor does without minutes of code
+    generation (the CPU's inductor runs are tests/test_compile_sdpa_docs.py)."""
     from torch._dynamo.utils import counters
 
     from pitstop.train.compile import mark_rows_dynamic

@@ -634,7 +634,6 @@ def choose_compile(
     if estimated_run_seconds is None:
         return Choice(False, "run length unknown, so the compile time may not pay back")
     saving = estimated_run_seconds * (1 - 1 / COMPILE_GAIN_BASIS)
-    cost = COMPILE_SECONDS_BASIS
     estimate = {
         "estimated_run_seconds": estimated_run_seconds,
         "compile_seconds_basis": COMPILE_SECONDS_BASIS,
@@ -647,7 +646,7 @@ def choose_compile(
         f"{COMPILE_GAIN_BASIS:.2f}x faster steps) would save "
         f"~{saving:.0f} s"
     )
-    if saving >= COMPILE_PAYBACK * cost:
+    if saving >= COMPILE_PAYBACK * COMPILE_SECONDS_BASIS:
         return Choice(
             True,
             basis + f", over {COMPILE_PAYBACK:.0f}x the compile time; this run measures both "
@@ -664,10 +663,9 @@ def _measured_payoff(speed: CompileSpeed, steps: int) -> Choice:
     """`auto` with this configuration's measurement: compile when `steps` compiled steps
     save more than COMPILE_PAYBACK_MEASURED times the compile."""
     saving = speed.saving(steps)
-    cost = speed.compile_s
     facts = {**speed.to_dict(), "steps": steps, "saving_seconds": saving}
     head = f"{speed.describe()}; over this run's {steps} steps "
-    if saving >= COMPILE_PAYBACK_MEASURED * cost:
+    if saving >= COMPILE_PAYBACK_MEASURED * speed.compile_s:
         return Choice(
             True,
             head + f"it saves ~{saving:.0f} s, over {COMPILE_PAYBACK_MEASURED:g}x the compile time",

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pitstop.core import log
 from pitstop.core.faults import NO_FAULTS, Faults
 from pitstop.probe import Choice
 from pitstop.train import oom
-from pitstop.train.forward import DeviceBatch
+
+if TYPE_CHECKING:  # torch is imported where it is used, as before
+    from pitstop.train.forward import DeviceBatch
 
 __all__ = ["GuardedForward", "compile_module", "mark_rows_dynamic"]
 
@@ -111,8 +113,8 @@ def mark_rows_dynamic(batch: DeviceBatch) -> None:
     import torch
 
     for key in ("input_ids", "position_ids", "attention_mask"):
-        t = batch.get(key)
-        if isinstance(t, torch.Tensor) and t.dim() >= 1:
+        t = batch.get(key)  # attention_mask: sdpa_docs' marker only
+        if isinstance(t, torch.Tensor):
             torch._dynamo.decorators.mark_unbacked(t, 0, shape_id="micro_batch_rows")
 
 

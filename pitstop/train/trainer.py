@@ -85,7 +85,6 @@ class Trainer:
         self._dynamic_width = (
             run.compiled and settings is not None and not (settings.strategy.fixed_rows)
         )
-        self._dynamic_rows = run.compiled
         if hooks is not None:
             # A measurement (pitstop profile, tune's trials) times its own steps, compile's
             # first one included: compiled from its first step, nothing measured here.
@@ -135,7 +134,7 @@ class Trainer:
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
         batch = to_device(mb, self.run.device, self.run.choices["attention"].value)
-        if self._dynamic_rows:
+        if self.run.compiled:
             mark_rows_dynamic(batch)  # one graph for every row count, one row included
         if self._dynamic_width:
             # Rows as wide as each micro-batch's longest (bucket): under torch.compile the
