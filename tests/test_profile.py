@@ -129,3 +129,18 @@ def test_a_slow_loader_is_called_input_bound(tiny_model_dir, store, tmp_path):
     assert prof["phases"]["data_wait"] >= 0.4 * steps * 0.9
     assert prof["verdict"]["evidence"]["data_wait_share"] >= 0.05
     assert not (tmp_path / "unused").exists()  # the run went to a temporary directory
+
+
+def test_tokens_per_second_is_what_the_recorded_seconds_say():
+    # Seconds with digits below the microsecond the profile keeps: a reader recomputing
+    # tokens/s from the recorded step seconds and eval phase must get the recorded figure
+    # (CI once saw 1401.3918 recorded against 1401.3900 recomputed).
+    steps = [0.1234567891 + i * 0.0000004444 for i in range(40)]
+    evals = [0.0100004449 if i % 10 == 0 else 0.0 for i in range(40)]
+    phases = [{"forward": s * 0.3, "eval": e} for s, e in zip(steps, evals, strict=True)]
+    p = make_profile(phases, steps, warmup=1, source="test", trained_tokens=40 * 4096)
+    training = sum(p["step_seconds"]) - p["phases"]["eval"]
+    assert p["tokens_per_second"] == pytest.approx(40 * 4096 / training, rel=1e-12)
+    assert p["tokens_per_second"] == pytest.approx(
+        p["tokens_per_step"] * p["steps"] / training, rel=1e-12
+    )

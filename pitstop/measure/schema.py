@@ -80,17 +80,20 @@ def make_profile(
     for rec in step_phases:
         for name, sec in rec.items():
             phases[name] = phases.get(name, 0.0) + float(sec)
-    total = float(sum(step_seconds))
+    # Rounded to the microsecond before anything is derived from them, so a reader who
+    # recomputes tokens/s from the recorded seconds gets the recorded figure.
+    phases = {n: round(v, 6) for n, v in phases.items()}
+    seconds = [round(float(s), 6) for s in step_seconds]
     # Throughput is training's: an evaluation's seconds train nothing (they are its phase).
-    training = total - phases.get("eval", 0.0)
-    k = len(step_seconds)
+    training = sum(seconds) - phases.get("eval", 0.0)
+    k = len(seconds)
     return {
         "schema": SCHEMA,
         "source": source,
         "steps": k,
         "warmup": int(warmup),
-        "step_seconds": [round(float(s), 6) for s in step_seconds],
-        "phases": {n: round(v, 6) for n, v in phases.items()},
+        "step_seconds": seconds,
+        "phases": phases,
         "events": dict(events or {}),
         "tokens_per_second": (float(trained_tokens) / training)
         if trained_tokens and training > 0
