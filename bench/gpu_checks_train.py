@@ -48,7 +48,7 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
         cfg = RunConfig(model="m", data="d", output="o", strategy="ddp")
         env = dist_mod.DistEnv(0, 2, 0, "nccl" if dev.type == "cuda" else "gloo")
         wrapped, _ = dist_mod.wrap(model, cfg, env)
-        guard = GuardedForward(wrapped, compile_module(wrapped, 0))
+        guard = GuardedForward(wrapped, compile_module(wrapped, model, 0))
         if not isinstance(guard.eager, DistributedDataParallel):
             return [Row(name, "FAIL", f"fallback is {type(guard.eager).__name__}, not DDP")]
         mb = batch(dev)
@@ -65,7 +65,7 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
     tol = 5e-2 if precision == "bf16" else 1e-3
     ok = worst <= tol and bool(wrapped.gradient_as_bucket_view)
     return [Row(name, "pass" if ok else "FAIL",
-                f"compiled the DDP wrapper; fallback is the wrapper; gradients vs eager: largest "
+                f"compiled the blocks inside the DDP wrapper; fallback is the wrapper; gradients vs eager: largest "
                 f"relative difference {worst:.1e} (tolerance {tol:.0e}); bucket views "
                 f"{wrapped.gradient_as_bucket_view}")]  # fmt: skip
 
@@ -255,19 +255,20 @@ def layouts(n: int, *, rows: int = 2, width: int = 256, seed: int = 0) -> list[d
 
 
 def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
-    """torch.compile of a tiny Llama with sdpa_docs over ten document layouts, micro-batches
-    of 2 rows and of 1 marked as the trainer marks them: one graph, no graph break, and each
-    layout's loss and gradients as eager's.
+    """A compiled tiny Llama with sdpa_docs, its two decoder layers compiled as `--compile on`
+    compiles them (train/compile.py `Blocks`: one code for both), over ten document layouts
+    and micro-batches of 2 rows and of 1: one graph, no graph break, and each layout's loss
+    and gradients as eager's.
 
     sdpa_docs is one opaque op under compile (pitstop/train/doc_op.py), its offsets a
     dynamic size: a new layout is not a new graph; the row count is unbacked
-    (train/compile.py `mark_rows_dynamic`): one row is not a graph of its own. On a GPU
+    (`Blocks` marks the layers' inputs): one row is not a graph of its own. On a GPU
     the compiler is inductor (what `--compile on` runs); on the CPU (`--cpu`) aot_eager,
     which traces the op's fake and its backward as inductor does without minutes of code
     generation (the CPU's inductor runs are tests/test_compile_sdpa_docs.py)."""
     from torch._dynamo.utils import counters
 
-    from pitstop.train.compile import mark_rows_dynamic
+    from pitstop.train.compile import Blocks
     from pitstop.train.forward import to_device
 
     name = "compile: recompiles per document layout"
@@ -279,13 +280,19 @@ def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
     new: list[int] = []
     worst = 0.0
     try:
-        compiled = torch.compile(model, backend=backend)
+        blocks = Blocks.of(model, backend=backend)
+        if blocks is None:
+            return [Row(name, "FAIL", "no decoder layers found to compile")]
+
+        def compiled(**kwargs: Any) -> Any:
+            with blocks.compiled():
+                return model(**kwargs)
+
         one_row = layouts(LAYOUTS // 3, rows=1, seed=1)  # every third micro-batch
         two_rows = layouts(LAYOUTS - len(one_row))
         mixed = [one_row.pop() if i % 3 == 2 else two_rows.pop() for i in range(LAYOUTS)]
         for i, mb in enumerate(mixed):
             batch = to_device(mb, dev, "sdpa_docs")
-            mark_rows_dynamic(batch)
             before = counters["stats"]["unique_graphs"]
             got = _loss_and_grads(compiled, model, batch, dev, autocast)
             if counters["stats"]["unique_graphs"] > before:
@@ -299,7 +306,7 @@ def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
     tol = 5e-2 if precision == "bf16" else 1e-3
     ok = graphs == 1 and breaks == 0 and worst <= tol
     detail = (
-        f"torch.compile ({backend}) of a tiny Llama with sdpa_docs over {LAYOUTS} document "
+        f"torch.compile ({backend}) of a tiny Llama's 2 layers with sdpa_docs over {LAYOUTS} document "
         f"layouts of 2 x 256 and 1 x 256 tokens: new graphs for {len(new)} of them (layouts "
         f"{new}), {graphs} graphs in all (one), {breaks} graph breaks (none); loss and "
         f"gradients vs eager: largest relative difference {worst:.1e} (tolerance {tol:.0e})"

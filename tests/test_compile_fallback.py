@@ -102,7 +102,7 @@ def test_an_oom_in_compile_backs_off_and_keeps_compile(
     from pitstop.train import compile as compile_mod
     from pitstop.train.trainer import Trainer
 
-    def fake_compile(wrapped, rank, faults=None):
+    def fake_compile(wrapped, model, rank, faults=None, *, dynamic_width=False):
         def forward(**kw):
             if kw["input_ids"].shape[0] > 1:
                 raise RuntimeError("backend failed") from torch.OutOfMemoryError(

@@ -413,7 +413,10 @@ def plan_compute(
             timing = compile_record.CompileTiming(
                 key, cfg.cache_dir, sync=partial(_sync, m.device), save=m.env.rank == 0
             )
-    forward_model = compile_module(wrapped, m.env.rank, faults) if compiled else wrapped
+    forward_model = wrapped
+    if compiled:
+        width = settings is not None and not settings.strategy.fixed_rows  # bucket
+        forward_model = compile_module(wrapped, model, m.env.rank, faults, dynamic_width=width)
     return flops, peak_flops, peak_source, wrapped, forward_model, timing
 
 

@@ -25,7 +25,8 @@ not change it); only the speed differs.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pitstop.core import log
@@ -36,7 +37,7 @@ from pitstop.train import oom
 if TYPE_CHECKING:  # torch is imported where it is used, as before
     from pitstop.train.forward import DeviceBatch
 
-__all__ = ["GuardedForward", "compile_module", "mark_rows_dynamic"]
+__all__ = ["Blocks", "GuardedForward", "compile_module", "mark_rows_dynamic"]
 
 
 class GuardedForward:
@@ -130,9 +131,17 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def compile_module(wrapped: Any, rank: int, faults: Faults = NO_FAULTS) -> Callable[..., Any]:
-    """torch.compile of the module the run wraps for its strategy (compiled lazily: the first
-    forward compiles).
+def compile_module(
+    wrapped: Any, model: Any, rank: int, faults: Faults = NO_FAULTS, *, dynamic_width: bool = False
+) -> Callable[..., Any]:
+    """What a compiled run's forward calls (compiled lazily: the first forward compiles).
+
+    The model's repeated blocks (its `_no_split_modules`: the decoder layers) are compiled,
+    one code for all of them (`Blocks`), and the rest of the forward runs eager. A model
+    without such blocks is compiled whole (torch.compile of `wrapped`), and so is a run
+    whose rows' width varies (`dynamic_width`, bucket): in a block, an unbacked row count
+    times a dynamic width is a size transformers' sdpa reshapes with -1, which dynamo
+    cannot decide (a graph break in every layer); whole, it compiles without one.
 
     The test fault COMPILE_FAILS_ON_RANK=R (pitstop/core/faults.py): no real compile; rank R's
     "compiled" forward raises as a failed compile does, the others' is the wrapped module.
@@ -147,4 +156,92 @@ def compile_module(wrapped: Any, rank: int, faults: Faults = NO_FAULTS) -> Calla
         return failing
     import torch
 
-    return torch.compile(wrapped)
+    blocks = None if dynamic_width else Blocks.of(model)
+    if blocks is None:
+        return torch.compile(wrapped)
+
+    def forward(**kwargs: Any) -> Any:
+        with blocks.compiled():
+            return wrapped(**kwargs)
+
+    return forward
+
+
+class Blocks:
+    """A model's repeated blocks compiled: one compiled code for every block of a class.
+
+    Why blocks and not the whole model: the decoder layers are the same code with other
+    weights, so dynamo traces one and inductor compiles it once, where a whole-model graph
+    is every layer traced and compiled again. On the headline model (4 layers of 256, rows
+    of 2 x 1024, the 2-core CPU, a cold cache) the first forward and backward took 24-26 s
+    against 42 s compiled whole (4 s warm), and the compiled steps ran as fast (one
+    process, interleaved: 1.07x eager against 1.08x for a per-layer `layer.compile()`).
+    What stays eager is the embedding, the rotary tables, the final norm and the loss.
+
+    Each block's `forward` is replaced by a dispatcher: inside `compiled()` it calls the
+    compiled code, outside it the block's own forward, so the eager fallback
+    (`GuardedForward`) is the same module with nothing compiled. The hooks a strategy puts
+    on a block (FSDP2's all-gather) stay outside the compiled code, in eager.
+
+    The row count of a block's inputs (its activations, the rotary tables, sdpa_docs'
+    marker) is marked unbacked, as `mark_rows_dynamic` marks the batch's: one graph for
+    every row count, one row included. Rows of one width only (see `compile_module`).
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.on = False
+        self._code: dict[Any, Callable[..., Any]] = {}  # a block class's forward -> compiled
+
+    @classmethod
+    def of(cls, model: Any, *, backend: str = "inductor") -> Blocks | None:
+        """The model's blocks dispatched to compiled code, or None when it names none
+        (`backend`: torch.compile's; the CPU's self-test traces with aot_eager)."""
+        names = set(getattr(model, "_no_split_modules", None) or [])
+        # By the class's ancestry: FSDP2 renames a block's class (FSDPLlamaDecoderLayer).
+        found = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
+        if not found:
+            return None
+        blocks = cls(backend)
+        for block in found:
+            blocks._dispatch(block)
+        return blocks
+
+    def _dispatch(self, block: Any) -> None:
+        import torch
+
+        fn = type(block).forward
+        code = self._code.get(fn)
+        if code is None:
+            code = self._code[fn] = torch.compile(fn, backend=self.backend)
+        eager = block.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return eager(*args, **kwargs)
+            self._mark([*args, *kwargs.values()])  # hidden_states first
+            return code(block, *args, **kwargs)
+
+        block.forward = forward
+
+    @contextmanager
+    def compiled(self) -> Iterator[None]:
+        """Inside: the blocks call their compiled code (off again on the way out, errors too)."""
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+    def _mark(self, values: list[Any]) -> None:
+        import torch
+
+        first = values[0] if values else None
+        if not isinstance(first, torch.Tensor) or first.dim() < 2:
+            return
+        rows = first.shape[0]
+        values = values + [t for v in values if isinstance(v, tuple) for t in v]  # rotary tables
+        for t in values:
+            if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[0] != rows:
+                continue
+            torch._dynamo.decorators.mark_unbacked(t, 0, shape_id="micro_batch_rows")
