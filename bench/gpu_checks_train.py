@@ -65,8 +65,9 @@ def check_compile_ddp(dev: torch.device, precision: str) -> list[Row]:
     tol = 5e-2 if precision == "bf16" else 1e-3
     ok = worst <= tol and bool(wrapped.gradient_as_bucket_view)
     return [Row(name, "pass" if ok else "FAIL",
-                f"compiled the blocks inside the DDP wrapper; fallback is the wrapper; gradients vs eager: largest "
-                f"relative difference {worst:.1e} (tolerance {tol:.0e}); bucket views "
+                f"compiled the blocks inside the DDP wrapper; fallback is the wrapper; "
+                f"gradients vs eager: largest relative difference {worst:.1e} (tolerance "
+                f"{tol:.0e}); bucket views "
                 f"{wrapped.gradient_as_bucket_view}")]  # fmt: skip
 
 
@@ -306,10 +307,10 @@ def check_recompiles(dev: torch.device, precision: str) -> list[Row]:
     tol = 5e-2 if precision == "bf16" else 1e-3
     ok = graphs == 1 and breaks == 0 and worst <= tol
     detail = (
-        f"torch.compile ({backend}) of a tiny Llama's 2 layers with sdpa_docs over {LAYOUTS} document "
-        f"layouts of 2 x 256 and 1 x 256 tokens: new graphs for {len(new)} of them (layouts "
-        f"{new}), {graphs} graphs in all (one), {breaks} graph breaks (none); loss and "
-        f"gradients vs eager: largest relative difference {worst:.1e} (tolerance {tol:.0e})"
+        f"torch.compile ({backend}) of a tiny Llama's 2 layers with sdpa_docs over {LAYOUTS} "
+        f"document layouts of 2 x 256 and 1 x 256 tokens: new graphs for {len(new)} of them "
+        f"(layouts {new}), {graphs} graphs in all (one), {breaks} graph breaks (none); loss "
+        f"and gradients vs eager: largest relative difference {worst:.1e} (tolerance {tol:.0e})"
     )
     return [Row(name, "pass" if ok else "FAIL", detail)]
 
