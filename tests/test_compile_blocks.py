@@ -81,7 +81,7 @@ def test_outside_compiled_the_blocks_run_their_own_forward(fresh_dynamo):
     assert not blocks.on  # an error inside leaves the blocks eager
 
 
-def test_blocks_are_found_by_ancestry_and_a_model_without_them_is_compiled_whole():
+def test_blocks_are_found_by_ancestry_and_compile_module_dispatches_to_them():
     model = _model(layers=2)
     layer = type(model.model.layers[0])
     # FSDP2's fully_shard swaps each block's class for one subclass named FSDP<name>.
@@ -92,9 +92,39 @@ def test_blocks_are_found_by_ancestry_and_a_model_without_them_is_compiled_whole
     assert blocks is not None
     assert all("forward" in vars(m) for m in model.model.layers)  # both dispatch
     assert len(blocks._code) == 1  # one compiled code for the class's forward
+    other = _model(layers=2)
+    compile_module(other, other, 0, backend="aot_eager")  # rows of one width: the blocks
+    assert all("forward" in vars(m) for m in other.model.layers)
 
-    plain = torch.nn.Linear(4, 4)
-    assert Blocks.of(plain) is None
-    assert isinstance(
-        compile_module(plain, plain, rank=0), torch._dynamo.eval_frame.OptimizedModule
-    )
+    assert Blocks.of(torch.nn.Linear(4, 4)) is None  # names no blocks
+
+
+def test_the_whole_model_compiles_when_the_width_varies_and_marks_its_inputs(fresh_dynamo):
+    model = _model(layers=2)
+    forward = compile_module(model, model, 0, dynamic_width=True, backend="aot_eager")
+    assert not any("forward" in vars(m) for m in model.model.layers)  # no block dispatch
+    batch = _batch(2, width=24)
+    got = _loss_and_grads(forward, model, batch)
+    for a, b in zip(got, _loss_and_grads(model, model, batch), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] >= 1  # compiled, whole
+    for name in ("input_ids", "position_ids"):  # one graph for every row count and width
+        assert batch[name]._dynamo_unbacked_indices == {0}, name
+        assert 1 in batch[name]._dynamo_weak_dynamic_indices, name
+
+
+def test_a_model_naming_no_blocks_compiles_whole(fresh_dynamo):
+    class Plain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.proj(input_ids)
+
+    plain = Plain()
+    forward = compile_module(plain, plain, 0, backend="aot_eager")
+    x = torch.randn(3, 5, 4)
+    torch.testing.assert_close(forward(input_ids=x), plain(input_ids=x))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert x._dynamo_unbacked_indices == {0}  # the rows, as a model's batch's

@@ -75,7 +75,7 @@ class Run:
     tokenizer: Any
     model: Any
     wrapped: Any  # the model inside DDP/FSDP (or the model itself)
-    forward_model: Any  # what the training forward calls: wrapped, or torch.compile of it
+    forward_model: Any  # what the training forward calls: wrapped, or its compiled forward
     compiled: bool
     # A compiling run that measures compile's cost and gain on its first steps (eager first).
     compile_timing: compile_record.CompileTiming | None

@@ -97,9 +97,11 @@ class GuardedForward:
         )
 
 
-def mark_rows_dynamic(batch: DeviceBatch) -> None:
+def mark_rows_dynamic(batch: DeviceBatch, *, width: bool = False) -> None:
     """Make a micro-batch's row count one size torch.compile never specialises on, so every
-    row count, one row included, runs the first graph (eager calls ignore the mark).
+    row count, one row included, runs the first graph; with `width` (bucket: rows as wide
+    as each micro-batch's longest) the width is a dynamic size from the first graph on,
+    not a recompile. The whole-model compile marks its inputs with it (`compile_module`).
 
     Dynamo compiles a size as a constant, recompiles once with it dynamic when a second
     value comes, and always compiles a size of 1 as a graph of its own (it specialises 0
@@ -117,6 +119,8 @@ def mark_rows_dynamic(batch: DeviceBatch) -> None:
         t = batch.get(key)  # attention_mask: sdpa_docs' marker only
         if isinstance(t, torch.Tensor):
             torch._dynamo.decorators.mark_unbacked(t, 0, shape_id="micro_batch_rows")
+            if width and key != "attention_mask":
+                torch._dynamo.maybe_mark_dynamic(t, 1)
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -132,7 +136,13 @@ def _empty_cuda_cache() -> None:
 
 
 def compile_module(
-    wrapped: Any, model: Any, rank: int, faults: Faults = NO_FAULTS, *, dynamic_width: bool = False
+    wrapped: Any,
+    model: Any,
+    rank: int,
+    faults: Faults = NO_FAULTS,
+    *,
+    dynamic_width: bool = False,
+    backend: str = "inductor",
 ) -> Callable[..., Any]:
     """What a compiled run's forward calls (compiled lazily: the first forward compiles).
 
@@ -141,7 +151,9 @@ def compile_module(
     without such blocks is compiled whole (torch.compile of `wrapped`), and so is a run
     whose rows' width varies (`dynamic_width`, bucket): in a block, an unbacked row count
     times a dynamic width is a size transformers' sdpa reshapes with -1, which dynamo
-    cannot decide (a graph break in every layer); whole, it compiles without one.
+    cannot decide (a graph break in every layer); whole, it compiles without one. Either
+    way the forward marks what it compiles (`mark_rows_dynamic`, `Blocks`): one graph for
+    every row count. `backend`: torch.compile's (tests trace with aot_eager).
 
     The test fault COMPILE_FAILS_ON_RANK=R (pitstop/core/faults.py): no real compile; rank R's
     "compiled" forward raises as a failed compile does, the others' is the wrapped module.
@@ -156,15 +168,21 @@ def compile_module(
         return failing
     import torch
 
-    blocks = None if dynamic_width else Blocks.of(model)
+    blocks = None if dynamic_width else Blocks.of(model, backend=backend)
     if blocks is None:
-        return torch.compile(wrapped)
+        whole = torch.compile(wrapped, backend=backend)
 
-    def forward(**kwargs: Any) -> Any:
+        def forward(**kwargs: Any) -> Any:
+            mark_rows_dynamic(kwargs, width=dynamic_width)  # type: ignore[arg-type]
+            return whole(**kwargs)
+
+        return forward
+
+    def forward_blocks(**kwargs: Any) -> Any:
         with blocks.compiled():
             return wrapped(**kwargs)
 
-    return forward
+    return forward_blocks
 
 
 class Blocks:
@@ -184,7 +202,7 @@ class Blocks:
     on a block (FSDP2's all-gather) stay outside the compiled code, in eager.
 
     The row count of a block's inputs (its activations, the rotary tables, sdpa_docs'
-    marker) is marked unbacked, as `mark_rows_dynamic` marks the batch's: one graph for
+    marker) is marked unbacked, as `mark_rows_dynamic` marks a whole model's: one graph for
     every row count, one row included. Rows of one width only (see `compile_module`).
     """
 

@@ -36,7 +36,7 @@ from pitstop.train import checkpoint, distributed, guard, model_io, oom, pending
 from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
 from pitstop.train.cadence import Cadence
-from pitstop.train.compile import GuardedForward, mark_rows_dynamic
+from pitstop.train.compile import GuardedForward
 from pitstop.train.evaluate import EvalResult, held_out_loss
 from pitstop.train.export import write_final
 from pitstop.train.forward import DeviceBatch, to_device, token_loss_sum
@@ -81,10 +81,6 @@ class Trainer:
         # the ranks agree on it at logging steps (train/cadence.py).
         self._guard = GuardedForward(run.wrapped, run.forward_model if run.compiled else None)
         self.cadence.compile_failed_here = lambda: self._guard.failed
-        settings = run.loader.settings
-        self._dynamic_width = (
-            run.compiled and settings is not None and not (settings.strategy.fixed_rows)
-        )
         if hooks is not None:
             # A measurement (pitstop profile, tune's trials) times its own steps, compile's
             # first one included: compiled from its first step, nothing measured here.
@@ -133,15 +129,8 @@ class Trainer:
         return next(self._batches)
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
-        batch = to_device(mb, self.run.device, self.run.choices["attention"].value)
-        if self.run.compiled:
-            mark_rows_dynamic(batch)  # one graph for every row count, one row included
-        if self._dynamic_width:
-            # Rows as wide as each micro-batch's longest (bucket): under torch.compile the
-            # width is a dynamic size from the first graph on, not a recompile (eager: no-op).
-            torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
-            torch._dynamo.maybe_mark_dynamic(batch["position_ids"], 1)
-        return batch
+        # A compiled forward marks its inputs' dynamic sizes itself (train/compile.py).
+        return to_device(mb, self.run.device, self.run.choices["attention"].value)
 
     def _loss(self, batch: DeviceBatch, model: Any = None) -> torch.Tensor:
         """Sum of token cross-entropies over the targets of a micro-batch (fp32 scalar).
