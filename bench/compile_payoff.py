@@ -6,15 +6,15 @@ setup: a 4-layer, 256-wide Llama, 8k vocabulary, rows of 1024, 4,096 tokens a st
 sdpa_docs) over every training chapter, for the same number of steps: `--compile off`
 against `--compile on`, alternating (off/on, then on/off, ...), each with a fresh cache
 directory, so every compiled run pays a cold compile (inductor's caches under it) and
-measures compile's cost on its first steps as any first compiled run does. The step count
+measures compile's cost and gain on its steps as any first compiled run does. The step count
 is chosen from a short eager calibration run so that each run trains about `--minutes`.
 
 Reported, medians over the pairs: trained tokens/s on the train clock and over the whole
 process (start to final model saved, the compile included), the compiled/eager ratios, the
 compile time and step times pitstop measured (summary.json: choices.compile.measured), what
 `compile: auto` would decide for a run of that length, and the payoff model's prediction
-of the train-clock saving (3 eager steps, the compile, then compiled steps, against every
-step eager) against the saving the runs measured.
+of the train-clock saving (the compiled run's eager measuring steps, the compile, then
+compiled steps, against every step eager) against the saving the runs measured.
 
 Usage:
     python -m bench.compile_payoff              # 3 pairs of ~10-minute runs (about an hour)
@@ -96,14 +96,15 @@ def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
 
 def predicted_saving(measured: dict[str, Any], steps: int) -> float:
     """The payoff model's train-clock saving of a compiled run over an eager one of `steps`:
-    the compiled run's first EAGER_STEPS steps are eager, then the compile, then compiled
-    steps (pitstop.train.compile_record); one compile, whatever the micro-batches' row
-    counts (train/compile.py `mark_rows_dynamic`)."""
-    from pitstop.train.compile_record import EAGER_STEPS
+    the compiled run's measuring steps that run eagerly (pitstop.train.compile_record
+    `eager_steps`: the first, then each one timed between compiled ones), the compile, and
+    compiled steps; one compile, whatever the micro-batches' row counts."""
+    from pitstop.train.compile_record import eager_steps
 
     eager, compiled = measured["eager_step_seconds"], measured["compiled_step_seconds"]
-    compiled_run = EAGER_STEPS * eager + measured["compile_seconds"]
-    compiled_run += (steps - EAGER_STEPS) * compiled
+    n_eager = eager_steps(steps)
+    compiled_run = n_eager * eager + measured["compile_seconds"]
+    compiled_run += (steps - n_eager) * compiled
     return steps * eager - compiled_run
 
 
@@ -116,7 +117,8 @@ def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], 
             f"{r['trained_tokens'] / r['wall_seconds']:,.0f}",
             f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}",
             f"{m['compile_seconds']:.1f}" if m else "",
-            f"{m['eager_step_seconds']:.3f} / {m['compiled_step_seconds']:.3f}" if m else "",
+            f"{m['eager_step_seconds']:.3f} / {m['compiled_step_seconds']:.3f} "
+            f"({m.get('pairs', 0)} pairs)" if m else "",
             ", ".join(f"{k}: {v:.1f} s" for k, v in r.get("slow_steps", {}).items()) or "none",
             f"{r['others_cores']:.2f}" if r.get("others_cores") is not None else "n/a",
         ])  # fmt: skip
@@ -214,13 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     rows, goals = summarize(runs, steps)
     info = machine()
     table = markdown_table(HEADERS, rows)
+    from pitstop.train.compile_record import eager_steps
+
     notes = [
         f"Model: {setup.model_desc}; {setup.notes[0]}.",
         f"Each run: `pitstop train` defaults, {steps} steps of {setup.tokens_per_step:,} tokens "
         f"(rows of {setup.max_len}), a fresh cache directory (a cold compile), {pairs} "
         "pair(s) interleaved; medians over the pairs.",
-        "The compiled runs' first 3 steps run eagerly (pitstop measures compile's cost and "
-        "gain on them), then compiled: the measured columns are pitstop's own record.",
+        "The compiled runs run their first step and, between compiled ones, "
+        f"{eager_steps(steps) - 1} more eagerly (pitstop times compile's cost on its first "
+        "compiled step and its gain as eager steps against their compiled neighbours): the "
+        "measured columns are pitstop's own record, the one the payoff model predicts from "
+        "and the next run of the configuration decides with.",
         f"Machine: {describe_machine(info)}; the whole benchmark took "
         f"{time.perf_counter() - t0:.0f} s. Other processes' CPU while each run ran is in "
         "the last column: above 0.25 cores the timings are noisy.",

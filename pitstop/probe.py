@@ -564,18 +564,21 @@ class CompileFacts(TypedDict):
     eager_step_seconds: float
     compiled_step_seconds: float
     speedup: float
+    pairs: int
     source: str
 
 
 @dataclass(frozen=True)
 class CompileSpeed:
-    """What torch.compile costs and gains for one configuration, measured on a run's first
-    steps (pitstop.train.compile_record): the compile, and a step eager and compiled."""
+    """What torch.compile costs and gains for one configuration, measured on a compiling
+    run's steps (pitstop.train.compile_record): the compile, and a step eager and compiled
+    (the compiled one: the eager one over the median paired ratio)."""
 
     compile_s: float  # the first compiled step's seconds above a compiled step's
     eager_step_s: float
     compiled_step_s: float
     source: str  # measured in this run, or reused from the cache (where, when)
+    pairs: int = 0  # eager steps timed between compiled ones (the gain's median is over them)
 
     @property
     def gain(self) -> float:
@@ -586,10 +589,11 @@ class CompileSpeed:
         return steps * (self.eager_step_s - self.compiled_step_s)
 
     def describe(self) -> str:
+        over = f", the median of {self.pairs} pairs" if self.pairs else ""
         return (
             f"{self.source}: a {self.compile_s:.1f} s compile, then steps of "
             f"{self.eager_step_s:.3f} s eager against {self.compiled_step_s:.3f} s compiled "
-            f"({self.gain:.2f}x)"
+            f"({self.gain:.2f}x{over})"
         )
 
     def to_dict(self) -> CompileFacts:
@@ -598,6 +602,7 @@ class CompileSpeed:
             "eager_step_seconds": self.eager_step_s,
             "compiled_step_seconds": self.compiled_step_s,
             "speedup": round(self.gain, 4),
+            "pairs": self.pairs,
             "source": self.source,
         }
 
@@ -650,7 +655,8 @@ def choose_compile(
         return Choice(
             True,
             basis + f", over {COMPILE_PAYBACK:.0f}x the compile time; this run measures both "
-            "on its first steps (a few eager, then compiled) for the next run of this "
+            "on its steps (the first compiled one, and eager ones between compiled ones) for the "
+            "next run of this "
             "configuration",
             estimate,
         )

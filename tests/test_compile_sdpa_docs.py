@@ -223,8 +223,9 @@ def test_a_compiled_run_has_no_graph_break_and_one_graph_over_its_layouts_and_ro
 
 @pytest.mark.slow
 def test_the_compiled_run_measured_compile_and_the_next_auto_run_decides_with_it(runs):
-    """No measurement of this configuration was cached: the run ran its first steps eagerly,
-    then compiled, and recorded what the compile cost and gained; a run of the same
+    """No measurement of this configuration was cached: the run ran its first step eagerly,
+    then compiled, timed eager steps between compiled ones, and recorded what the compile
+    cost and gained; a run of the same
     configuration with `compile: auto` decides from that record, with its numbers."""
     import dataclasses
 
@@ -232,7 +233,8 @@ def test_the_compiled_run_measured_compile_and_the_next_auto_run_decides_with_it
 
     measured = runs["on"]["compile"]["measured"]["measured"]
     assert measured["compile_seconds"] > 0 and measured["eager_step_seconds"] > 0
-    assert measured["source"] == "measured on this run's first steps"
+    assert measured["source"].startswith("measured on this run's steps (3 eager steps, each")
+    assert measured["pairs"] == 3  # 20 steps: the three pairs after the compile, no later one
     ran = runs["on"]["config"]
     cfg = dataclasses.replace(ran, compile="auto", output=str(Path(ran.output) / "next"))
     choice = build_run(cfg).choices["compile"]

@@ -51,7 +51,6 @@ from pitstop.train import (
     startup,
 )
 from pitstop.train.compile import compile_module
-from pitstop.train.compile_record import COMPILED_STEPS, EAGER_STEPS
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.forward import TimedMicroBatch, loss_choice
 from pitstop.train.optim import build_optimizer
@@ -77,7 +76,7 @@ class Run:
     wrapped: Any  # the model inside DDP/FSDP (or the model itself)
     forward_model: Any  # what the training forward calls: wrapped, or its compiled forward
     compiled: bool
-    # A compiling run that measures compile's cost and gain on its first steps (eager first).
+    # A compiling run that measures compile's cost and gain on its steps (some eager).
     compile_timing: compile_record.CompileTiming | None
     loader: Loader
     geometry: data.Geometry
@@ -409,7 +408,7 @@ def plan_compute(
     timing = None
     if compiled:
         compile_record.inductor_cache(cfg.cache_dir)
-        if measured is None and total_steps > EAGER_STEPS + COMPILED_STEPS:
+        if measured is None and total_steps >= compile_record.FIRST_STEPS:
             timing = compile_record.CompileTiming(
                 key, cfg.cache_dir, sync=partial(_sync, m.device), save=m.env.rank == 0
             )

@@ -4,16 +4,24 @@ configuration on a run that compiles, cached, and reused by the next run's decis
 A compiled step is faster (the norms, rotary embeddings, activations and residual adds
 fused), but the first compiled step pays the compile, and whether that pays back depends on
 the model, the machine and the run's length. So a run that compiles without a measurement
-of its configuration times it on its own first steps, which are training steps all the
-same (`CompileTiming`):
+of its configuration times it on its own steps, which are training steps all the same
+(`CompileTiming`, the schedule in `is_eager`):
 
-- the first `EAGER_STEPS` steps run eagerly (the first untimed: the allocator's and the
-  kernels' first calls), then the compiled forward takes over (the same math:
-  tests/test_compile_sdpa_docs.py);
-- the first compiled step less a compiled step is the compile time; the median of the next
-  `COMPILED_STEPS` is a compiled step, the median of the timed eager ones an eager step;
-- the three numbers (`probe.CompileSpeed`) go to the cache (`compile_speed-<digest>.json`,
-  one file per key: `speed_key`) and to the run's summary (`choices.compile.measured`).
+- the first step runs eagerly, untimed (the allocator's and the kernels' first calls); the
+  second compiles; its seconds above a compiled step's are the compile time;
+- then eager steps are timed *between* compiled ones, and each eager step's seconds over
+  the mean of its two compiled neighbours is one paired ratio: three pairs right after the
+  compile, then one every `LATER_EVERY` steps, `LATER_PAIRS` times. Pairs, because a few
+  steps timed early against a few timed later measure the host's warm-up and drift as
+  much as compile's gain: on the headline model (CPU, 2026-11-28) two eager steps timed
+  before the compile and three compiled ones after it said 1.10x where 411-step runs
+  measured 1.01-1.04x, so `auto` would have compiled a run that lost 23 s to it;
+- the gain is the median paired ratio, an eager step the median eager step (a compiled one
+  that over the gain); the measurement (`probe.CompileSpeed`) goes to the cache
+  (`compile_speed-<digest>.json`, one file per key: `speed_key`) and to the run's summary
+  (`choices.compile.measured`), and is written again with each later pair, so a longer run
+  leaves a steadier record. An eager step costs a compiled run its gain once; the later
+  pairs cost at most `LATER_PAIRS` such steps, in its first ~1,000 steps.
 
 The next run of the configuration decides with them (`probe.choose_compile`): compile when
 its planned steps save more than the compile time (by a margin). inductor's own caches live
@@ -21,8 +29,8 @@ under pitstop's cache directory (`inductor/`, unless TORCHINDUCTOR_CACHE_DIR is 
 second compile of a configuration mostly reads them back; the record keeps the latest
 compile's time, which is then that cheaper one.
 
-On a GPU each timed step ends with a device sync (only those few steps), so the host's clock
-covers the device's work.
+On a GPU each timed step ends with a device sync (only those steps and the one before each
+timed run of them), so the host's clock covers the device's work.
 """
 
 from __future__ import annotations
@@ -45,18 +53,39 @@ from pitstop.core.config import RunConfig
 from pitstop.probe import CompileSpeed
 
 __all__ = [
-    "COMPILED_STEPS",
-    "EAGER_STEPS",
+    "FIRST_STEPS",
+    "LATER_EVERY",
+    "LATER_PAIRS",
     "CompileKey",
     "CompileTiming",
     "cached_speed",
+    "eager_steps",
     "inductor_cache",
+    "is_eager",
     "save_speed",
     "speed_key",
 ]
 
-EAGER_STEPS = 3  # the first untimed
-COMPILED_STEPS = 3  # timed after the first compiled step (the compile)
+FIRST_STEPS = 9  # eager (untimed), the compile, then compiled/eager x3, compiled
+LATER_EVERY = 50  # then one eager step in this many ...
+LATER_PAIRS = 20  # ... this many times
+METHOD = "paired eager and compiled steps"  # in the key: records measured otherwise differ
+
+
+def is_eager(index: int) -> bool:
+    """Whether a measuring run's step `index` (0-based, from the run's first step) runs
+    eagerly: 0 (untimed), 3, 5 and 7 (between the compiled 2, 4, 6 and 8; 1 compiles), then
+    one in LATER_EVERY, LATER_PAIRS times."""
+    if index < FIRST_STEPS:
+        return index == 0 or (index >= 3 and index % 2 == 1)
+    later, rest = divmod(index - (FIRST_STEPS - 1), LATER_EVERY)
+    return rest == 0 and 1 <= later <= LATER_PAIRS
+
+
+def eager_steps(total_steps: int) -> int:
+    """How many of a measuring run's `total_steps` steps run eagerly."""
+    last = FIRST_STEPS - 1 + LATER_EVERY * LATER_PAIRS
+    return sum(is_eager(i) for i in range(min(total_steps, last + 1)))
 
 
 class CompileKey(TypedDict):
@@ -79,6 +108,7 @@ class CompileKey(TypedDict):
     load_in_4bit: bool
     strategy: str
     threads: int | None
+    method: str
 
 
 def speed_key(
@@ -117,6 +147,7 @@ def speed_key(
         "load_in_4bit": cfg.load_in_4bit,
         "strategy": cfg.strategy,
         "threads": threads,
+        "method": METHOD,
     }
 
 
@@ -141,6 +172,7 @@ def cached_speed(cache_dir: str | Path | None, key: CompileKey) -> CompileSpeed 
             float(rec["eager_step_seconds"]),
             float(rec["compiled_step_seconds"]),
             f"reused (cached in {path}, measured {rec.get('measured_at', '?')})",
+            int(rec.get("pairs", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # damaged: the next compiling run measures again and replaces it
@@ -181,9 +213,11 @@ def _torch_default_inductor_dir() -> str:
 
 
 class CompileTiming:
-    """Times a compiling run's first steps (the module docstring): `eager_now()` says whether
-    the next step runs eagerly; `step_done(seconds)` takes each finished step's seconds and
-    returns the measurement once it is complete (stored in the cache when `save`)."""
+    """Times a compiling run's steps (the module docstring): `eager_now()` says whether the
+    next step runs eagerly, `clock_now()` whether it must end with a device sync;
+    `step_done(seconds)` takes each finished step's seconds and returns the measurement each
+    time it changes (stored in the cache when `save`); `done()` once nothing is left to
+    time."""
 
     def __init__(
         self,
@@ -194,20 +228,51 @@ class CompileTiming:
         save: bool = True,
     ) -> None:
         self.key, self.cache_dir, self.sync, self.save = key, cache_dir, sync, save
-        self.seconds: list[float] = []
+        self.index = 0  # the next step's
+        self.seconds: dict[int, float] = {}  # the timed steps', by index
+        self.compile_s = 0.0
+        self.eager: list[float] = []  # the eager steps' seconds
+        self.ratios: list[float] = []  # each eager step over its compiled neighbours' mean
 
     def eager_now(self) -> bool:
-        return len(self.seconds) < EAGER_STEPS
+        return is_eager(self.index)
+
+    def clock_now(self) -> bool:
+        """The step about to end is timed, or the one before a timed one (its device work
+        must not spill into the next step's clock)."""
+        return self.index < FIRST_STEPS or any(is_eager(self.index + d) for d in (-1, 0, 1, 2))
+
+    def done(self) -> bool:
+        return self.index > FIRST_STEPS + LATER_EVERY * LATER_PAIRS
 
     def step_done(self, seconds: float) -> CompileSpeed | None:
-        self.seconds.append(seconds)
-        if len(self.seconds) < EAGER_STEPS + 1 + COMPILED_STEPS:
+        i = self.index
+        self.index += 1
+        if i < FIRST_STEPS or any(is_eager(i + d) for d in (-1, 0, 1)):
+            self.seconds[i] = seconds
+        if i < 2 or not is_eager(i - 1):
             return None
-        eager = statistics.median(self.seconds[1:EAGER_STEPS])
-        first = self.seconds[EAGER_STEPS]
-        compiled = statistics.median(self.seconds[EAGER_STEPS + 1 :])
+        s = self.seconds
+        self.eager.append(s[i - 1])
+        self.ratios.append(s[i - 1] / ((s[i - 2] + s[i]) / 2))
+        if i < FIRST_STEPS - 1:
+            return None
+        if i == FIRST_STEPS - 1:  # the compile: its step above the compiled steps after it
+            self.compile_s = max(0.0, s[1] - statistics.median(s[j] for j in (2, 4, 6, 8)))
+        for j in [j for j in s if j < i - 2]:
+            del s[j]
+        return self._measured()
+
+    def _measured(self) -> CompileSpeed:
+        eager = statistics.median(self.eager)
+        gain = statistics.median(self.ratios)
+        n = len(self.ratios)
         speed = CompileSpeed(
-            max(0.0, first - compiled), eager, compiled, "measured on this run's first steps"
+            self.compile_s,
+            eager,
+            eager / gain,
+            f"measured on this run's steps ({n} eager steps, each between two compiled ones)",
+            n,
         )
         if self.save:
             save_speed(self.cache_dir, self.key, speed)

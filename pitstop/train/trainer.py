@@ -37,6 +37,7 @@ from pitstop.train.banner import print_banner, run_banner
 from pitstop.train.build import Run, build_run
 from pitstop.train.cadence import Cadence
 from pitstop.train.compile import GuardedForward
+from pitstop.train.compile_record import LATER_EVERY, LATER_PAIRS
 from pitstop.train.evaluate import EvalResult, held_out_loss
 from pitstop.train.export import write_final
 from pitstop.train.forward import DeviceBatch, to_device, token_loss_sum
@@ -99,6 +100,7 @@ class Trainer:
         self._faults_from: tuple[int, int] | None = None  # (step, minor faults) after step 1
         self._micro: tuple[int, int, tuple[int, ...]] | None = None  # for an OOM message
         self._oom_retryable = False  # the OOM came from a forward/backward (a backoff may help)
+        self._compile_choice: Choice | None = None  # before compile's measurements joined it
 
     @classmethod
     def from_config(
@@ -342,21 +344,27 @@ class Trainer:
         if not run.compiled:  # the compile failed and this run went eager: nothing to time
             run.compile_timing = None
             return
-        timing.sync()  # a GPU's clock must cover the step's device work (these steps only)
+        if timing.clock_now():
+            timing.sync()  # a GPU's clock must cover the step's device work (these steps only)
         speed = timing.step_done(time.perf_counter() - t_step)
+        if timing.done():
+            run.compile_timing = None
         if speed is None:
             return
-        run.compile_timing = None
-        before = run.choices["compile"]
+        first = self._compile_choice is None
+        if first:
+            self._compile_choice = run.choices["compile"]
+        before = self._compile_choice
         run.choices["compile"] = Choice(
             True,
             f"{before.reason}; {speed.describe()}",
             {**(before.measured or {}), "measured": speed.to_dict()},
         )
-        if self.is_main:
+        if self.is_main and first:
             log.info(
                 f"pitstop: compile {speed.describe()}; kept for this configuration's next "
-                "run (compile: auto decides with it)"
+                "run (compile: auto decides with it), and measured again every "
+                f"{LATER_EVERY} steps up to {LATER_PAIRS} times"
             )
 
     def _step_or_back_off(self, tl: Timeline) -> bool:
