@@ -1,0 +1,52 @@
+"""bench/compile_payoff.py's prediction: a compiled run of N steps against N eager steps, the
+run's eager measuring steps counted (pitstop.train.compile_record's schedule), and how far
+the runs' own clocks are from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.compile_payoff import predicted_saving, summarize
+from pitstop.train.compile_record import eager_steps
+
+RECORD = {
+    "compile_seconds": 25.0,
+    "eager_step_seconds": 1.5,
+    "compiled_step_seconds": 1.4,
+    "pairs": 11,
+}
+
+
+def test_the_prediction_counts_the_compile_and_the_eager_measuring_steps() -> None:
+    steps = 411
+    n_eager = eager_steps(steps)
+    assert n_eager == 4 + 8  # the first, the three pairs after the compile, one in 50 after
+    # every step but the eager ones saves 0.1 s; the compile costs 25 s
+    want = (steps - n_eager) * 0.1 - 25.0
+    assert predicted_saving(RECORD, steps) == pytest.approx(want)
+
+
+def _run(compile_: str, train_s: float) -> dict:
+    return {
+        "compile": compile_,
+        "trained_tokens": 1_000_000,
+        "train_seconds": train_s,
+        "wall_seconds": train_s + 10,
+        "measured": RECORD if compile_ == "on" else None,
+        "others_cores": 0.01,
+    }
+
+
+def test_the_summary_gives_the_saving_and_the_compiled_clock_against_the_prediction() -> None:
+    steps = 411
+    pred = predicted_saving(RECORD, steps)  # 14.9 s
+    runs = [_run("off", 620.0), _run("on", 600.0), _run("on", 610.0), _run("off", 630.0)]
+    rows, goals = summarize(runs, steps)
+    assert len(rows) == 4 and rows[1][5] == "1.500 / 1.400 (11 pairs)"
+    text = "\n".join(goals)
+    measured = 625.0 - 605.0
+    assert f"predicted a train-clock saving of {pred:.0f} s; the runs measured 20 s" in text
+    assert f"{abs(pred - measured) / measured:.0%} off" in text
+    want = 625.0 - pred
+    assert f"predicted {want:.0f} s, measured 605 s ({abs(want - 605) / 605:.1%} off)" in text
+    assert "the eager runs differ by 1.6% among themselves" in text
