@@ -656,8 +656,7 @@ def choose_compile(
             True,
             basis + f", over {COMPILE_PAYBACK:.0f}x the compile time; this run measures both "
             "on its steps (the first compiled one, and eager ones between compiled ones) for the "
-            "next run of this "
-            "configuration",
+            "next run of this configuration",
             estimate,
         )
     return Choice(

@@ -41,6 +41,7 @@ import json
 import os
 import statistics
 import tempfile
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,6 +70,7 @@ __all__ = [
 FIRST_STEPS = 9  # eager (untimed), the compile, then compiled/eager x3, compiled
 LATER_EVERY = 50  # then one eager step in this many ...
 LATER_PAIRS = 20  # ... this many times
+LAST_EAGER = FIRST_STEPS - 1 + LATER_EVERY * LATER_PAIRS  # the step after it is the last timed
 METHOD = "paired eager and compiled steps"  # in the key: records measured otherwise differ
 
 
@@ -84,8 +86,7 @@ def is_eager(index: int) -> bool:
 
 def eager_steps(total_steps: int) -> int:
     """How many of a measuring run's `total_steps` steps run eagerly."""
-    last = FIRST_STEPS - 1 + LATER_EVERY * LATER_PAIRS
-    return sum(is_eager(i) for i in range(min(total_steps, last + 1)))
+    return sum(is_eager(i) for i in range(min(total_steps, LAST_EAGER + 1)))
 
 
 class CompileKey(TypedDict):
@@ -229,7 +230,9 @@ class CompileTiming:
     ) -> None:
         self.key, self.cache_dir, self.sync, self.save = key, cache_dir, sync, save
         self.index = 0  # the next step's
-        self.seconds: dict[int, float] = {}  # the timed steps', by index
+        self.last: deque[float] = deque(maxlen=3)  # the last three steps' seconds
+        self.compile_step = 0.0  # step 1's seconds: the compile and a compiled step
+        self.first_compiled: list[float] = []  # steps 2, 4, 6 and 8
         self.compile_s = 0.0
         self.eager: list[float] = []  # the eager steps' seconds
         self.ratios: list[float] = []  # each eager step over its compiled neighbours' mean
@@ -243,24 +246,25 @@ class CompileTiming:
         return self.index < FIRST_STEPS or any(is_eager(self.index + d) for d in (-1, 0, 1, 2))
 
     def done(self) -> bool:
-        return self.index > FIRST_STEPS + LATER_EVERY * LATER_PAIRS
+        return self.index > LAST_EAGER + 1
 
     def step_done(self, seconds: float) -> CompileSpeed | None:
         i = self.index
         self.index += 1
-        if i < FIRST_STEPS or any(is_eager(i + d) for d in (-1, 0, 1)):
-            self.seconds[i] = seconds
+        self.last.append(seconds)
+        if i == 1:
+            self.compile_step = seconds
+        elif 1 < i < FIRST_STEPS and not is_eager(i):
+            self.first_compiled.append(seconds)
         if i < 2 or not is_eager(i - 1):
             return None
-        s = self.seconds
-        self.eager.append(s[i - 1])
-        self.ratios.append(s[i - 1] / ((s[i - 2] + s[i]) / 2))
+        before, eager, after = self.last
+        self.eager.append(eager)
+        self.ratios.append(eager / ((before + after) / 2))
         if i < FIRST_STEPS - 1:
             return None
         if i == FIRST_STEPS - 1:  # the compile: its step above the compiled steps after it
-            self.compile_s = max(0.0, s[1] - statistics.median(s[j] for j in (2, 4, 6, 8)))
-        for j in [j for j in s if j < i - 2]:
-            del s[j]
+            self.compile_s = max(0.0, self.compile_step - statistics.median(self.first_compiled))
         return self._measured()
 
     def _measured(self) -> CompileSpeed:
