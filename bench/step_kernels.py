@@ -1,4 +1,4 @@
-"""The two CPU step kernels pitstop writes itself, against what they replace, side by side.
+"""The CPU step kernels pitstop writes or picks, against what they replace, side by side.
 
     .venv/bin/python -m bench.step_kernels [--rows 2] [--max-len 1024] [--vocab 8192]
 
@@ -8,6 +8,9 @@
 - The attention: `sdpa_docs` (per-document causal SDPA over split views) against
   transformers' SDPA path for packed rows (a dense block-diagonal mask), forward + backward,
   heads 4 x 64, documents of 600/300/124 and 900/100/24 positions in two rows of 1024.
+- The optimizer step: torch's fused AdamW (pitstop's CPU choice, `probe.choose_optimizer`)
+  against foreach AdamW (its CPU choice before), on the headline model's parameters (a
+  4-layer, 256-wide Llama with an 8k vocabulary: 8.4M) in pitstop's two parameter groups.
 
 Interleaved rounds, medians of 7. Writes bench/results/step_kernels.md.
 """
@@ -97,6 +100,32 @@ def bench_attention(max_len: int) -> list[list[str]]:
     return out
 
 
+def bench_optimizer(vocab: int) -> list[list[str]]:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from pitstop.tiny import llama_config
+    from pitstop.train.optim import param_groups
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_config(vocab, layers=4, hidden=256, heads=4))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    steps = {
+        kind: torch.optim.AdamW(
+            param_groups(model, 0.0), lr=1e-3, betas=(0.9, 0.95), **{kind: True}
+        )
+        for kind in ("foreach", "fused")
+    }  # both update the same parameters: only the time is compared
+    a, b = [], []
+    for _ in range(3):
+        a += _timed(steps["foreach"].step, 3)
+        b += _timed(steps["fused"].step, 3)
+    n = sum(p.numel() for p in model.parameters()) / 1e6
+    return [[f"AdamW step, {n:.1f}M fp32 parameters (foreach / fused)", f"{median(a) * 1e3:.1f}",
+             f"{median(b) * 1e3:.1f}", f"{median(a) / median(b):.2f}x"]]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2)
@@ -106,6 +135,7 @@ def main() -> None:
     if args.max_len < 1001:
         ap.error("--max-len must be at least 1001 (the attention case's documents)")
     rows = bench_loss(args.rows, args.max_len, args.vocab) + bench_attention(args.max_len)
+    rows += bench_optimizer(args.vocab)
     table = markdown_table(["kernel (forward + backward)", "before / dense ms", "pitstop ms",
                             "speed-up"], rows)  # fmt: skip
     print(table)
@@ -113,9 +143,11 @@ def main() -> None:
         f"{table}\n\nLoss: {args.rows} rows x {args.max_len} positions x {args.vocab} vocabulary; "
         "before = `F.cross_entropy(logits[:, :-1].float())`. Attention: 2 rows of "
         f"{args.max_len}, 4 heads x 64, 6 documents; dense = SDPA with the block-diagonal "
-        "causal mask transformers builds for packed rows. Medians of 9 interleaved samples."
+        "causal mask transformers builds for packed rows. Optimizer: one AdamW step over the "
+        "headline model's parameters (4 layers, width 256, the vocabulary above), foreach "
+        "against fused. Medians of 9 interleaved samples."
     )
-    write_result("step_kernels", "CPU step kernels: pitstop's loss and attention", body)
+    write_result("step_kernels", "CPU step kernels: pitstop's loss, attention and optimizer", body)
 
 
 if __name__ == "__main__":

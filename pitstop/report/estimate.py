@@ -350,6 +350,14 @@ def data_tokens(
     )
 
 
+def _fused_optimizer(profile: Measured | None, gpu: Gpu | None) -> bool:
+    """Whether the priced optimizer is fused: a GPU plan's is; a CPU profile's as recorded."""
+    if gpu is not None or profile is None or not _is_cpu(profile.device):
+        return True
+    recorded = profile.choices.get("optimizer")
+    return isinstance(recorded, dict) and "fused" in str(recorded.get("value", ""))
+
+
 def _is_cpu(device: str) -> bool:
     return device.lower().startswith("cpu")
 
@@ -660,7 +668,8 @@ def estimate(shape: ModelShape, req: EstimateRequest) -> Estimate:
 def _plan(req: EstimateRequest, step: StepShape | None, gpu: Gpu | None) -> Plan:
     """The plan to price: the request's settings, with the row length, micro-batch rows and
     accumulation it leaves None taken from the measured step, else the data's row length
-    (1024 without one), 1 row, no accumulation. A CPU profile's optimizer is foreach."""
+    (1024 without one), 1 row, no accumulation. A CPU profile's optimizer is the one it
+    recorded, else foreach (pitstop's CPU choice before fused AdamW)."""
     seq_len = req.seq_len or (step.seq_len if step else None) or req.tokens.max_seq_len or 1024
     profile = req.profile
     return Plan(
@@ -671,7 +680,7 @@ def _plan(req: EstimateRequest, step: StepShape | None, gpu: Gpu | None) -> Plan
         gradient_checkpointing=req.gradient_checkpointing,
         lora_r=req.lora_r,
         load_in_4bit=req.load_in_4bit,
-        fused_optimizer=not (gpu is None and profile is not None and _is_cpu(profile.device)),
+        fused_optimizer=_fused_optimizer(profile, gpu),
         optimizer=req.optimizer,
         grad_accum=req.grad_accum or (step.accumulation if step else None) or 1,
     )

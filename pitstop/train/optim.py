@@ -77,8 +77,9 @@ def build_optimizer(
     choice: Choice,
     betas: tuple[float, float] = (0.9, 0.95),
 ) -> torch.optim.Optimizer:
-    """AdamW, fused on CUDA (one kernel, supports sync-free skipping), foreach elsewhere;
-    or bitsandbytes' 8-bit AdamW when `choice` says so."""
+    """AdamW, fused on CUDA (one kernel, supports sync-free skipping) and on the CPU (one
+    pass over each parameter), foreach elsewhere; or bitsandbytes' 8-bit AdamW when
+    `choice` says so."""
     groups = param_groups(model, weight_decay)
     if choice.value in EIGHT_BIT:
         import bitsandbytes as bnb

@@ -76,9 +76,14 @@ class _ChunkedCE(torch.autograd.Function):
         rows = ctx.rows
         grad = torch.empty_like(logits)
         scale = valid.to(torch.float32) * grad_out.to(torch.float32)  # [N]: 0 where ignored
+        in_place = logits.dtype == torch.float32  # else the block is computed in fp32, then cast
         for s in range(0, logits.shape[0], rows):
             e = min(s + rows, logits.shape[0])
-            p = logits[s:e].float().sub_(lse[s:e, None]).exp_()  # softmax of the block
+            # softmax of the block: fp32 logits straight into the gradient's block (no copy)
+            p = grad[s:e] if in_place else torch.empty(e - s, logits.shape[1], device=grad.device)
+            torch.sub(logits[s:e], lse[s:e, None], out=p).exp_()
             p[torch.arange(e - s, device=p.device), safe[s:e]] -= 1.0
-            grad[s:e] = p.mul_(scale[s:e, None])
+            p.mul_(scale[s:e, None])
+            if not in_place:
+                grad[s:e] = p
         return grad, None, None

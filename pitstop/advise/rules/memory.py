@@ -35,6 +35,8 @@ def cost_plan(
     lora_r = lora_rank(ctx)
     # pitstop picks fused AdamW on CUDA; an HF run uses the `optim` it names. A run that did
     # not record its optimizer is priced unfused: the larger memory, so "fits" holds either way.
+    # A CPU run is priced unfused too (pitstop's CPU runs were foreach before fused AdamW):
+    # one fp32 copy of the parameters more than a fused run needs, a bound that still holds.
     if ctx.cuda:
         fused = s.source == "pitstop" or "fused" in (s.optimizer or "") or is_eight_bit(s.optimizer)
     else:
