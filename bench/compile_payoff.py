@@ -173,7 +173,7 @@ def auto_decision(facts: dict[str, Any], steps: int) -> str:
 
     speed = CompileSpeed(
         facts["compile_seconds"], facts["eager_step_seconds"], facts["compiled_step_seconds"],
-        "measured by these runs",
+        "measured by these runs", tuple(facts.get("ratios", ())),
     )  # fmt: skip
     cpu = DeviceInfo("cpu", "cpu")
     choice = choose_compile("auto", cpu, None, steps=steps, measured=speed)

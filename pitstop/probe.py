@@ -11,6 +11,7 @@ of patching torch.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -29,14 +30,17 @@ from pitstop.core.versions import parse_version
 # its steps 1.27x faster (issue 46). The basis rounds both toward not compiling. Without a
 # measurement of the user's configuration, `--compile auto` compiles only when that gain
 # would repay the compile time COMPILE_PAYBACK times over; a run that compiles measures both
-# (train/compile_record.py), and later runs decide with COMPILE_PAYBACK_MEASURED.
+# (train/compile_record.py), and later runs decide with COMPILE_GAIN_CONFIDENCE.
 # bench/compile_payoff.py measures them on the headline model.
 COMPILE_SECONDS_BASIS = 40.0
 COMPILE_GAIN_BASIS = 1.2
 COMPILE_PAYBACK = 3.0  # the estimated saving must exceed the compile time this many times
-# With this configuration's own measurements: the saving must exceed the compile time
-# by this margin (its timings are a few steps on a machine that may be busy).
-COMPILE_PAYBACK_MEASURED = 1.5
+# With this configuration's own measurements: the saving at the gain its paired steps show
+# with COMPILE_GAIN_CONFIDENCE must exceed the compile time. The bound, not a margin, absorbs
+# a busy machine's noise: few or scattered pairs give a low bound, many steady ones a tight
+# one (on the 2-core CPU the headline model's pairs said 1.04-1.06x, with 7% between two
+# eager runs of the same config: bench/results/compile_payoff.md).
+COMPILE_GAIN_CONFIDENCE = 0.9
 # Used only to estimate a run's length before it starts (for `--compile auto`).
 ASSUMED_MFU_FOR_ESTIMATE = 0.3
 
@@ -557,6 +561,20 @@ def estimated_run_seconds(
     return steps * tokens_per_step * flops_per_token / (peak_flops * ASSUMED_MFU_FOR_ESTIMATE)
 
 
+def median_lower_bound(values: tuple[float, ...], confidence: float) -> float:
+    """A lower bound on the median of the distribution `values` are independent draws from,
+    with `confidence`, assuming nothing about its shape: the k-th smallest value, k the
+    largest with P(Binomial(n, 1/2) < k) <= 1 - confidence (the order-statistic interval),
+    or the smallest value when n is too small for that confidence (three values: 87.5%)."""
+    if not values:
+        raise ValueError("median_lower_bound of no values")
+    ordered, n = sorted(values), len(values)
+    k = 1
+    while k < n and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= 1 - confidence:
+        k += 1  # P(B < k) <= 1 - confidence still holds for the next k
+    return ordered[k - 1]
+
+
 class CompileFacts(TypedDict):
     """A `CompileSpeed` as JSON (the cache entry's and `choices.compile.measured`'s fields)."""
 
@@ -564,7 +582,9 @@ class CompileFacts(TypedDict):
     eager_step_seconds: float
     compiled_step_seconds: float
     speedup: float
+    speedup_floor: float
     pairs: int
+    ratios: list[float]
     source: str
 
 
@@ -578,18 +598,39 @@ class CompileSpeed:
     eager_step_s: float
     compiled_step_s: float
     source: str  # measured in this run, or reused from the cache (where, when)
-    pairs: int = 0  # eager steps timed between compiled ones (the gain's median is over them)
+    # Each eager step timed between two compiled ones over their mean (the gain is the
+    # median); none when the speeds were given, not measured in pairs.
+    ratios: tuple[float, ...] = ()
+
+    @property
+    def pairs(self) -> int:
+        return len(self.ratios)
 
     @property
     def gain(self) -> float:
         return self.eager_step_s / self.compiled_step_s if self.compiled_step_s > 0 else 0.0
 
-    def saving(self, steps: int) -> float:
-        """Seconds `steps` compiled steps save over eager ones (negative: they cost)."""
-        return steps * (self.eager_step_s - self.compiled_step_s)
+    @property
+    def gain_floor(self) -> float:
+        """The gain the pairs show with COMPILE_GAIN_CONFIDENCE (a lower bound on their
+        median), never above the gain; the gain itself without pairs."""
+        if not self.ratios:
+            return self.gain
+        return min(self.gain, median_lower_bound(self.ratios, COMPILE_GAIN_CONFIDENCE))
+
+    def saving(self, steps: int, *, floor: bool = False) -> float:
+        """Seconds `steps` compiled steps save over eager ones (negative: they cost), at the
+        gain, or with `floor` at `gain_floor`."""
+        gain = self.gain_floor if floor else self.gain
+        return steps * self.eager_step_s * (1 - 1 / gain) if gain > 0 else 0.0
 
     def describe(self) -> str:
-        over = f", the median of {self.pairs} pairs" if self.pairs else ""
+        over = ""
+        if self.pairs:
+            sure = f"{COMPILE_GAIN_CONFIDENCE:.0%}"
+            over = (
+                f", the median of {self.pairs} pairs; {self.gain_floor:.2f}x with {sure} confidence"
+            )
         return (
             f"{self.source}: a {self.compile_s:.1f} s compile, then steps of "
             f"{self.eager_step_s:.3f} s eager against {self.compiled_step_s:.3f} s compiled "
@@ -602,7 +643,9 @@ class CompileSpeed:
             "eager_step_seconds": self.eager_step_s,
             "compiled_step_seconds": self.compiled_step_s,
             "speedup": round(self.gain, 4),
+            "speedup_floor": round(self.gain_floor, 4),
             "pairs": self.pairs,
+            "ratios": [round(r, 4) for r in self.ratios],
             "source": self.source,
         }
 
@@ -666,22 +709,22 @@ def choose_compile(
 
 def _measured_payoff(speed: CompileSpeed, steps: int) -> Choice:
     """`auto` with this configuration's measurement: compile when `steps` compiled steps
-    save more than COMPILE_PAYBACK_MEASURED times the compile."""
-    saving = speed.saving(steps)
+    save more than the compile at the gain the pairs show with COMPILE_GAIN_CONFIDENCE
+    (`CompileSpeed.gain_floor`)."""
+    saving, sure = speed.saving(steps), speed.saving(steps, floor=True)
     facts = {**speed.to_dict(), "steps": steps, "saving_seconds": saving}
+    facts["saving_floor_seconds"] = sure
+    at_floor = f" (~{sure:.0f} s at {speed.gain_floor:.2f}x)" if speed.pairs else ""
     head = f"{speed.describe()}; over this run's {steps} steps "
-    if saving >= COMPILE_PAYBACK_MEASURED * speed.compile_s:
+    if sure >= speed.compile_s and saving > 0:
         return Choice(
-            True,
-            head + f"it saves ~{saving:.0f} s, over {COMPILE_PAYBACK_MEASURED:g}x the compile time",
-            facts,
+            True, head + f"it saves ~{saving:.0f} s{at_floor}, over the compile time", facts
         )
     if saving <= 0:
         return Choice(False, head + "compiled steps are no faster: eager", facts)
     return Choice(
         False,
-        head + f"it would save ~{saving:.0f} s, less than {COMPILE_PAYBACK_MEASURED:g}x "
-        "the compile time: eager",
+        head + f"it would save ~{saving:.0f} s{at_floor}, less than the compile time: eager",
         facts,
     )
 

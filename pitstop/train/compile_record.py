@@ -17,14 +17,16 @@ of its configuration times it on its own steps, which are training steps all the
   before the compile and three compiled ones after it said 1.10x where 411-step runs
   measured 1.01-1.04x, so `auto` would have compiled a run that lost 23 s to it;
 - the gain is the median paired ratio, an eager step the median eager step (a compiled one
-  that over the gain); the measurement (`probe.CompileSpeed`) goes to the cache
+  that over the gain); the ratios are kept, so the next run decides on the gain they show
+  with 90% confidence (`probe.CompileSpeed.gain_floor`), not on the median alone; the
+  measurement (`probe.CompileSpeed`) goes to the cache
   (`compile_speed-<digest>.json`, one file per key: `speed_key`) and to the run's summary
   (`choices.compile.measured`), and is written again with each later pair, so a longer run
   leaves a steadier record. An eager step costs a compiled run its gain once; the later
   pairs cost at most `LATER_PAIRS` such steps, in its first ~1,000 steps.
 
 The next run of the configuration decides with them (`probe.choose_compile`): compile when
-its planned steps save more than the compile time (by a margin). inductor's own caches live
+its planned steps save more than the compile time at that floor. inductor's own caches live
 under pitstop's cache directory (`inductor/`, unless TORCHINDUCTOR_CACHE_DIR is set), so a
 second compile of a configuration mostly reads them back; the record keeps the latest
 compile's time, which is then that cheaper one.
@@ -71,7 +73,8 @@ FIRST_STEPS = 9  # eager (untimed), the compile, then compiled/eager x3, compile
 LATER_EVERY = 50  # then one eager step in this many ...
 LATER_PAIRS = 20  # ... this many times
 LAST_EAGER = FIRST_STEPS - 1 + LATER_EVERY * LATER_PAIRS  # the step after it is the last timed
-METHOD = "paired eager and compiled steps"  # in the key: records measured otherwise differ
+# In the key: records measured otherwise differ (the pairs' ratios are kept since the second).
+METHOD = "paired eager and compiled steps, ratios kept"
 
 
 def is_eager(index: int) -> bool:
@@ -173,7 +176,7 @@ def cached_speed(cache_dir: str | Path | None, key: CompileKey) -> CompileSpeed 
             float(rec["eager_step_seconds"]),
             float(rec["compiled_step_seconds"]),
             f"reused (cached in {path}, measured {rec.get('measured_at', '?')})",
-            int(rec.get("pairs", 0)),
+            tuple(float(r) for r in rec["ratios"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # damaged: the next compiling run measures again and replaces it
@@ -276,7 +279,7 @@ class CompileTiming:
             eager,
             eager / gain,
             f"measured on this run's steps ({n} eager steps, each between two compiled ones)",
-            n,
+            tuple(self.ratios),
         )
         if self.save:
             save_speed(self.cache_dir, self.key, speed)
