@@ -118,7 +118,7 @@ def summarize(runs: list[dict[str, Any]], steps: int) -> tuple[list[list[str]], 
             f"{r['train_seconds']:.0f} / {r['wall_seconds']:.0f}",
             f"{m['compile_seconds']:.1f}" if m else "",
             f"{m['eager_step_seconds']:.3f} / {m['compiled_step_seconds']:.3f} "
-            f"({m.get('pairs', 0)} pairs)" if m else "",
+            f"({m.get('pairs', 0)} pairs; {m.get('speedup_floor', 0):.2f}x at 90%)" if m else "",
             ", ".join(f"{k}: {v:.1f} s" for k, v in r.get("slow_steps", {}).items()) or "none",
             f"{r['others_cores']:.2f}" if r.get("others_cores") is not None else "n/a",
         ])  # fmt: skip

@@ -14,6 +14,9 @@ RECORD = {
     "eager_step_seconds": 1.5,
     "compiled_step_seconds": 1.4,
     "pairs": 11,
+    # median 1.0714 (1.5 / 1.4); the 3rd smallest, 1.04, is its 90% bound (11 pairs)
+    "ratios": [1.02, 1.03, 1.04, 1.06, 1.07, 1.0714, 1.08, 1.09, 1.10, 1.11, 1.12],
+    "speedup_floor": 1.04,
 }
 
 
@@ -42,7 +45,7 @@ def test_the_summary_gives_the_saving_and_the_compiled_clock_against_the_predict
     pred = predicted_saving(RECORD, steps)  # 14.9 s
     runs = [_run("off", 620.0), _run("on", 600.0), _run("on", 610.0), _run("off", 630.0)]
     rows, goals = summarize(runs, steps)
-    assert len(rows) == 4 and rows[1][5] == "1.500 / 1.400 (11 pairs)"
+    assert len(rows) == 4 and rows[1][5] == "1.500 / 1.400 (11 pairs; 1.04x at 90%)"
     text = "\n".join(goals)
     measured = 625.0 - 605.0
     assert f"predicted a train-clock saving of {pred:.0f} s; the runs measured 20 s" in text
@@ -50,3 +53,7 @@ def test_the_summary_gives_the_saving_and_the_compiled_clock_against_the_predict
     want = 625.0 - pred
     assert f"predicted {want:.0f} s, measured 605 s ({abs(want - 605) / 605:.1%} off)" in text
     assert "the eager runs differ by 1.6% among themselves" in text
+    # auto decides at the bound: 411 steps save ~41 s at the median, ~24 s at 1.04x, under
+    # the 25 s compile, so a run of that length stays eager (by the median alone it compiled)
+    assert "compile: auto for a run of 411 steps: eager" in text
+    assert "would save ~41 s (~24 s at 1.04x), less than the compile time" in text
