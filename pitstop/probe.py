@@ -714,7 +714,11 @@ def _measured_payoff(speed: CompileSpeed, steps: int) -> Choice:
     saving, sure = speed.saving(steps), speed.saving(steps, floor=True)
     facts = {**speed.to_dict(), "steps": steps, "saving_seconds": saving}
     facts["saving_floor_seconds"] = sure
-    at_floor = f" (~{sure:.0f} s at {speed.gain_floor:.2f}x)" if speed.pairs else ""
+    at_floor = ""
+    if speed.pairs:
+        at_floor = f" (at {speed.gain_floor:.2f}x: " + (
+            f"~{sure:.0f} s)" if sure >= 0 else f"~{-sure:.0f} s lost)"
+        )
     head = f"{speed.describe()}; over this run's {steps} steps "
     if sure >= speed.compile_s and saving > 0:
         return Choice(

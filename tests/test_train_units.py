@@ -211,7 +211,7 @@ def test_compile_auto_decides_on_the_gain_the_pairs_show_with_confidence():
     assert CompileSpeed(30.0, 1.0, 1.0 / 1.06, "m", steady).gain_floor == 1.05
     assert CompileSpeed(30.0, 1.0, 1.0 / 1.06, "m", scattered).gain_floor == 0.99
     assert (
-        "~-10 s at 0.99x"
+        "(at 0.99x: ~10 s lost)"
         in choose_compile(
             "auto",
             CPU,
