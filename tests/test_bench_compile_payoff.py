@@ -53,7 +53,6 @@ def test_the_summary_gives_the_saving_and_the_compiled_clock_against_the_predict
     want = 625.0 - pred
     assert f"predicted {want:.0f} s, measured 605 s ({abs(want - 605) / 605:.1%} off)" in text
     assert "the eager runs differ by 1.6% among themselves" in text
-    # auto decides at the bound: 411 steps save ~41 s at the median, ~24 s at 1.04x, under
-    # the 25 s compile, so a run of that length stays eager (by the median alone it compiled)
-    assert "compile: auto for a run of 411 steps: eager" in text
-    assert "would save ~41 s (at 1.04x: ~24 s), less than the compile time" in text
+    # the pairs show a gain (1.04x at 90%), and 411 steps save ~41 s against a 25 s compile
+    assert "compile: auto for a run of 411 steps: compile" in text
+    assert "1.04x with 90% confidence); over this run's 411 steps it saves ~41 s" in text

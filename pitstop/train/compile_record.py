@@ -17,16 +17,16 @@ of its configuration times it on its own steps, which are training steps all the
   before the compile and three compiled ones after it said 1.10x where 411-step runs
   measured 1.01-1.04x, so `auto` would have compiled a run that lost 23 s to it;
 - the gain is the median paired ratio, an eager step the median eager step (a compiled one
-  that over the gain); the ratios are kept, so the next run decides on the gain they show
-  with 90% confidence (`probe.CompileSpeed.gain_floor`), not on the median alone; the
-  measurement (`probe.CompileSpeed`) goes to the cache
+  that over the gain); the ratios are kept, so the next run can tell a gain from the
+  host's noise (`probe.CompileSpeed.gain_floor`: the gain they show with 90% confidence);
+  the measurement (`probe.CompileSpeed`) goes to the cache
   (`compile_speed-<digest>.json`, one file per key: `speed_key`) and to the run's summary
   (`choices.compile.measured`), and is written again with each later pair, so a longer run
   leaves a steadier record. An eager step costs a compiled run its gain once; the later
   pairs cost at most `LATER_PAIRS` such steps, in its first ~1,000 steps.
 
 The next run of the configuration decides with them (`probe.choose_compile`): compile when
-its planned steps save more than the compile time at that floor. inductor's own caches live
+the floor is above 1x and its planned steps save more than the compile time at the median. inductor's own caches live
 under pitstop's cache directory (`inductor/`, unless TORCHINDUCTOR_CACHE_DIR is set), so a
 second compile of a configuration mostly reads them back; the record keeps the latest
 compile's time, which is then that cheaper one.
