@@ -30,7 +30,7 @@ from pitstop.core.versions import parse_version
 # its steps 1.27x faster (issue 46). The basis rounds both toward not compiling. Without a
 # measurement of the user's configuration, `--compile auto` compiles only when that gain
 # would repay the compile time COMPILE_PAYBACK times over; a run that compiles measures both
-# (train/compile_record.py), and later runs decide with it (`_measured_payoff`).
+# (train/compile_record.py), and later runs decide with that measurement (`_measured_payoff`).
 # bench/compile_payoff.py measures them on the headline model.
 COMPILE_SECONDS_BASIS = 40.0
 COMPILE_GAIN_BASIS = 1.2
@@ -740,7 +740,7 @@ def choose_optimizer(dev: DeviceInfo) -> Choice:
         )
     if dev.type == "cpu":
         # torch's CPU kernel for fused AdamW (torch >= 2.4) makes one pass over each
-        # parameter; the foreach update makes a pass per arithmetic op: 8 ms against 26 ms a
+        # parameter; the foreach update makes a pass per arithmetic op: 7.5 ms against 27.0 ms a
         # step for the headline's 8.4M parameters (bench/step_kernels.py, 2-core Xeon).
         return Choice("adamw_fused", "CPU: fused AdamW (one pass over each parameter)")
     return Choice("adamw_foreach", f"{dev.type}: AdamW with multi-tensor (foreach) updates")

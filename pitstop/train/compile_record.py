@@ -26,10 +26,10 @@ of its configuration times it on its own steps, which are training steps all the
   pairs cost at most `LATER_PAIRS` such steps, in its first ~1,000 steps.
 
 The next run of the configuration decides with them (`probe.choose_compile`): compile when
-the floor is above 1x and its planned steps save more than the compile time at the median. inductor's own caches live
-under pitstop's cache directory (`inductor/`, unless TORCHINDUCTOR_CACHE_DIR is set), so a
-second compile of a configuration mostly reads them back; the record keeps the latest
-compile's time, which is then that cheaper one.
+the floor is above 1x and its planned steps save more than the compile time at the median
+gain. inductor's own caches live under pitstop's cache directory (`inductor/`, unless
+TORCHINDUCTOR_CACHE_DIR is set), so a second compile of a configuration mostly reads them
+back; the record keeps the latest compile's time, which is then that cheaper one.
 
 On a GPU each timed step ends with a device sync (only those steps and the one before each
 timed run of them), so the host's clock covers the device's work.
