@@ -97,7 +97,7 @@ def calibrate(setup: Setup, workdir: Path, timeout: int) -> float:
 def predicted_saving(measured: dict[str, Any], steps: int) -> float:
     """The payoff model's train-clock saving of a compiled run over an eager one of `steps`:
     the compiled run's measuring steps that run eagerly (pitstop.train.compile_record
-    `eager_steps`: the first, then each one timed between compiled ones), the compile, and
+    `eager_steps`: the first, then twos between compiled ones), the compile, and
     compiled steps; one compile, whatever the micro-batches' row counts."""
     from pitstop.train.compile_record import eager_steps
 
@@ -239,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Each run: `pitstop train` defaults, {steps} steps of {setup.tokens_per_step:,} tokens "
         f"(rows of {setup.max_len}), a fresh cache directory (a cold compile), {pairs} "
         "pair(s) interleaved; medians over the pairs.",
-        "The compiled runs run their first step and, between compiled ones, "
+        "The compiled runs run their first step and, in twos between compiled ones, "
         f"{eager_steps(steps) - 1} more eagerly (pitstop times compile's cost on its first "
-        "compiled step and its gain as eager steps against their compiled neighbours): the "
+        "compiled step and its gain as the second eager step of each two against the "
+        "compiled steps around them): the "
         "measured columns are pitstop's own record, the one the payoff model predicts from "
         "and the next run of the configuration decides with.",
         f"Machine: {describe_machine(info)}; the whole benchmark took "

@@ -600,8 +600,9 @@ class CompileSpeed:
     eager_step_s: float
     compiled_step_s: float
     source: str  # measured in this run, or reused from the cache (where, when)
-    # Each eager step timed between two compiled ones over their mean (the gain is the
-    # median); none when the speeds were given, not measured in pairs.
+    # Each timed eager step (the second of two between compiled ones) over the mean of the
+    # compiled steps around them (the gain is the median); none when the speeds were given,
+    # not measured in pairs.
     ratios: tuple[float, ...] = ()
 
     @property

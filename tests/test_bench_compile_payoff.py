@@ -23,7 +23,8 @@ RECORD = {
 def test_the_prediction_counts_the_compile_and_the_eager_measuring_steps() -> None:
     steps = 411
     n_eager = eager_steps(steps)
-    assert n_eager == 4 + 8  # the first, the three pairs after the compile, one in 50 after
+    # the first, three twos after the compile, then two in every 50 (the second timed)
+    assert n_eager == 1 + 2 * 3 + 2 * 7
     # every step but the eager ones saves 0.1 s; the compile costs 25 s
     want = (steps - n_eager) * 0.1 - 25.0
     assert predicted_saving(RECORD, steps) == pytest.approx(want)
@@ -42,7 +43,7 @@ def _run(compile_: str, train_s: float) -> dict:
 
 def test_the_summary_gives_the_saving_and_the_compiled_clock_against_the_prediction() -> None:
     steps = 411
-    pred = predicted_saving(RECORD, steps)  # 14.9 s
+    pred = predicted_saving(RECORD, steps)  # 14.0 s
     runs = [_run("off", 620.0), _run("on", 600.0), _run("on", 610.0), _run("off", 630.0)]
     rows, goals = summarize(runs, steps)
     assert len(rows) == 4 and rows[1][5] == "1.500 / 1.400 (11 pairs; 1.04x at 90%)"

@@ -153,9 +153,11 @@ def _train(model_dir: Path, store: Path, out: Path, compile_: str) -> dict[str, 
     class Recording(_Recording, Trainer):
         pass
 
+    # seed 5: the step of 5 rows (a micro-batch of one row) is step 16, a compiled one (the
+    # measuring schedule runs steps 1, 4-5, 7-8 and 10-11 eagerly)
     cfg = train_config(
         model_dir, store, out, attention="sdpa_docs", compile=compile_, max_steps=STEPS,
-        log_steps=1, seed=3,
+        log_steps=1, seed=5,
     )  # fmt: skip
     torch._dynamo.reset()
     counters.clear()

@@ -16,14 +16,22 @@ of its configuration times it on its own steps, which are training steps all the
   much as compile's gain: on the headline model (CPU, 2026-11-28) two eager steps timed
   before the compile and three compiled ones after it said 1.10x where 411-step runs
   measured 1.01-1.04x, so `auto` would have compiled a run that lost 23 s to it;
+- each timed eager step follows an untimed eager one: the first eager step after compiled
+  ones pays to get eager's memory back (its tensors page-fault in again, up to 0.2 s of a
+  0.5 s step on a bf16 CPU), which no step of an eager run pays; the next eager step runs
+  at an eager run's pace. Timed alone, those steps made the record of
+  `python -m bench.compile_payoff --pairs 1 --minutes 2` (2-core AMD EPYC, bf16,
+  2026-11-28) say 1.18x, where the compiled run's steps were 1.07x faster than the eager
+  run's (medians) and the 244-step run lost 11 s to its compile;
 - the gain is the median paired ratio, an eager step the median eager step (a compiled one
   that over the gain); the ratios are kept, so the next run can tell a gain from the
   host's noise (`probe.CompileSpeed.gain_floor`: the gain they show with 90% confidence);
   the measurement (`probe.CompileSpeed`) goes to the cache
   (`compile_speed-<digest>.json`, one file per key: `speed_key`) and to the run's summary
   (`choices.compile.measured`), and is written again with each later pair, so a longer run
-  leaves a steadier record. An eager step costs a compiled run its gain once; the later
-  pairs cost at most `LATER_PAIRS` such steps, in its first ~1,000 steps.
+  leaves a steadier record. An eager step costs a compiled run its gain once (the
+  untimed one its memory too); the later pairs cost at most 2 x `LATER_PAIRS` such steps,
+  in its first ~1,000 steps.
 
 The next run of the configuration decides with them (`probe.choose_compile`): compile when
 the floor is above 1x and its planned steps save more than the compile time at the median
@@ -69,22 +77,29 @@ __all__ = [
     "speed_key",
 ]
 
-FIRST_STEPS = 9  # eager (untimed), the compile, then compiled/eager x3, compiled
-LATER_EVERY = 50  # then one eager step in this many ...
+FIRST_STEPS = 12  # eager (untimed), the compile, then (compiled, eager x2) x3, compiled
+LATER_EVERY = 50  # then two eager steps (the second timed) in this many ...
 LATER_PAIRS = 20  # ... this many times
-LAST_EAGER = FIRST_STEPS - 1 + LATER_EVERY * LATER_PAIRS  # the step after it is the last timed
-# In the key: records measured otherwise differ (the pairs' ratios are kept since the second).
-METHOD = "paired eager and compiled steps, ratios kept"
+LAST_EAGER = FIRST_STEPS + LATER_EVERY * LATER_PAIRS  # the step after it is the last timed
+# In the key: records measured otherwise differ (ratios kept; the eager step timed second).
+METHOD = "paired eager and compiled steps, the second eager step of two timed"
+
+
+def _warms_up(index: int) -> bool:
+    """Whether step `index` is the untimed eager step before a timed one: 3, 6 and 9, then
+    one in LATER_EVERY, LATER_PAIRS times."""
+    if index < FIRST_STEPS:
+        return index in (3, 6, 9)
+    later, rest = divmod(index - (FIRST_STEPS - 1), LATER_EVERY)
+    return rest == 0 and 1 <= later <= LATER_PAIRS
 
 
 def is_eager(index: int) -> bool:
     """Whether a measuring run's step `index` (0-based, from the run's first step) runs
-    eagerly: 0 (untimed), 3, 5 and 7 (between the compiled 2, 4, 6 and 8; 1 compiles), then
-    one in LATER_EVERY, LATER_PAIRS times."""
-    if index < FIRST_STEPS:
-        return index == 0 or (index >= 3 and index % 2 == 1)
-    later, rest = divmod(index - (FIRST_STEPS - 1), LATER_EVERY)
-    return rest == 0 and 1 <= later <= LATER_PAIRS
+    eagerly: 0 (untimed), then pairs of eager steps between compiled ones (1 compiles): 3-4,
+    6-7 and 9-10, then one pair in LATER_EVERY steps, LATER_PAIRS times. The second step of
+    each pair is the timed one."""
+    return index == 0 or _warms_up(index) or _warms_up(index - 1)
 
 
 def eager_steps(total_steps: int) -> int:
@@ -233,9 +248,9 @@ class CompileTiming:
     ) -> None:
         self.key, self.cache_dir, self.sync, self.save = key, cache_dir, sync, save
         self.index = 0  # the next step's
-        self.last: deque[float] = deque(maxlen=3)  # the last three steps' seconds
+        self.last: deque[float] = deque(maxlen=4)  # the last four steps' seconds
         self.compile_step = 0.0  # step 1's seconds: the compile and a compiled step
-        self.first_compiled: list[float] = []  # steps 2, 4, 6 and 8
+        self.first_compiled: list[float] = []  # steps 2, 5, 8 and 11
         self.compile_s = 0.0
         self.eager: list[float] = []  # the eager steps' seconds
         self.ratios: list[float] = []  # each eager step over its compiled neighbours' mean
@@ -259,9 +274,9 @@ class CompileTiming:
             self.compile_step = seconds
         elif 1 < i < FIRST_STEPS and not is_eager(i):
             self.first_compiled.append(seconds)
-        if i < 2 or not is_eager(i - 1):
+        if i < 4 or not _warms_up(i - 2):
             return None
-        before, eager, after = self.last
+        before, _, eager, after = self.last  # the untimed eager step is the second
         self.eager.append(eager)
         self.ratios.append(eager / ((before + after) / 2))
         if i < FIRST_STEPS - 1:
@@ -278,7 +293,8 @@ class CompileTiming:
             self.compile_s,
             eager,
             eager / gain,
-            f"measured on this run's steps ({n} eager steps, each between two compiled ones)",
+            f"measured on this run's steps ({n} eager steps, each the second of two between "
+            "compiled ones)",
             tuple(self.ratios),
         )
         if self.save:

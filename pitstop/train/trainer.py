@@ -364,7 +364,8 @@ class Trainer:
             log.info(
                 f"pitstop: compile {speed.describe()}; kept for this configuration's next "
                 "run (compile: auto decides with it), and measured again every "
-                f"{LATER_EVERY} steps up to {LATER_PAIRS} times"
+                f"{LATER_EVERY} steps up to {LATER_PAIRS} times (two eager steps, the "
+                "second timed)"
             )
 
     def _step_or_back_off(self, tl: Timeline) -> bool:
