@@ -17,12 +17,11 @@ of its configuration times it on its own steps, which are training steps all the
   before the compile and three compiled ones after it said 1.10x where 411-step runs
   measured 1.01-1.04x, so `auto` would have compiled a run that lost 23 s to it;
 - each timed eager step follows an untimed eager one: the first eager step after compiled
-  ones pays to get eager's memory back (its tensors page-fault in again, up to 0.2 s of a
-  0.5 s step on a bf16 CPU), which no step of an eager run pays; the next eager step runs
-  at an eager run's pace. Timed alone, those steps made the record of
-  `python -m bench.compile_payoff --pairs 1 --minutes 2` (2-core AMD EPYC, bf16,
-  2026-11-28) say 1.18x, where the compiled run's steps were 1.07x faster than the eager
-  run's (medians) and the 244-step run lost 11 s to its compile;
+  ones pays to get eager's memory back (its tensors page-fault in again), which no step of
+  an eager run pays; the next eager step runs at an eager run's pace. Timed alone, those
+  steps made the record of `python -m bench.compile_payoff --pairs 1 --minutes 2` at
+  b4884a3 (2-core AMD EPYC, bf16, 2026-11-28) say 1.18x, where the compiled run's steps
+  were 1.07x faster than the eager run's (medians) and the 244-step run lost 11 s;
 - the gain is the median paired ratio, an eager step the median eager step (a compiled one
   that over the gain); the ratios are kept, so the next run can tell a gain from the
   host's noise (`probe.CompileSpeed.gain_floor`: the gain they show with 90% confidence);
