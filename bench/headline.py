@@ -39,7 +39,8 @@ and the same number of *trained tokens per optimizer step* (≈), by:
    pitstop's own packed micro-batches (``pitstop.batching``: best-fit decreasing
    into rows of max length, documents isolated by restarting position ids), all
    built before the clock starts and held in memory: no data loading, no
-   logging, no checkpointing. What pitstop could reach at best on this machine.
+   logging, no checkpointing; pitstop's optimizer (fused AdamW) and, on a CPU, its
+   kept host memory. What pitstop could reach at best on this machine.
 
 GPU mode (``--gpu``) sets every peer up as a competent GPU user would (issue 17): bf16 and
 ``adamw_torch_fused`` for HF and TRL; ``hf_dynamic``, ``trl`` and the ceiling each run at
@@ -780,10 +781,17 @@ def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[st
     gpu = setup.mode == "gpu"
     dev = torch.device("cuda" if gpu else "cpu")
     flash = setup.attn == "flash_attention_2"
-    # On a CPU the ceiling runs pitstop's own kernels, so it bounds pitstop's loop and not
-    # its choices: per-document SDPA, bf16 autocast where the CPU has native bf16 (pitstop
-    # measures it; at this model's shapes it measured 2-2.5x faster on the dev box), and
-    # the blocked fp32 loss.
+    # The ceiling takes pitstop's device-level choices, so that it bounds pitstop's loop and
+    # not its choices: the optimizer (fused AdamW on a CPU as on a GPU) and, on a CPU, freed
+    # host memory kept (set before any tensor is built, as pitstop does). On a CPU it also
+    # runs pitstop's kernels: per-document SDPA, bf16 autocast where the CPU has native bf16
+    # (pitstop measures it; at this model's shapes it measured 2-2.5x faster on the dev box),
+    # and the blocked fp32 loss.
+    from pitstop.probe import apply_host_memory, choose_host_memory, choose_optimizer, detect_device
+
+    dev_info, _ = detect_device("cuda" if gpu else "cpu")
+    host_memory = apply_host_memory(choose_host_memory("auto", dev_info))
+    optimizer = choose_optimizer(dev_info)
     cpu_docs = not gpu
     cpu_bf16 = False
     if cpu_docs:
@@ -816,15 +824,9 @@ def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[st
 
     model = _load_model(setup, DOC_ATTENTION if cpu_docs else None).to(dev)
     model.train()
-    from pitstop.train.optim import param_groups
+    from pitstop.train.optim import build_optimizer
 
-    opt = torch.optim.AdamW(
-        param_groups(model, 0.0),
-        lr=setup.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        **({"fused": True} if gpu else {"foreach": True}),
-    )
+    opt = build_optimizer(model, lr=setup.lr, weight_decay=0.0, choice=optimizer)
     total = len(steps)
     warmup = default_warmup(total)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu)
@@ -869,6 +871,8 @@ def run_ceiling(setup: Setup, outdir: Path, micro: int | None = None) -> dict[st
                 if cpu_docs
                 else f"attn {setup.attn}"
             )
+            + f", {optimizer.value}"
+            + (", freed host memory kept" if host_memory.value else "")
         ),
         trained_tokens=trained,
         seen_tokens=seen,

@@ -182,13 +182,13 @@ HEADLINE = "[headline](bench/results/headline.md)"
 
 
 def test_a_planted_wrong_figure_or_date_fails() -> None:
-    good = _row(HEADLINE, "2 workers", "**1.33×** (3,859 vs 2,899)", "2026-11-24")
+    good = _row(HEADLINE, "2 workers", "**1.93×** (7,468 vs 3,873)", "2026-11-29")
     assert row_problems(good, {}) == []
-    for wrong in ("**1.36×** (3,859 vs 2,899)", "**1.33×** (3,860 vs 2,899)", "1.3×"):
-        bad = row_problems(_row(HEADLINE, "2 workers", wrong, "2026-11-24"), {})
+    for wrong in ("**1.96×** (7,468 vs 3,873)", "**1.93×** (7,469 vs 3,873)", "1.9×"):
+        bad = row_problems(_row(HEADLINE, "2 workers", wrong, "2026-11-29"), {})
         assert len(bad) == 1 and "is not in the file" in bad[0], (wrong, bad)
-    assert "measured 2026-11-24" in row_problems(_row(HEADLINE, "", "1.33×", "2026-11-22"), {})[0]
-    long = _row(HEADLINE, "x" * LONGEST_ROW, "1.33×", "2026-11-24")
+    assert "measured 2026-11-29" in row_problems(_row(HEADLINE, "", "1.93×", "2026-11-22"), {})[0]
+    long = _row(HEADLINE, "x" * LONGEST_ROW, "1.93×", "2026-11-29")
     assert "characters" in row_problems(long, {})[0]
 
 
@@ -199,7 +199,7 @@ def test_an_undated_file_takes_its_day_from_git() -> None:
 
 
 def test_a_planted_prose_figure_fails() -> None:
-    ok = "in the [headline](bench/results/headline.md) run 1.53× beside 1.33×"
+    ok = "in the [headline](bench/results/headline.md) run 2.04× beside 1.93×"
     assert prose_problems(ok) == []
     assert len(prose_problems(ok + "; other days 1.88×")) == 1
     assert len(prose_problems("the spread is 48.8% here")) == 1  # no file linked
