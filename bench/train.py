@@ -4,12 +4,15 @@
 
 The ceiling is the same model's forward / backward / clip / AdamW step over the same
 micro-batches, pre-built and held in memory: nothing pitstop adds (loader, timeline,
-metrics, progress bar, checkpoint bookkeeping) runs in it. Both sides use a tiny
-Llama (4 layers, width 256, vocab 4096) built locally, fp32 on CPU (or the same
-precision on CUDA), the same config and the same seed. Tokens/s is trained (target)
-tokens per second of step time, the median over steps (the first step of each run,
-which warms up kernels and allocators, is left out); the runs alternate
-`--repeats` times. Writes a Markdown table to bench/results/train.md.
+metrics, progress bar, checkpoint bookkeeping) runs in it. It makes the choices pitstop's
+run just made (its summary's precision, attention kernel and optimizer; freed host memory
+stays kept, as pitstop's run left the process) and computes the loss with pitstop's own
+forward (`pitstop.train.forward`), so it bounds pitstop's loop, not its choices. Both sides
+use a tiny Llama (4 layers, width 256, vocab 4096) built locally, the same config and the
+same seed. Tokens/s is trained (target) tokens per second of step time, the median over
+steps (the first step of each run, which warms up kernels and allocators, is left out);
+each repeat runs pitstop, then the ceiling, `--repeats` times. Writes a Markdown table to
+bench/results/train.md.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.common import corpus_store
+from bench.common import command_line, corpus_store
+from pitstop.probe import Choice
 
 RESULTS = Path(__file__).parent / "results" / "train.md"
 
@@ -57,39 +60,57 @@ def _config(model_dir: Path, store: Path, out: Path, steps: int):
     )
 
 
-def ceiling(cfg, steps: int) -> tuple[list[float], float]:
+def ceiling_choices(summary: dict) -> tuple[str, torch.dtype | None, Choice]:
+    """The attention kernel, autocast dtype and optimizer of pitstop's run (its summary)."""
+    choices = summary["choices"]
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+    precision = choices["precision"]["value"]
+    if precision not in dtypes:
+        raise ValueError(f"precision {precision!r}: the bare loop knows {sorted(dtypes)}")
+    optimizer = choices["optimizer"]
+    return (
+        choices["attention"]["value"],
+        dtypes[precision],
+        Choice(optimizer["value"], optimizer["reason"]),
+    )
+
+
+def ceiling(cfg, steps: int, summary: dict) -> tuple[list[float], float]:
     """Per-step trained tokens/s of the bare loop over the same batches, in memory."""
     from transformers import AutoModelForCausalLM
 
     from pitstop.batching.resolve import loader_for
     from pitstop.data.store import TokenStore
+    from pitstop.train.doc_attention import register
+    from pitstop.train.forward import to_device, token_loss_sum
+    from pitstop.train.optim import build_optimizer
 
+    attention, autocast, optimizer = ceiling_choices(summary)
+    register()  # sdpa_docs, when pitstop chose it
     loader = loader_for(TokenStore(cfg.data[0]), cfg)
     batches: list[list[dict]] = [[] for _ in range(steps)]
     for mb in loader:
         batches[mb["meta"].step].append(mb)
     torch.manual_seed(cfg.seed)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation="sdpa").to(dev)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation=attention)
+    model = model.to(dev)
     model.config.use_cache = False
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            **({"fused": True} if dev == "cuda" else {"foreach": True}))  # fmt: skip
+    opt = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=optimizer)
+    on_device = [[(to_device(mb, dev, attention), mb["meta"]) for mb in step] for step in batches]
     rates = []
-    for step in batches:
+    for step in on_device:
         t0 = time.perf_counter()
         targets = 0
-        for mb in step:
-            ids, lab, pos = (mb[k].to(dev) for k in ("input_ids", "labels", "position_ids"))
-            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), lab[:, 1:].flatten(),
-                                   ignore_index=-100, reduction="sum") / mb["meta"].step_targets  # fmt: skip
+        for batch, meta in step:
+            loss = token_loss_sum(model, batch, dev.type, autocast) / meta.step_targets
             loss.backward()
-            targets += mb["meta"].n_targets
+            targets += meta.n_targets
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if dev == "cuda":
+        if dev.type == "cuda":
             torch.cuda.synchronize()
         rates.append(targets / (time.perf_counter() - t0))
     return rates[1:], 0.0
@@ -107,6 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results file (default %(default)s)")
     args = ap.parse_args()
     from pitstop.probe import cpu_name
     from pitstop.tiny import build_model_dir
@@ -119,8 +141,8 @@ def main() -> None:
     run_rates: list[float] = []
     summary: dict = {}
     for r in range(args.repeats):
-        c, _ = ceiling(cfg, args.steps)
         p, summary = pitstop_run(cfg)
+        c, _ = ceiling(cfg, args.steps, summary)
         ceil_rates += c
         run_rates += p
         print(f"repeat {r + 1}: ceiling {statistics.median(c):,.0f} tokens/s, "
@@ -145,19 +167,24 @@ def main() -> None:
         f"Model: tiny Llama, 4 layers, width 256, vocab 4096 "
         f"({summary['flops_per_token'] / 1e6:.1f} MFLOP/token); "
         f"{args.steps} steps x {args.repeats} runs each, 2048 tokens/step (8 packed rows of 256, "
-        "micro-batches of 2 rows), fp32, SDPA, no compile.",
+        "micro-batches of 2 rows), no compile; both sides: "
+        + ", ".join(f"{k} {summary['choices'][k]['value']}"
+                    for k in ("precision", "attention", "optimizer", "host_memory")
+                    if k in summary["choices"]) + ".",
         f"Peak for MFU: {summary['peak_flops_source']} = {peak / 1e9:.1f} GFLOP/s." if peak else "",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         "| loop | trained tokens/s (median step) | MFU | share of ceiling |",
         "|---|---:|---:|---:|",
         f"| bare loop, batches in memory (ceiling) | {ceil_med:,.0f} | {mfu(ceil_med)} | 100% |",
         f"| `pitstop.train.run` | {run_med:,.0f} | {mfu(run_med)} | {100 * run_med / ceil_med:.1f}% |",
         "",
-        "Command: `.venv/bin/python -m bench.train`. Goal: pitstop >= 95% of the ceiling.",
+        f"Command: `{command_line()}`. Goal: pitstop >= 95% of the ceiling.",
         "",
     ])  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text, encoding="utf-8")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
     print(text)
 
 

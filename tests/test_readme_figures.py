@@ -193,9 +193,9 @@ def test_a_planted_wrong_figure_or_date_fails() -> None:
 
 
 def test_an_undated_file_takes_its_day_from_git() -> None:
-    train = ROOT / RESULTS / "train.md"
-    row = _row("[train](bench/results/train.md)", "", "**107.1%**", "2026-11-21")
-    assert "measured 2026-11-22" in row_problems(row, {train: "2026-11-22"})[0]
+    undated = ROOT / RESULTS / "huge_record.md"
+    row = _row("[huge_record](bench/results/huge_record.md)", "", "**596 MiB**", "2026-11-21")
+    assert "measured 2026-11-22" in row_problems(row, {undated: "2026-11-22"})[0]
 
 
 def test_a_planted_prose_figure_fails() -> None:
