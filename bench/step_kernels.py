@@ -1,6 +1,6 @@
 """The CPU step kernels pitstop writes or picks, against what they replace, side by side.
 
-    .venv/bin/python -m bench.step_kernels [--rows 2] [--max-len 1024] [--vocab 8192]
+    .venv/bin/python -m bench.step_kernels [--rows 2] [--max-len 1024] [--vocab 8192] [--out F]
 
 - The loss: `train/token_loss.py` (labels shifted, fp32 cross-entropy a block of rows at a
   time) against `F.cross_entropy(logits[:, :-1].float())`, forward + backward, bf16 and fp32
@@ -8,6 +8,8 @@
 - The attention: `sdpa_docs` (per-document causal SDPA over split views) against
   transformers' SDPA path for packed rows (a dense block-diagonal mask), forward + backward,
   heads 4 x 64, documents of 600/300/124 and 900/100/24 positions in two rows of 1024.
+- The per-step non-finite weight check (`train/guard.py`: each parameter's aminmax on a
+  CPU) against the foreach inf-norm it used before, over the same parameters.
 - The optimizer step: torch's fused AdamW (pitstop's CPU choice, `probe.choose_optimizer`)
   against foreach AdamW (its CPU choice before), on the headline model's parameters (a
   4-layer, 256-wide Llama with an 8k vocabulary: 8.4M) in pitstop's two parameter groups.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.common import markdown_table, median, write_result
 
@@ -126,16 +129,43 @@ def bench_optimizer(vocab: int) -> list[list[str]]:
              f"{median(b) * 1e3:.1f}", f"{median(a) / median(b):.2f}x"]]  # fmt: skip
 
 
+def bench_weight_check(vocab: int) -> list[list[str]]:
+    """The per-step non-finite weight check (train/guard.py) against the foreach inf-norm
+    it used on every device before."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from pitstop.tiny import llama_config
+    from pitstop.train.guard import nonfinite_weights
+
+    torch.manual_seed(0)
+    params = list(LlamaForCausalLM(llama_config(vocab, layers=4, hidden=256, heads=4)).parameters())
+    local = [p.detach() for p in params]
+
+    def before() -> None:
+        torch.isfinite(torch.stack(torch._foreach_norm(local, float("inf")))).all()
+
+    a, b = [], []
+    for _ in range(3):
+        a += _timed(before, 3)
+        b += _timed(lambda: nonfinite_weights(params), 3)
+    n = sum(p.numel() for p in params) / 1e6
+    return [[f"non-finite weight check, {n:.1f}M parameters (inf-norm / aminmax)",
+             f"{median(a) * 1e3:.2f}", f"{median(b) * 1e3:.2f}",
+             f"{median(a) / median(b):.2f}x"]]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--out", type=Path, help="results file (default bench/results/step_kernels.md)")
     args = ap.parse_args()
     if args.max_len < 1001:
         ap.error("--max-len must be at least 1001 (the attention case's documents)")
     rows = bench_loss(args.rows, args.max_len, args.vocab) + bench_attention(args.max_len)
-    rows += bench_optimizer(args.vocab)
+    rows += bench_optimizer(args.vocab) + bench_weight_check(args.vocab)
     table = markdown_table(["kernel (forward + backward)", "before / dense ms", "pitstop ms",
                             "speed-up"], rows)  # fmt: skip
     print(table)
@@ -145,9 +175,16 @@ def main() -> None:
         f"{args.max_len}, 4 heads x 64, 6 documents; dense = SDPA with the block-diagonal "
         "causal mask transformers builds for packed rows. Optimizer: one AdamW step over the "
         "headline model's parameters (4 layers, width 256, the vocabulary above), foreach "
-        "against fused. Medians of 9 interleaved samples."
+        "against fused. Weight check: whether any of the same parameters is non-finite, "
+        "the foreach inf-norm against pitstop's CPU check (`train/guard.py`: each "
+        "parameter's aminmax). Medians of 9 interleaved samples."
     )
-    write_result("step_kernels", "CPU step kernels: pitstop's loss, attention and optimizer", body)
+    write_result(
+        "step_kernels",
+        "CPU step kernels: pitstop's loss, attention, optimizer and weight check",
+        body,
+        path=args.out,
+    )
 
 
 if __name__ == "__main__":
