@@ -115,9 +115,9 @@ class StrategyRun:
 
     The benchmark interleaves the strategies step by step, so load from anything else
     on the machine slows all of them alike instead of whichever ran at the wrong time.
-    The steps it trains are spread over the epoch: the plan puts its largest steps first
-    (so a run meets its peak memory at once), and only those would make every layout
-    look fully packed.
+    The steps it trains are spread over the epoch: the plan's rows start with the longest
+    documents of its look-ahead window (pitstop/batching/plan.py), so its first steps hold
+    the longest documents, and those alone would make every layout look fully packed.
     """
 
     def __init__(
