@@ -137,3 +137,49 @@ def test_loader_for_takes_settings_not_a_config(tmp_path, tiny_tokenizer, strate
     settings = BatchSettings(strategy, 64, 4 * 64, micro_batch_size=2)
     loader = MicroBatchLoader(store_dir, settings)
     assert loader.settings is settings and loader.steps_in_epoch(0) == loader.steps_per_epoch
+
+
+def test_a_cpu_micro_batch_holds_about_2048_positions_in_whole_rows():
+    from pitstop.batching.resolve import cpu_micro_rows
+
+    assert cpu_micro_rows(8, 256) == 8  # 2,048 positions, not the default 2 rows
+    assert cpu_micro_rows(16, 256) == 8
+    assert cpu_micro_rows(6, 256) == 6  # the whole step: 1,536 positions
+    assert cpu_micro_rows(12, 256) == 6  # a divisor, so every micro-batch is the same size
+    assert cpu_micro_rows(8, 1024) is None  # the default already holds 2,048
+    assert cpu_micro_rows(8, 512) == 4
+    assert cpu_micro_rows(7, 256) == 7  # 1,792 positions, the whole step
+    assert cpu_micro_rows(11, 256) is None  # 11 is prime: 11 rows are over the budget
+    assert cpu_micro_rows(2, 64) is None  # nothing larger than the default in the step
+
+
+@pytest.mark.parametrize(
+    ("device_type", "micro", "rows"),
+    [("cpu", None, 8), ("cpu", 2, None), ("cuda", None, None), ("unknown", None, None)],
+)
+def test_a_cpu_run_splits_short_rows_in_larger_micro_batches(
+    tmp_path, tiny_tokenizer, tiny_model_dir, device_type, micro, rows
+):
+    """Without a sizer: a CPU run's default split grows to ~2,048 positions and the banner
+    says why; a set micro-batch and other devices keep theirs. The step is the same."""
+    from _train_util import make_store, train_config
+
+    from pitstop.batching.resolve import BatchRequest, resolve_batch_shape
+    from pitstop.data.store import TokenStore
+
+    store_dir = make_store(tmp_path / "s", tiny_tokenizer)
+    cfg = dataclasses.replace(
+        train_config(tiny_model_dir, store_dir, tmp_path / "out"),
+        micro_batch_size=micro, tokens_per_micro_batch=None, grad_accum=None,
+        tokens_per_step=16 * 64, batching="pack",
+    )  # fmt: skip
+    shape = resolve_batch_shape(BatchRequest(cfg, TokenStore(store_dir), device_type=device_type))
+    assert shape.settings.tokens_per_step == 16 * 64
+    if rows is None:
+        assert "micro_batch" not in shape.choices
+        assert shape.settings.tokens_per_micro_batch in (None, 2 * 64)
+    else:
+        # rows of 64: 2,048 positions would be 32 rows; the step holds 16, all in one.
+        assert shape.settings.tokens_per_micro_batch == 16 * 64
+        assert shape.choices["micro_batch"].value == "16 rows"
+        assert "short rows run small, slow kernels" in shape.choices["micro_batch"].reason

@@ -366,3 +366,18 @@ def test_tuned_yaml_is_a_train_config_with_the_same_tokens_per_step(tmp_path):
     assert "measured with the machine at load 7.5 on 2 cores" in format_report(busy)
     assert busy.to_json()["machine"]["load_average_1m"] == 7.5
     assert set(js["machine"]) == {"load_average_1m", "cpu_cores"}
+
+
+def test_the_baseline_takes_the_micro_batch_its_run_decided() -> None:
+    """A run of the config as written may split its steps otherwise than the config's own
+    default (a CPU's larger micro-batch for short rows, a GPU's sized one): the baseline's
+    settings are what it ran, so the trials and tuned.yaml compare against that."""
+    from pitstop.tune.space import settings_from_choices
+
+    cfg = _cfg(max_seq_len=256, tokens_per_step=2048, micro_batch_size=None, grad_accum=None)
+    decided = {"micro_batch": {"value": "8 rows", "reason": "CPU: ..."}}
+    assert settings_from_choices(cfg, decided).micro_rows == 8
+    assert settings_from_choices(cfg, {"micro_batch": {"value": "default"}}).micro_rows == 2
+    assert settings_from_choices(cfg, {}).micro_rows == 2
+    set_cfg = _cfg(max_seq_len=256, tokens_per_step=2048, micro_batch_size=4, grad_accum=None)
+    assert settings_from_choices(set_cfg, decided).micro_rows == 4  # what the user set wins

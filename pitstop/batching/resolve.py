@@ -98,6 +98,7 @@ class BatchRequest:
     indices: np.ndarray | None = None
     lockstep: bool = False
     device_name: str = "unknown"
+    device_type: str = "unknown"
     out: Path | None = None
     cache_dir: str | None = None
     sizer: MicroSizer | None = None
@@ -114,6 +115,21 @@ def micro_sizing_applies(cfg: RunConfig, world_size: int) -> str | None:
     if rows <= DEFAULT_MICRO_ROWS:
         return f"a step holds {rows} full row(s) per rank: nothing larger to try"
     return None
+
+
+# A CPU micro-batch of up to this many positions (whole rows, dividing the step): on a
+# 2-core AMD EPYC, rows of 256, `python -m bench.tune` at 5909263 (bench/results/tune.md
+# there) measured 10,579 trained tok/s at 2 rows (512 positions), 11,776 at 4 and 12,209
+# at 8 (sdpa_docs, eager). Rows of 1024 keep the default 2 (the same 2,048 positions).
+CPU_MICRO_POSITIONS = 2048
+
+
+def cpu_micro_rows(max_rows: int, max_seq_len: int) -> int | None:
+    """Rows per CPU micro-batch when more than the default: the largest divisor of a step's
+    rows per rank within CPU_MICRO_POSITIONS (a step splits into equal micro-batches)."""
+    target = max(1, CPU_MICRO_POSITIONS // max_seq_len)
+    rows = max(d for d in range(1, min(target, max_rows) + 1) if max_rows % d == 0)
+    return rows if rows > DEFAULT_MICRO_ROWS else None
 
 
 def max_rows_per_rank(cfg: RunConfig, world_size: int) -> int:
@@ -147,6 +163,14 @@ def resolve_batch_shape(req: BatchRequest) -> BatchShape:
         choices["micro_batch"] = Choice(f"{rows} rows" if rows else "default", why)
     elif sizer is not None and not_sized != "set":
         choices["micro_batch"] = Choice("default", f"not sized to the device: {not_sized}")
+    elif req.device_type == "cpu" and micro_sizing_applies(cfg, world_size) is None:
+        rows = cpu_micro_rows(max_rows_per_rank(cfg, world_size), cfg.max_seq_len)
+        if rows is not None:
+            choices["micro_batch"] = Choice(
+                f"{rows} rows",
+                f"CPU: {rows} rows of {cfg.max_seq_len} ({rows * cfg.max_seq_len:,} positions) a "
+                f"micro-batch, not {DEFAULT_MICRO_ROWS}: short rows run small, slow kernels",
+            )
     # What `auto`'s timing and its cache key read: the config with the sized split (a
     # view local to this function; the run's config is not changed).
     seen = (

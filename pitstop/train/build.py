@@ -327,6 +327,7 @@ def build_data(
             indices=held.train_indices if held else None,
             lockstep=fsdp,
             device_name=device.name,
+            device_type=tdev.type,
             out=out,
             cache_dir=cfg.cache_dir,
             sizer=sizer,

@@ -142,10 +142,16 @@ def settings_from_choices(cfg: RunConfig, choices: dict[str, Any]) -> Settings:
         return c.get("value", default) if isinstance(c, dict) else default
 
     msl = cfg.max_seq_len
+    # The split the run decided (sized to a GPU, or a CPU's larger default for short rows:
+    # batching/resolve.py) is its "micro_batch" choice, "N rows"; "default" or absent: the
+    # config's own.
+    decided = str(val("micro_batch", ""))
     if cfg.tokens_per_micro_batch is not None:
         rows = max(1, cfg.tokens_per_micro_batch // msl)
     elif cfg.micro_batch_size is not None:
         rows = cfg.micro_batch_size
+    elif decided.endswith(" rows") and decided.split()[0].isdigit():
+        rows = int(decided.split()[0])
     else:
         bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE)
         rows = max(1, (bs.tokens_per_micro_batch or msl) // msl)
