@@ -8,9 +8,9 @@ magnitude, which propagates NaN and cannot overflow the way a 2-norm of large fi
 weights would. On a GPU one fused pass (`_foreach_norm` with ord=inf); on a CPU each
 parameter's `aminmax`, because torch's CPU inf-norm is ~13x slower: 11.23 against 0.87 ms
 a step for the headline model's 8.4M parameters on a 2-core AMD EPYC (`python -m
-bench.step_kernels --out bench/results/step_kernels-bf16.md`), 2% of that model's step. The flag is read with the
-rest of the step's values at the logging step, which every checkpoint and the final save
-run first.
+bench.step_kernels --out bench/results/step_kernels-bf16.md`), 2% of that model's step.
+The flag is read with the rest of the step's values at the logging step, which every
+checkpoint and the final save run first.
 """
 
 from __future__ import annotations
