@@ -303,7 +303,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--rows-per-step", type=int, default=8, help="tokens per step = rows x max len")
-    ap.add_argument("--micro-rows", type=int, default=2, help="micro-batch budget in full rows")
+    ap.add_argument(
+        "--micro-rows",
+        type=int,
+        default=0,
+        help="micro-batch budget in full rows (0: a CPU run's default, ~2,048 positions)",
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=12, help="measured steps, spread over the epoch")
     ap.add_argument(
@@ -350,6 +355,13 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     print(f"machine: {describe_machine(info)}")
     msl = args.max_seq_len
+    from pitstop.batching.resolve import cpu_micro_rows
+    from pitstop.batching.settings import DEFAULT_MICRO_ROWS
+
+    step_rows = args.rows_per_step
+    micro_rows = (
+        args.micro_rows or cpu_micro_rows(step_rows, msl) or min(DEFAULT_MICRO_ROWS, step_rows)
+    )
     model_dir = build_model_dir(
         cache_dir() / f"tiny-l{args.layers}-h{args.hidden}",
         layers=args.layers,
@@ -362,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     base = {
         "max_seq_len": msl,
         "tokens_per_step": args.rows_per_step * msl,
-        "tokens_per_micro_batch": args.micro_rows * msl,
+        "tokens_per_micro_batch": micro_rows * msl,
         "loader_workers": 0,
         "seed": 0,
     }
