@@ -356,12 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {describe_machine(info)}")
     msl = args.max_seq_len
     from pitstop.batching.resolve import cpu_micro_rows
-    from pitstop.batching.settings import DEFAULT_MICRO_ROWS
 
-    step_rows = args.rows_per_step
-    micro_rows = (
-        args.micro_rows or cpu_micro_rows(step_rows, msl) or min(DEFAULT_MICRO_ROWS, step_rows)
-    )
+    # A CPU run's default split when none is asked for (None: BatchSettings' own default).
+    micro_rows = args.micro_rows or cpu_micro_rows(args.rows_per_step, msl)
     model_dir = build_model_dir(
         cache_dir() / f"tiny-l{args.layers}-h{args.hidden}",
         layers=args.layers,
@@ -374,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     base = {
         "max_seq_len": msl,
         "tokens_per_step": args.rows_per_step * msl,
-        "tokens_per_micro_batch": micro_rows * msl,
+        "tokens_per_micro_batch": micro_rows * msl if micro_rows else None,
         "loader_workers": 0,
         "seed": 0,
     }
@@ -382,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         store = make_store(Path(tmp) / "store", tokenizer, msl)
         print(f"store: {len(store):,} sequences, {store.n_tokens:,} tokens, max length {msl}")
         runs = [StrategyRun(s, store, model_dir, base, kernels) for s in LAYOUT_NAMES]
+        micro_positions = runs[0].loader.settings.tokens_per_micro_batch
         n_steps = {run.loader.steps_per_epoch for run in runs}
         assert len(n_steps) == 1, f"layouts of one plan with {n_steps} steps"  # same plan
         last = n_steps.pop() - 1
@@ -448,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
             "pitstop's loss and fused AdamW), "
             f"bundled instruction records (prompts masked), max length {msl}, "
             f"{base['tokens_per_step']:,} tokens per optimizer step, micro-batches of up to "
-            f"{base['tokens_per_micro_batch']:,} positions. Medians over {args.steps} steps "
+            f"{micro_positions:,} positions. Medians over {args.steps} steps "
             f"spread evenly over the epoch of {last + 1} (the same steps of the same plan for "
             f"every layout) after {args.warmup} warm-up step(s), layouts interleaved step by "
             "step; the packing efficiency is the whole epoch's.",

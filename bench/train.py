@@ -62,15 +62,13 @@ def _config(model_dir: Path, store: Path, out: Path, steps: int):
 
 def ceiling_choices(summary: dict) -> tuple[str, torch.dtype | None, Choice]:
     """The attention kernel, autocast dtype and optimizer of pitstop's run (its summary)."""
+    from pitstop.train.forward import autocast_for
+
     choices = summary["choices"]
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-    precision = choices["precision"]["value"]
-    if precision not in dtypes:
-        raise ValueError(f"precision {precision!r}: the bare loop knows {sorted(dtypes)}")
     optimizer = choices["optimizer"]
     return (
         choices["attention"]["value"],
-        dtypes[precision],
+        autocast_for(choices["precision"]["value"]),
         Choice(optimizer["value"], optimizer["reason"]),
     )
 

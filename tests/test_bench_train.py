@@ -32,11 +32,6 @@ def test_the_bare_loop_takes_the_runs_choices() -> None:
     assert ceiling_choices(_summary("fp16"))[1] is torch.float16
 
 
-def test_an_unknown_precision_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"fp8.*bf16"):
-        ceiling_choices(_summary("fp8"))
-
-
 @pytest.mark.slow
 def test_the_bench_writes_both_sides_choices(tmp_path) -> None:
     """A 3-step run: the table names the choices both loops ran with, as pitstop's summary

@@ -52,7 +52,7 @@ from pitstop.train import (
 )
 from pitstop.train.compile import compile_module
 from pitstop.train.evaluate import EvalSet
-from pitstop.train.forward import TimedMicroBatch, loss_choice
+from pitstop.train.forward import TimedMicroBatch, autocast_for, loss_choice
 from pitstop.train.optim import build_optimizer
 from pitstop.train.schedule import default_warmup
 
@@ -263,7 +263,7 @@ def load_model(
     model, attention, lora = model_io.load_model(cfg, device, precision, m.attention)
     if env.rank == 0:
         log.info(f"pitstop: model loaded in {time.perf_counter() - t_load:.1f} s")
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast_dtype = autocast_for(precision)
     # The first forward: packed documents must stay apart with this kernel, on this device
     # and these versions (train/packcheck.py); a kernel that cannot even run falls back.
     packed, fallback = attention_check.packed_attention_check(

@@ -18,6 +18,11 @@ from pitstop.train.attention import FORWARD_KEYS, attention_kwargs
 from pitstop.train.token_loss import shifted_targets, token_ce_sum
 
 
+def autocast_for(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a run's precision choice (bf16, fp16); None for fp32."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 class DeviceBatch(TypedDict, total=False):
     """A micro-batch on the run's device, as `to_device` makes it: the three tensors and
     the kwargs its attention kernel needs (train/attention.py FORWARD_KEYS; none for sdpa
