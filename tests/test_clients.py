@@ -38,11 +38,12 @@ from typing import Any
 import pytest
 
 from pitstop import cli
-from pitstop.measure.verdict import verdict
+from pitstop.measure.verdict import EVAL_MODERATE, verdict
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 EVAL_POINTS = 0.15  # the eval share may differ from the truth by this much (issue 44)
+EVAL_BAND = 0.05  # a truth this close to the eval-bound threshold allows either verdict
 
 
 def profile(out: Path, *command: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -163,7 +164,15 @@ def test_nanogpt_evaluation_is_its_own_phase_and_the_top_finding(nanogpt: dict[s
     assert top["id"] == "eval-overhead" and "every 10 steps" in top["title"]
     assert "eval_interval" in top["fix"]
     assert not any("log" in f["fix"].lower() for f in run["findings"])
-    assert verdict(run["profile"]).kind in ("eval-bound", "noisy-machine")
+    # The verdict against the loop's own clock, not against what evaluation usually costs: on
+    # a quiet machine it is ~40% of these steps, but a neighbour that stalls the 0.6 s of
+    # training for seconds can push the truth under the verdict's threshold (seen once in CI
+    # beside another test). Near the threshold either reading is right.
+    kind = verdict(run["profile"]).kind
+    if expected >= EVAL_MODERATE + EVAL_BAND:
+        assert kind in ("eval-bound", "noisy-machine"), (expected, kind)
+    elif expected < EVAL_MODERATE - EVAL_BAND:
+        assert kind != "eval-bound", (expected, kind)
 
 
 # --- an accelerate loop, and a Trainer script, whose collators pad ----------------------------
