@@ -17,6 +17,7 @@ trace file is what `pitstop profile --trace` leaves.
 
 Usage:
     python -m bench.op_shares                 # profile both and write bench/results/op_shares.md
+    python -m bench.op_shares --out bench/results/op_shares-bf16.md  # another machine kind
     python -m bench.op_shares --trace A.json  # summarise traces already taken
 """
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", nargs="*", help="summarise these trace files instead")
     p.add_argument("--workdir", help="scratch directory (default .pitstop-cache/bench/op_shares)")
     p.add_argument("--no-write", action="store_true", help="print the table only")
+    p.add_argument("--out", help="the results file (default bench/results/op_shares.md)")
     args = p.parse_args(argv)
     if args.trace:
         runs = [(Path(t).parent.name, Path(t), None) for t in args.trace]
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         body = "\n".join([table, "", "Notes:", "", notes])
         title = "Where a step's CPU time goes, eager and compiled (the bound on compile's gain)"
         path = write_result("op_shares", title, body, command=command_line(),
-                            machine_info=machine())  # fmt: skip
+                            machine_info=machine(),
+                            path=Path(args.out) if args.out else None)  # fmt: skip
         print(f"\n[op_shares] wrote {path}")
     return 0
 
