@@ -23,7 +23,7 @@ from _attention_util import VOCAB, alone_logits, packed_batch, per_doc_logits
 
 from pitstop import probe
 from pitstop.probe import DeviceInfo
-from pitstop.train import doc_attention, model_io, packcheck
+from pitstop.train import attention_rows, doc_attention, model_io, packcheck
 from pitstop.train.attention_check import packed_attention_check
 from pitstop.train.forward import to_device, token_loss_sum
 
@@ -110,11 +110,22 @@ def eager_model(model_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").train()
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["per-document", "row-products"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_chosen_kernel_computes_the_models_own_attention(family, data, tmp_path) -> None:
+def test_the_chosen_kernel_computes_the_models_own_attention(
+    family, rows, data, tmp_path, monkeypatch
+) -> None:
+    """Both ways sdpa_docs computes on a CPU (train/attention_rows.py): a call per document,
+    or each row as matrix products under its documents' mask."""
     packed, alone, spans = data
     model_dir = save_family(family, tmp_path)
     model, kernel, why = load_as_train_does(model_dir)
+    calls = []
+    real = doc_attention.row_matmul_attention
+    monkeypatch.setattr(
+        doc_attention, "row_matmul_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    attention_rows.apply_rows(model, rows)
     if family == "gemma2-softcap":
         # sdpa_docs (and sdpa) cannot apply a logit softcap: refused, with the reason.
         assert kernel == "eager", (kernel, why)
@@ -140,6 +151,7 @@ def test_the_chosen_kernel_computes_the_models_own_attention(family, data, tmp_p
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert bool(calls) == (rows and kernel == doc_attention.DOC_ATTENTION)
 
 
 def test_long_documents_in_blocks_of_queries(monkeypatch, data) -> None:

@@ -4,6 +4,8 @@ The root is `--cache-dir`, else $PITSTOP_CACHE_DIR, else ~/.cache/pitstop. Under
 `stores/<key>/` (token stores, pitstop.data.cache), `fingerprints/` (memoised file
 digests), `cpu_peak-<digest>.json` / `cpu_peak_bf16-<digest>.json` (the measured CPU peaks
 for MFU), `cpu_precision-<digest>.json` (fp32 against bf16 autocast at a model's shapes),
+`attention_rows-<digest>.json` (sdpa_docs' two CPU paths at an attention shape,
+pitstop.train.attention_rows),
 `compile_check-<digest>.json`, `compile_speed-<digest>.json` (what torch.compile costs and
 gains for a configuration, pitstop.train.compile_record) and `inductor/` (torch inductor's
 own caches, unless TORCHINDUCTOR_CACHE_DIR is set).
@@ -28,6 +30,7 @@ FINGERPRINTS = "fingerprints"
 CPU_PEAK = "cpu_peak.json"
 CPU_PEAK_BF16 = "cpu_peak_bf16.json"
 CPU_PRECISION = "cpu_precision.json"
+ATTENTION_ROWS = "attention_rows.json"
 COMPILE_CHECK = "compile_check.json"
 COMPILE_SPEED = "compile_speed.json"
 INDUCTOR = "inductor"

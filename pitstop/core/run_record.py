@@ -507,6 +507,7 @@ _CHOICE_VALUES: dict[str, tuple[str, Any]] = {
         "a positive integer",
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
     ),
+    "attention_rows": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 

@@ -48,7 +48,7 @@ class CpuKey(TypedDict):
     torch: str
 
 
-def _cpu_key() -> CpuKey:
+def cpu_measurement_key() -> CpuKey:
     import torch
 
     return CpuKey(cpu=cpu_name(), threads=torch.get_num_threads(), torch=str(torch.__version__))
@@ -103,7 +103,7 @@ def measure_cpu_peak_quietly(precision: str = "fp32") -> PeakMeasurement:
     return PeakMeasurement(flops=flops, other_cores=used, cores=cores, busy=busy)
 
 
-def _read_cached(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+def read_cached(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
     if path is None or not path.is_file():
         return None
     try:
@@ -123,10 +123,10 @@ def cpu_peak(
     busy and measured again at the next use, a quiet one replaces it, and of two quiet
     ones the higher is kept. `fresh` measures again whatever the cache holds."""
     precision = "bf16" if precision == "bf16" else "fp32"
-    key = _cpu_key()
+    key = cpu_measurement_key()
     name = CPU_PEAK_BF16 if precision == "bf16" else CPU_PEAK
     path = keyed_cache_path(cache_dir, name, key)
-    rec = _read_cached(path, key)
+    rec = read_cached(path, key)
     cached = rec.get("flops") if rec is not None else None
     cached_ok = isinstance(cached, (int, float)) and cached > 0
     if cached_ok and not rec.get("busy") and not fresh:  # type: ignore[union-attr]
@@ -234,9 +234,9 @@ def cpu_precision_speed(
     cache_dir: str | Path | None, shapes: tuple[tuple[int, int, int], ...]
 ) -> PrecisionSpeed:
     """fp32 against bf16 autocast at `shapes` on this CPU, measured once and cached."""
-    key = {**_cpu_key(), "shapes": [list(s) for s in shapes]}
+    key = {**cpu_measurement_key(), "shapes": [list(s) for s in shapes]}
     path = keyed_cache_path(cache_dir, CPU_PRECISION, key)
-    rec = _read_cached(path, key)
+    rec = read_cached(path, key)
     if rec is not None:
         try:
             return PrecisionSpeed(

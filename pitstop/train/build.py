@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from pitstop import probe
@@ -39,6 +40,7 @@ from pitstop.measure.peak import device_peak
 from pitstop.probe import Choice, DeviceInfo
 from pitstop.train import (
     attention_check,
+    attention_rows,
     checkpoint,
     compile_record,
     data,
@@ -156,6 +158,15 @@ def build_run(
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
     flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
         cfg, m, model, geometry, total_steps, choices, faults, loader.settings
+    )
+    run_s = probe.estimated_run_seconds(
+        total_steps, geometry.tokens_per_step, flops.per_token(geometry.flops_seq_len), peak_flops
+    )
+    choices["attention_rows"] = decide_attention_rows(
+        cfg, m, model, loader, choices, out, autocast_dtype, run_s
+    )
+    geometry.measured = precision_record.record_choice(
+        geometry.measured, "attention_rows", choices["attention_rows"], m.dev
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
@@ -357,6 +368,53 @@ def build_data(
             eval_set = _custom_eval_set(cfg, loader, env.rank, env.world_size, fsdp)
     choices.update(geometry.choices)
     return loader, geometry, eval_set, data_key
+
+
+def decide_attention_rows(
+    cfg: RunConfig,
+    m: _Machine,
+    model: Any,
+    loader: Loader,
+    choices: dict[str, Choice],
+    out: Path | None,
+    autocast_dtype: torch.dtype | None,
+    run_s: float | None,
+) -> Choice:
+    """How `sdpa_docs` computes on this CPU (train/attention_rows.py): kept by a resumed run,
+    else decided at the run's micro-batch; applied to the model."""
+    choice = precision_record.kept_choice(cfg, out, "attention_rows")
+    if choice is None:
+        settings = loader.settings
+        length = settings.max_seq_len if settings is not None else cfg.max_seq_len
+        request = attention_rows.RowsRequest(
+            device_type=m.device.type,
+            attention=str(choices["attention"].value),
+            compiled=bool(choices["compile"].value),
+            shape=attention_rows.attention_shape(model, _micro_rows(settings, length), length),
+            dtype=autocast_dtype or torch.float32,
+            doc_len=_typical_document(settings, length, getattr(loader, "lengths", None)),
+            run_s=run_s,
+        )
+        choice = attention_rows.decide_rows(request, cache_root(cfg.cache_dir))
+    attention_rows.apply_rows(model, bool(choice.value))
+    return choice
+
+
+def _typical_document(settings: BatchSettings | None, length: int, lengths: Any | None) -> int:
+    """The documents' median length within a row where rows are packed, else the row length
+    (bucket and pad: one document a row)."""
+    if settings is None or not settings.strategy.packed or lengths is None or not len(lengths):
+        return length
+    return int(min(length, max(1, int(np.median(np.minimum(lengths, length))))))
+
+
+def _micro_rows(settings: BatchSettings | None, length: int) -> int:
+    """Rows of a micro-batch: the split's rows, or its positions over the row length."""
+    if settings is None:
+        return 1
+    if settings.micro_batch_size:
+        return settings.micro_batch_size
+    return max(1, (settings.tokens_per_micro_batch or length) // length)
 
 
 def _seconds_per_position(cfg: RunConfig, m: _Machine, model: Any) -> float | None:

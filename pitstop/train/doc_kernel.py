@@ -17,7 +17,14 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BAND_BLOCK", "MAX_CALLS", "doc_spans", "native_gqa", "per_document_sdpa"]
+__all__ = [
+    "BAND_BLOCK",
+    "MAX_CALLS",
+    "doc_spans",
+    "native_gqa",
+    "per_document_sdpa",
+    "row_matmul_attention",
+]
 
 # Above this many SDPA calls per layer, a GPU micro-batch runs one call per row under a
 # dense document mask: a launch costs the host ~5-10 us forward and again in backward,
@@ -250,13 +257,59 @@ def _masked_rows(
     """One call over all rows under a dense [B, 1, T, T] document (and window) mask: the
     launch cap's path, for micro-batches of many short documents."""
     B, H, T, D = query.shape
+    allowed = _document_mask(spans, B, T, window, query.device)
+    o = _sdpa(query, key, value, allowed[:, None], scale=scale, dropout_p=dropout_p)
+    return o.transpose(1, 2).reshape(B * T, H, D)
+
+
+def _document_mask(
+    spans: list[tuple[int, int]] | None, B: int, T: int, window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[B, T, T] bool: query i of a row may see key j (the same document, causal, within the
+    window). `spans` None: each row is one document."""
+    pos = torch.arange(T, device=device)
+    allowed = (pos[None, :] <= pos[:, None])[None]
+    if window is not None:
+        allowed = allowed & (pos[None, :] > pos[:, None] - window)[None]
+    if spans is None:
+        return allowed.expand(B, T, T)
     doc = torch.empty(B * T, dtype=torch.int64)
     for i, (a, b) in enumerate(spans):
         doc[a:b] = i
-    doc = doc.view(B, T).to(query.device, non_blocking=True)
-    pos = torch.arange(T, device=query.device)
-    allowed = (doc[:, :, None] == doc[:, None, :]) & (pos[None, :] <= pos[:, None])[None]
-    if window is not None:
-        allowed &= (pos[None, :] > pos[:, None] - window)[None]
-    o = _sdpa(query, key, value, allowed[:, None], scale=scale, dropout_p=dropout_p)
-    return o.transpose(1, 2).reshape(B * T, H, D)
+    doc = doc.view(B, T).to(device, non_blocking=True)
+    return (doc[:, :, None] == doc[:, None, :]) & allowed
+
+
+def row_matmul_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    window: int | None = None,
+) -> torch.Tensor:
+    """`per_document_sdpa`'s attention computed a row at a time, as transformers' eager
+    attention computes it: every query-key score of the row in one matrix product, the
+    documents' causal (and window) mask, softmax in fp32, then one product with the values.
+    Same arguments and result ([B*T, H, D]).
+
+    It computes T x T scores a row where the per-document path computes the sum of each
+    document's squared length, but as two large matrix products instead of a fused-kernel
+    call per document: on a CPU in bf16 at short rows that is several times faster
+    (train/attention_path.py measures it per run and shape)."""
+    B, H, T, D = query.shape
+    spans = doc_spans(cu_seqlens, B, T, window)
+    allowed = _document_mask(spans, B, T, window, query.device)[:, None]  # [B, 1, T, T]
+    h_kv = key.shape[1]
+    if h_kv != H:
+        key = key.repeat_interleave(H // h_kv, dim=1)  # as transformers' repeat_kv
+        value = value.repeat_interleave(H // h_kv, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (D**-0.5 if scale is None else scale)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if dropout_p:
+        probs = F.dropout(probs, p=dropout_p)
+    out = torch.matmul(probs, value)  # [B, H, T, D]
+    return out.transpose(1, 2).reshape(B * T, H, D)

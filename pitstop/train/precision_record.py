@@ -1,5 +1,6 @@
 """The run's precision record: the one a resumed run keeps, the one a measured choice adds
-to choices.json, and the CPU measurement that decides bf16 against fp32.
+to choices.json, and the CPU measurement that decides bf16 against fp32. Other measured
+run choices (train/attention_rows.py) are kept and recorded the same way.
 
 Precision is a run's choice, not a batching one: it is read from and added to the run's
 `run_record.ChoiceRecord` here, without going through batching's choices module.
@@ -22,17 +23,22 @@ from pitstop.probe import Choice, DeviceInfo
 
 def kept_precision(cfg: RunConfig, out: Path | None, device: DeviceInfo) -> Choice | None:
     """On --resume with precision auto: the precision the run's choices.json recorded."""
-    if not (cfg.resume and cfg.precision == "auto" and out is not None):
+    if cfg.precision != "auto":
+        return None
+    return kept_choice(cfg, out, "precision")
+
+
+def kept_choice(cfg: RunConfig, out: Path | None, name: str) -> Choice | None:
+    """On --resume: the measured choice `name` the run's choices.json recorded, if any."""
+    if not (cfg.resume and out is not None):
         return None
     path = out / run_record.CHOICES
     # A damaged file is refused, naming the field: a resumed run keeps what it started with.
     record = run_record.read_choices(path) if path.exists() else None
-    value = record.values.get("precision") if record is not None else None
+    value = record.values.get(name) if record is not None else None
     if value is None:
         return None
-    return Choice(
-        value, f"kept from this run (choices.json): {record.reasons.get('precision', '')}"
-    )
+    return Choice(value, f"kept from this run (choices.json): {record.reasons.get(name, '')}")
 
 
 def record_precision(
@@ -40,7 +46,15 @@ def record_precision(
 ) -> ChoiceRecord | None:
     """The run's measured choices with a measured precision added (written to choices.json
     before step 1, so --resume keeps it); unchanged when precision was not measured."""
-    if precision.measured is None or (record is not None and "precision" in record.values):
+    return record_choice(record, "precision", precision, dev)
+
+
+def record_choice(
+    record: ChoiceRecord | None, name: str, choice: Choice, dev: DeviceInfo
+) -> ChoiceRecord | None:
+    """The run's measured choices with the measured choice `name` added (written to
+    choices.json before step 1, so --resume keeps it); unchanged when it was not measured."""
+    if choice.measured is None or (record is not None and name in record.values):
         return record
     if record is None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -49,9 +63,9 @@ def record_precision(
         )
     return dataclasses.replace(
         record,
-        values={**record.values, "precision": precision.value},
-        reasons={**record.reasons, "precision": precision.reason},
-        measurements={**record.measurements, "precision": precision.measured},
+        values={**record.values, name: choice.value},
+        reasons={**record.reasons, name: choice.reason},
+        measurements={**record.measurements, name: choice.measured},
     )
 
 
