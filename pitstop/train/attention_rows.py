@@ -46,7 +46,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -87,6 +87,18 @@ _SAMPLE_S = 0.03  # each timed sample lasts at least this long
 Shape = tuple[int, int, int, int, int]
 
 
+class RowsSpeedRecord(TypedDict):
+    """A RowsSpeed as the choice's measurement (summary.json, choices.json)."""
+
+    documents_seconds: float
+    rows_seconds: float
+    rows_speedup: float
+    shape: list[int]
+    dtype: str
+    document_length: int
+    source: str
+
+
 @dataclass(frozen=True)
 class RowsSpeed:
     """A timing of `sdpa_docs`' two CPU paths at one shape: forward and backward seconds."""
@@ -112,16 +124,16 @@ class RowsSpeed:
             f"{self.rows_s * 1e3:.2f} ms as matrix products a row ({self.gain:.2f}x)"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "documents_seconds": self.documents_s,
-            "rows_seconds": self.rows_s,
-            "rows_speedup": round(self.gain, 4),
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "document_length": self.doc_len,
-            "source": self.source,
-        }
+    def to_dict(self) -> RowsSpeedRecord:
+        return RowsSpeedRecord(
+            documents_seconds=self.documents_s,
+            rows_seconds=self.rows_s,
+            rows_speedup=round(self.gain, 4),
+            shape=list(self.shape),
+            dtype=self.dtype,
+            document_length=self.doc_len,
+            source=self.source,
+        )
 
 
 def attention_shape(model: Any, rows: int, length: int) -> Shape | None:

@@ -150,24 +150,16 @@ def build_run(
     choices["packed_attention"] = attention_check.packed_attention_choice(
         packed, str(choices["batching"].value), m.env.rank
     )
-    geometry.measured = precision_record.record_precision(
-        geometry.measured, choices["precision"], m.dev
-    )
     steps_per_epoch = int(loader.steps_per_epoch)
     total_steps = int(loader.total_steps)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
     flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
         cfg, m, model, geometry, total_steps, choices, faults, loader.settings
     )
-    run_s = probe.estimated_run_seconds(
-        total_steps, geometry.tokens_per_step, flops.per_token(geometry.flops_seq_len), peak_flops
-    )
     choices["attention_rows"] = decide_attention_rows(
-        cfg, m, model, loader, choices, out, autocast_dtype, run_s
+        cfg, m, model, loader, choices, out, autocast_dtype, total_steps, flops, peak_flops
     )
-    geometry.measured = precision_record.record_choice(
-        geometry.measured, "attention_rows", choices["attention_rows"], m.dev
-    )
+    geometry.measured = _with_run_choices(geometry.measured, choices, m.dev)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scaler, sync_free_skip = build_optimizer_parts(cfg, m, model, choices)
     writer = build_writer(cfg, out, m, model, tokenizer, params, eval_set, faults, choices)
@@ -370,6 +362,16 @@ def build_data(
     return loader, geometry, eval_set, data_key
 
 
+def _with_run_choices(
+    record: run_record.ChoiceRecord | None, choices: dict[str, Choice], dev: DeviceInfo
+) -> run_record.ChoiceRecord | None:
+    """The measured choices with the run's own measured ones added (precision, how
+    `sdpa_docs` computes): written to choices.json before step 1, so --resume keeps them."""
+    for name in ("precision", "attention_rows"):
+        record = precision_record.record_choice(record, name, choices[name], dev)
+    return record
+
+
 def decide_attention_rows(
     cfg: RunConfig,
     m: _Machine,
@@ -378,14 +380,21 @@ def decide_attention_rows(
     choices: dict[str, Choice],
     out: Path | None,
     autocast_dtype: torch.dtype | None,
-    run_s: float | None,
+    total_steps: int,
+    flops: cost_model.FlopsModel,
+    peak_flops: float | None,
 ) -> Choice:
     """How `sdpa_docs` computes on this CPU (train/attention_rows.py): kept by a resumed run,
-    else decided at the run's micro-batch; applied to the model."""
+    else decided at the run's micro-batch, weighed against the estimated run; applied to
+    the model."""
     choice = precision_record.kept_choice(cfg, out, "attention_rows")
     if choice is None:
         settings = loader.settings
         length = settings.max_seq_len if settings is not None else cfg.max_seq_len
+        tokens = settings.tokens_per_step if settings is not None else 0
+        run_s = probe.estimated_run_seconds(
+            total_steps, tokens, flops.per_token(length), peak_flops
+        )
         request = attention_rows.RowsRequest(
             device_type=m.device.type,
             attention=str(choices["attention"].value),
