@@ -35,11 +35,14 @@ os.environ.setdefault("PITSTOP_PROGRESS", "0")
 from bench.common import command_line, corpus_store, machine, markdown_table, write_result
 
 WARMUP_STEPS = 2
+EVEN = 0.03  # runs this close are even: the same settings run twice differ as much here
 
 
-def _train(base: dict[str, Any], out: Path, force: bool | None) -> tuple[float, dict[str, Any]]:
-    """(median per-step trained tok/s, the attention_rows choice) of one run; `force` sets
-    the choice (None: pitstop's own, timed)."""
+def _train(
+    base: dict[str, Any], out: Path, force: bool | None
+) -> tuple[float | None, dict[str, Any]]:
+    """(median per-step trained tok/s, None for a run of warm-up steps only; the
+    attention_rows choice) of one run; `force` sets the choice (None: pitstop's own, timed)."""
     from pitstop.core.config import build_config
     from pitstop.train import attention_rows, run
 
@@ -53,7 +56,8 @@ def _train(base: dict[str, Any], out: Path, force: bool | None) -> tuple[float, 
         attention_rows.ROWS_MIN_GAIN, attention_rows.TIMING_COST_S = saved
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [r["tokens_per_second"] for r in lines if r["step"] > WARMUP_STEPS]
-    return statistics.median(rates), summary["choices"]["attention_rows"]
+    rate = statistics.median(rates) if rates else None
+    return rate, summary["choices"]["attention_rows"]
 
 
 def bench_length(
@@ -73,15 +77,22 @@ def bench_length(
     for r in range(repeats):
         for rows in (True, False):
             cache = work / f"cache-{length}-{precision}-{rows}-{r}"
-            rate, _ = _train({**base, "cache_dir": str(cache)}, work / f"o{length}{rows}{r}", rows)
+            out = work / f"o{length}{precision}{rows}{r}"
+            rate, _ = _train({**base, "cache_dir": str(cache)}, out, rows)
+            assert rate is not None, f"{steps} steps: none after the warm-up"
             rates[rows].append(rate)
             print(f"  rows of {length}, {precision}, rows={rows}: {rate:,.0f} tok/s", flush=True)
     cache = work / f"cache-{length}-{precision}-auto"
-    _, choice = _train({**base, "cache_dir": str(cache), "max_steps": 1}, work / "auto", None)
+    auto = work / f"auto-{length}-{precision}"
+    _, choice = _train({**base, "cache_dir": str(cache), "max_steps": 1}, auto, None)
     m = choice.get("measured") or {}
     rows_rate, docs_rate = statistics.median(rates[True]), statistics.median(rates[False])
     picked = bool(choice["value"])
-    faster = (rows_rate >= docs_rate) == picked
+    ratio = rows_rate / docs_rate
+    if abs(ratio - 1) < EVEN:
+        faster = f"even (within {EVEN:.0%})"
+    else:
+        faster = "yes" if (ratio > 1) == picked else "NO"
     return [
         str(length),
         precision,
@@ -90,8 +101,8 @@ def bench_length(
         "rows" if picked else "per document",
         f"{docs_rate:,.0f}",
         f"{rows_rate:,.0f}",
-        f"{rows_rate / docs_rate:.2f}x",
-        "yes" if faster else "NO",
+        f"{ratio:.2f}x",
+        faster,
     ]
 
 

@@ -133,6 +133,21 @@ def test_a_short_run_does_not_pay_for_the_timing(tmp_path, monkeypatch) -> None:
     assert decide_rows(req, tmp_path).value is True
 
 
+def test_rows_whose_scores_would_crowd_the_memory_are_not_timed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(attention_rows, "measure_rows_speed", lambda *a: pytest.fail("timed"))
+    shape = (4, 32, 32, 512, 64)  # a 1B-class model: 32 heads at rows of 512
+    kept = attention_rows.scores_bytes(shape, 24)
+    assert kept == 4 * 32 * 512 * 512 * 7 * 24  # fp32 softmax, its bf16 copy, the mask
+    req = RowsRequest("cpu", "sdpa_docs", False, shape, torch.bfloat16, 512, 3600.0, 24, kept)
+    choice = decide_rows(req, tmp_path)
+    assert (
+        choice.value is False and "GiB of scores" in choice.reason and "24 layers" in choice.reason
+    )
+    monkeypatch.setattr(attention_rows, "measure_rows_speed", lambda *a: (0.03, 0.01))
+    roomy = RowsRequest(**{**req.__dict__, "available_bytes": 8 * kept})
+    assert decide_rows(roomy, tmp_path).value is True
+
+
 def test_the_real_timing_times_both_paths() -> None:
     speed = cpu_rows_speed(None, (2, 2, 2, 32, 8), torch.float32, 8)
     assert speed.documents_s > 0 and speed.rows_s > 0

@@ -26,6 +26,8 @@ The choice, `attention_rows` in the banner and summary:
   a row. The per-document path's cost follows the layout (a call per document), the rows'
   does not. Rows are taken only at `ROWS_MIN_GAIN` times faster, so that steps of other
   layouts than the median's cannot turn the choice around;
+- never where the rows' scores, kept for the backward, would take over a quarter of the
+  host memory available (`ROWS_MEMORY_SHARE`);
 - timed only where the planned run repays the timing (~0.5 s; the rule of
   batching/payoff.py, as for every first-run measurement): a short run keeps the
   per-document call and says so;
@@ -71,6 +73,7 @@ __all__ = [
     "measure_rows_speed",
     "packed_offsets",
     "ruled_rows",
+    "scores_bytes",
 ]
 
 ROWS_MAX_LEN = 512
@@ -79,6 +82,10 @@ ROWS_MIN_GAIN = 1.1
 # and the smallest gain on the run it could act on: attention is about a third of a CPU step
 # (bench/results/op_shares-bf16.md) and rows are taken at ROWS_MIN_GAIN.
 TIMING_COST_S = 0.5
+# The row products keep each layer's scores for the backward: never more than this share of
+# the host memory available at start-up.
+ROWS_MEMORY_SHARE = 0.25
+_SCORE_BYTES = 4 + 2 + 1  # fp32 softmax output, its bf16 copy, the bool mask
 TIMING_GAIN = 0.03
 _REPEATS = 5
 _SAMPLE_S = 0.03  # each timed sample lasts at least this long
@@ -278,6 +285,8 @@ class RowsRequest:
     dtype: torch.dtype  # the autocast dtype, else the weights'
     doc_len: int  # the documents' median length within a row (the row length: one a row)
     run_s: float | None  # the planned run's estimated seconds (None: no estimate)
+    layers: int = 1  # attention layers, each keeping its scores for the backward
+    available_bytes: int | None = None  # host memory available (None: not known)
 
 
 def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
@@ -293,6 +302,14 @@ def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
     }
     if ruled_rows(**what) is not None or req.shape is None:
         return choose_rows(**what, measured=None, unmeasured="the model's heads are unknown")
+    kept, free = scores_bytes(req.shape, req.layers), req.available_bytes
+    if free is not None and kept > ROWS_MEMORY_SHARE * free:
+        return Choice(
+            False,
+            f"a call per document: as matrix products the rows would keep {kept / 2**30:.1f} GiB "
+            f"of scores for the backward ({req.layers} layers), over {ROWS_MEMORY_SHARE:.0%} of "
+            f"the {free / 2**30:.1f} GiB of memory available (not timed)",
+        )
     weighed = payoff(TIMING_COST_S, req.run_s or 0.0, TIMING_GAIN)
     measured = cpu_rows_speed(cache_dir, req.shape, req.dtype, req.doc_len, measure=weighed.worth)
     if measured is None:
@@ -301,6 +318,14 @@ def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
         why = "not timed: " + weighed.describe("timing the two paths")
         return Choice(False, f"a call per document ({why})", {"timing": weighed.to_dict()})
     return choose_rows(**what, measured=measured)
+
+
+def scores_bytes(shape: Shape, layers: int) -> int:
+    """Bytes the row products keep for the backward across `layers`: each layer's T x T
+    scores as fp32 softmax output and its low-precision copy, and the mask (a bound: the
+    mask and the copy are smaller in fp32 runs)."""
+    b, h, _, t, _ = shape
+    return b * h * t * t * _SCORE_BYTES * max(1, layers)
 
 
 def apply_rows(model: torch.nn.Module, rows: bool) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from pitstop import probe
@@ -403,6 +404,8 @@ def decide_attention_rows(
             dtype=autocast_dtype or torch.float32,
             doc_len=_typical_document(settings, length, getattr(loader, "lengths", None)),
             run_s=run_s,
+            layers=int(getattr(model.config, "num_hidden_layers", 1) or 1),
+            available_bytes=int(psutil.virtual_memory().available),
         )
         choice = attention_rows.decide_rows(request, cache_root(cfg.cache_dir))
     attention_rows.apply_rows(model, bool(choice.value))
