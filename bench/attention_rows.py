@@ -2,7 +2,8 @@
 `pitstop train` picks (train/attention_rows.py).
 
     .venv/bin/python -m bench.attention_rows [--lengths 128,256,512] [--precisions bf16,fp32]
-                                             [--steps 24] [--repeats 2] [--out FILE]
+                                             [--steps 24] [--repeats 2] [--long-lengths 1024]
+                                             [--out FILE]
 
 For each row length and precision it trains `bench.tune`'s tiny Llama (4 layers, width 256,
 4 heads of 64, vocab 4096; `pitstop train` defaults, packed rows, the CPU's default
@@ -12,7 +13,8 @@ else differs), and reports the median per-step trained tokens/s of each (the fir
 left out). Beside it: the timing `pitstop train` decides with (forward and backward of the
 attention alone at the run's micro-batch, rows packed with documents of the data's median
 length) and what it picked, timed afresh (no cache), and whether the pick was the faster
-run. bf16 rows are left out on a CPU without native bf16.
+run. Then the attention alone at `--long-lengths`, rows too long for `pitstop train` to
+time. bf16 rows are left out on a CPU without native bf16.
 
 Writes bench/results/attention_rows.md with the machine it ran on.
 """
@@ -106,10 +108,33 @@ def bench_length(
     ]
 
 
+def bench_long(length: int, precisions: list[str]) -> list[list[str]]:
+    """The attention alone at a row length `pitstop train` never times for rows."""
+    import torch
+
+    from pitstop.train.attention_rows import measure_rows_speed
+
+    out = []
+    for precision in precisions:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        for doc_len in (length, length // 2):
+            shape = (max(1, 2048 // length), 4, 4, length, 64)
+            docs_s, rows_s = measure_rows_speed(shape, dtype, doc_len)
+            docs = "one a row" if doc_len == length else f"{doc_len} positions"
+            out.append([
+                str(length), precision, docs, f"{docs_s * 1e3:.2f} / {rows_s * 1e3:.2f}",
+                f"{docs_s / rows_s:.2f}x",
+            ])  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.attention_rows", description=__doc__)
     ap.add_argument("--lengths", default="128,256,512", help="row lengths, comma-separated")
     ap.add_argument("--precisions", default="bf16,fp32", help="bf16 and/or fp32")
+    ap.add_argument(
+        "--long-lengths", default="1024", help="longer rows to time the attention alone at"
+    )
     ap.add_argument("--steps", type=int, default=24, help="steps a run (default 24)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each path (default 2)")
     ap.add_argument("--out", help="the results file (default bench/results/attention_rows.md)")
@@ -117,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pitstop.probe import cpu_has_bf16
     from pitstop.tiny import build_model_dir
+    from pitstop.train.attention_rows import ROWS_MAX_LEN
 
     precisions = [p for p in args.precisions.split(",") if p == "fp32" or cpu_has_bf16()]
     work = Path(tempfile.mkdtemp(prefix="pitstop-bench-rows-"))
@@ -138,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     table = markdown_table(headers, rows)
     print(table)
+    long_table = markdown_table(
+        ["row length", "precision", "documents", "attention ms: per document / rows", "speedup"],
+        [row for n in args.long_lengths.split(",") if n for row in bench_long(int(n), precisions)],
+    )
+    print(long_table)
     notes = (
         f"- Model: tiny Llama, 4 layers, width 256, 4 heads of 64, vocab 4096; 300 chapters of "
         f"the bundled corpus. Each run: `pitstop train` defaults, {args.steps} steps; the "
@@ -147,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         "separate 1-step run: attention forward+backward at the run's micro-batch. Rows are "
         "picked at 1.10x or more."
     )
-    body = "\n".join([table, "", "Notes:", "", notes])
+    body = "\n".join([
+        table, "",
+        f"Longer rows, which `pitstop train` does not time (over {ROWS_MAX_LEN} positions): the "
+        "attention alone, forward and backward, at micro-batches of 2,048 positions, 4 heads "
+        "of 64, best of 5 (`attention_rows.measure_rows_speed`):", "",
+        long_table, "", "Notes:", "", notes,
+    ])  # fmt: skip
     title = "sdpa_docs on a CPU: a call per document against each row as matrix products"
     path = write_result(
         "attention_rows",

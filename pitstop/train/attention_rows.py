@@ -5,13 +5,13 @@ shape.
 `sdpa_docs` (train/doc_attention.py) runs each document's causal attention alone with
 SDPA's fused CPU kernel (`_scaled_dot_product_flash_attention_for_cpu`). In bf16 that
 kernel pays a large fixed cost per call and per block: on the AMD EPYC development machine
-a forward and backward of 16 rows of 128 positions (4 heads of 64) took 20 ms as one call
-per document and 4 ms as `doc_kernel.row_matmul_attention`, which computes every
-query-key score of a row in one matrix product, masks what the documents rule out, and
-multiplies by the values (transformers' eager attention, under the documents' mask). At
-rows of 512 the two were even, at 1,024 the per-document kernel was 2-3x faster, and in
-fp32 it was as fast or faster at every length (`python -m bench.attention_rows`,
-bench/results/attention_rows.md). So which one is faster depends on the row length, the
+a forward and backward of 8 rows of 128 positions (4 heads of 64) took 5.1 ms as a call per
+document and 1.7 ms as `doc_kernel.row_matmul_attention`, which computes every query-key
+score of a row in one matrix product, masks what the documents rule out, and multiplies by
+the values (transformers' eager attention, under the documents' mask). At rows of 512 the
+rows were still 1.7x faster there; at 1,024 the two were even in bf16 (a whole run 1.00x,
+bench/results/attention_rows-1024.md), and in fp32 the call per document was as fast or
+faster at every length (`python -m bench.attention_rows`, bench/results/attention_rows.md). So which one is faster depends on the row length, the
 precision and the CPU: it is timed, not ruled.
 
 The choice, `attention_rows` in the banner and summary:
@@ -19,7 +19,7 @@ The choice, `attention_rows` in the banner and summary:
 - only for `sdpa_docs` on a CPU, in an eager run (a compiled one calls the per-document
   op, train/doc_op.py, which its compile measurements were taken with), and only for rows
   of at most `ROWS_MAX_LEN` positions: a row's T x T scores are kept for the backward
-  (B x H x T^2 floats a layer), and longer rows were never faster;
+  (B x H x T^2 floats a layer), and at 1,024 the rows no longer gained;
 - timed at the run's micro-batch (rows, heads, key/value heads, row length, head dim) in
   its autocast dtype, forward and backward, interleaved, the rows laid out as the run lays
   them out: packed with documents of the data's median length (`pack`), else one document
