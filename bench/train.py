@@ -79,6 +79,7 @@ def ceiling(cfg, steps: int, summary: dict) -> tuple[list[float], float]:
 
     from pitstop.batching.resolve import loader_for
     from pitstop.data.store import TokenStore
+    from pitstop.train.attention_rows import apply_rows
     from pitstop.train.doc_attention import register
     from pitstop.train.forward import to_device, token_loss_sum
     from pitstop.train.optim import build_optimizer
@@ -95,6 +96,8 @@ def ceiling(cfg, steps: int, summary: dict) -> tuple[list[float], float]:
     model = model.to(dev)
     model.config.use_cache = False
     model.train()
+    # How sdpa_docs computed in pitstop's run (a CPU's rows as matrix products, or not).
+    apply_rows(model, bool(summary["choices"].get("attention_rows", {}).get("value")))
     opt = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, choice=optimizer)
     on_device = [[(to_device(mb, dev, attention), mb["meta"]) for mb in step] for step in batches]
     rates = []
