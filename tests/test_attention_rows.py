@@ -210,3 +210,24 @@ def test_a_run_that_takes_rows_trains_the_same_losses_and_keeps_the_choice_on_re
     assert s["choices"]["attention_rows"]["value"] is True
     assert "kept from this run" in s["choices"]["attention_rows"]["reason"]
     assert resumed == rows  # bit-identical to the run never stopped
+
+
+def test_rows_that_fail_the_start_up_self_check_are_not_used(
+    tiny_model_dir, store, tmp_path, monkeypatch
+) -> None:
+    """Rows whose attention differs from the model's eager attention (here: documents seeing
+    each other) are caught before step 1 and the run keeps the checked per-document call."""
+    monkeypatch.setattr(attention_rows, "TIMING_COST_S", 0.0)
+    monkeypatch.setattr(attention_rows, "measure_rows_speed", lambda *a: (0.03, 0.01))
+
+    def leaky(q, k, v, cu, **kw):
+        b, _, t, _ = q.shape
+        whole = torch.arange(0, b * t + 1, t, dtype=torch.int32)
+        return row_matmul_attention(q, k, v, whole, **kw)
+
+    monkeypatch.setattr(doc_attention, "row_matmul_attention", leaky)
+    s, _ = _run(tiny_model_dir, store, tmp_path / "out", max_steps=2)
+    choice = s["choices"]["attention_rows"]
+    assert choice["value"] is False
+    assert "failed the start-up self-check" in choice["reason"], choice["reason"]
+    assert "DIFFER from the model's eager attention" in choice["reason"]  # caught, not raised

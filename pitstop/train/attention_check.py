@@ -17,6 +17,28 @@ from pitstop.train.doc_attention import KernelMismatch
 from pitstop.train.forward import forward_kwargs, to_device
 
 
+def check_kernel(
+    model: Any,
+    device: torch.device,
+    attention: str,
+    autocast_dtype: torch.dtype | None,
+    precision: str,
+) -> packcheck.PackCheck:
+    """train/packcheck.py's comparison of the model as it computes now (with `attention`)
+    against its eager attention, on one packed micro-batch."""
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+    return packcheck.check_packed_attention(
+        model,
+        forward_kwargs=forward_kwargs,
+        to_device=lambda mb, k: to_device(mb, device, k),
+        device_type=device.type,
+        autocast_dtype=autocast_dtype,
+        precision=precision,
+        attention=attention,
+        vocab_size=vocab,
+    )
+
+
 def packed_attention_check(
     model: Any,
     device: torch.device,
@@ -34,19 +56,9 @@ def packed_attention_check(
     (straight to eager after a KernelMismatch), with a warning naming the failure, and that
     kernel is checked instead. Eager is the model's own attention: if it cannot run,
     nothing can."""
-    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
 
     def check(kernel: str) -> packcheck.PackCheck:
-        return packcheck.check_packed_attention(
-            model,
-            forward_kwargs=forward_kwargs,
-            to_device=lambda mb, k: to_device(mb, device, k),
-            device_type=device.type,
-            autocast_dtype=autocast_dtype,
-            precision=precision,
-            attention=kernel,
-            vocab_size=vocab,
-        )
+        return check_kernel(model, device, kernel, autocast_dtype, precision)
 
     failures: list[str] = []
     chain = [attention] + [k for k in ("sdpa", "eager") if k != attention]

@@ -36,8 +36,10 @@ The choice, `attention_rows` in the banner and summary:
   (choices.json): the two paths add in another order, so a resume that switched would not
   be bit-identical.
 
-Both compute the same attention (each document's causal attention, within the layer's
-sliding window), up to float rounding: tests/test_attention_rows.py checks both against
+Where rows are taken, `pitstop train` runs its start-up self-check again with them
+(train/build.py: `_rows_checked`); rows that do not give the model's eager attention are
+not used. Both compute the same attention (each document's causal attention, within the
+layer's sliding window), up to float rounding: tests/test_attention_rows.py checks both against
 transformers' eager attention on packed rows.
 """
 

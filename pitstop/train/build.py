@@ -54,6 +54,7 @@ from pitstop.train import (
     startup,
 )
 from pitstop.train.compile import compile_module
+from pitstop.train.doc_attention import DOC_ATTENTION
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.forward import TimedMicroBatch, autocast_for, loss_choice
 from pitstop.train.optim import build_optimizer
@@ -409,7 +410,30 @@ def decide_attention_rows(
         )
         choice = attention_rows.decide_rows(request, cache_root(cfg.cache_dir))
     attention_rows.apply_rows(model, bool(choice.value))
+    if choice.value:
+        choice = _rows_checked(model, m, autocast_dtype, choice)
     return choice
+
+
+def _rows_checked(
+    model: Any, m: _Machine, autocast_dtype: torch.dtype | None, choice: Choice
+) -> Choice:
+    """The start-up self-check again with the rows applied (the per-document path was
+    checked at load): rows that do not give the model's eager attention, or fail, are not
+    used, and the choice says why."""
+    try:
+        check = attention_check.check_kernel(
+            model, m.device, DOC_ATTENTION, autocast_dtype, m.precision
+        )
+        problem = None if check.ok else check.summary()
+    except Exception as e:  # an optimisation that cannot run here: the checked path stays
+        problem = f"{type(e).__name__}: {e}"
+    if problem is None:
+        return choice
+    attention_rows.apply_rows(model, False)
+    return Choice(
+        False, f"a call per document: the rows failed the start-up self-check ({problem})"
+    )
 
 
 def _typical_document(settings: BatchSettings | None, length: int, lengths: Any | None) -> int:
