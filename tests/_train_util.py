@@ -106,3 +106,21 @@ def fake_hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
     (repo_dir / "refs" / "main").write_text(rev)
     shutil.copytree(model_dir, repo_dir / "snapshots" / rev)
     return repo_dir / "snapshots" / rev
+
+
+def stopped_run(
+    model: Path, store: Path, out: Path, monkeypatch: Any, *, at_step: int = 2, **over: Any
+) -> Any:
+    """Run `pitstop.train.run` killed after step `at_step` (the fault variable), as a user's
+    Ctrl-C or a lost machine would leave it: the run's choices.json, as read back."""
+    import pytest
+
+    import pitstop.train
+    from pitstop.batching.choices import read_run_choices
+    from pitstop.train.trainer import RunInterrupted
+
+    monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", str(at_step))
+    with pytest.raises(RunInterrupted):
+        pitstop.train.run(train_config(model, store, out, **over))
+    monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
+    return read_run_choices(out)

@@ -178,8 +178,7 @@ def _counting(monkeypatch) -> list[int]:
 def test_a_run_that_takes_rows_trains_the_same_losses_and_keeps_the_choice_on_resume(
     tiny_model_dir, store, tmp_path, monkeypatch
 ) -> None:
-    from pitstop.batching.choices import read_run_choices
-    from pitstop.train.trainer import RunInterrupted
+    from _train_util import stopped_run
 
     calls = _counting(monkeypatch)
     monkeypatch.setattr(attention_rows, "TIMING_COST_S", 0.0)  # every run repays it
@@ -197,11 +196,7 @@ def test_a_run_that_takes_rows_trains_the_same_losses_and_keeps_the_choice_on_re
     assert rows == pytest.approx(docs, rel=1e-5, abs=1e-5)  # the same attention
 
     out = tmp_path / "cut"
-    monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", "2")
-    with pytest.raises(RunInterrupted):
-        _run(tiny_model_dir, store, out, **kw)
-    monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
-    record = read_run_choices(out)
+    record = stopped_run(tiny_model_dir, store, out, monkeypatch, **kw)
     assert record is not None and record.values["attention_rows"] is True
     for f in (tmp_path / "cache").glob("attention_rows-*.json"):
         f.unlink()  # the cache is gone, and the machine now times the documents faster

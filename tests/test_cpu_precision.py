@@ -157,8 +157,7 @@ def test_a_resumed_run_keeps_the_measured_precision_and_continues_exactly(
     """The precision is recorded in choices.json before step 1 and --resume takes it from
     there: a cleared cache, or a machine that now measures fp32 faster, cannot change the
     math halfway, and the continuation is bit-identical to a run never stopped."""
-    from pitstop.batching.choices import read_run_choices
-    from pitstop.train.trainer import RunInterrupted
+    from _train_util import stopped_run
 
     monkeypatch.setattr(probe, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     monkeypatch.setattr(peak, "measure_precision_speed", lambda s: (0.02, 0.01))
@@ -166,11 +165,7 @@ def test_a_resumed_run_keeps_the_measured_precision_and_continues_exactly(
     _, whole = _run(tiny_model_dir, store, tmp_path / "whole", **kw)
 
     out = tmp_path / "cut"
-    monkeypatch.setenv("PITSTOP_TEST_STOP_AT_STEP", "2")
-    with pytest.raises(RunInterrupted):
-        _run(tiny_model_dir, store, out, **kw)
-    monkeypatch.delenv("PITSTOP_TEST_STOP_AT_STEP")
-    record = read_run_choices(out)
+    record = stopped_run(tiny_model_dir, store, out, monkeypatch, **kw)
     assert record is not None and record.values["precision"] == "bf16"
     assert record.measurements["precision"]["bf16_speedup"] == 2
 
