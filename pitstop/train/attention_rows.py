@@ -37,7 +37,7 @@ The choice, `attention_rows` in the banner and summary:
   be bit-identical.
 
 Where rows are taken, `pitstop train` runs its start-up self-check again with them
-(train/build.py: `_rows_checked`); rows that do not give the model's eager attention are
+(`checked_rows`); rows that do not give the model's eager attention are
 not used. Both compute the same attention (each document's causal attention, within the
 layer's sliding window), up to float rounding: tests/test_attention_rows.py checks both against
 transformers' eager attention on packed rows.
@@ -52,13 +52,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+import numpy as np
 import torch
 
 from pitstop.batching.payoff import payoff
+from pitstop.batching.settings import BatchSettings
 from pitstop.core.atomic import write_cache_entry
 from pitstop.core.cache_layout import ATTENTION_ROWS, keyed_cache_path
 from pitstop.measure.peak import cpu_measurement_key, read_cached
 from pitstop.probe import Choice
+from pitstop.train.attention_check import check_kernel
 from pitstop.train.doc_attention import DOC_ATTENTION, ROWS_ATTR
 from pitstop.train.doc_kernel import per_document_sdpa, row_matmul_attention
 
@@ -69,13 +72,16 @@ __all__ = [
     "RowsSpeed",
     "apply_rows",
     "attention_shape",
+    "checked_rows",
     "choose_rows",
     "cpu_rows_speed",
     "decide_rows",
     "measure_rows_speed",
+    "micro_rows",
     "packed_offsets",
     "ruled_rows",
     "scores_bytes",
+    "typical_document",
 ]
 
 ROWS_MAX_LEN = 512
@@ -335,3 +341,44 @@ def apply_rows(model: torch.nn.Module, rows: bool) -> None:
     attention function reads the mark off the layer that calls it)."""
     for module in model.modules():
         setattr(module, ROWS_ATTR, bool(rows))
+
+
+def checked_rows(
+    model: torch.nn.Module,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    precision: str,
+    choice: Choice,
+) -> Choice:
+    """`choice` (rows taken, and applied to `model`) after the start-up self-check has run
+    again with the rows (the per-document call was checked when the model loaded): rows
+    that do not give the model's eager attention, or fail, are taken off again and the
+    choice says why."""
+    try:
+        check = check_kernel(model, device, DOC_ATTENTION, autocast_dtype, precision)
+        problem = None if check.ok else check.summary()
+    except Exception as e:  # an optimisation that cannot run here: the checked path stays
+        problem = f"{type(e).__name__}: {e}"
+    if problem is None:
+        return choice
+    apply_rows(model, False)
+    return Choice(
+        False, f"a call per document: the rows failed the start-up self-check ({problem})"
+    )
+
+
+def typical_document(settings: BatchSettings | None, length: int, lengths: Any | None) -> int:
+    """The documents' median length within a row where rows are packed, else the row length
+    (bucket and pad: one document a row)."""
+    if settings is None or not settings.strategy.packed or lengths is None or not len(lengths):
+        return length
+    return int(min(length, max(1, int(np.median(np.minimum(lengths, length))))))
+
+
+def micro_rows(settings: BatchSettings | None, length: int) -> int:
+    """Rows of a micro-batch: the split's rows, or its positions over the row length."""
+    if settings is None:
+        return 1
+    if settings.micro_batch_size:
+        return settings.micro_batch_size
+    return max(1, (settings.tokens_per_micro_batch or length) // length)

@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 
@@ -54,7 +53,6 @@ from pitstop.train import (
     startup,
 )
 from pitstop.train.compile import compile_module
-from pitstop.train.doc_attention import DOC_ATTENTION
 from pitstop.train.evaluate import EvalSet
 from pitstop.train.forward import TimedMicroBatch, autocast_for, loss_choice
 from pitstop.train.optim import build_optimizer
@@ -401,9 +399,13 @@ def decide_attention_rows(
             device_type=m.device.type,
             attention=str(choices["attention"].value),
             compiled=bool(choices["compile"].value),
-            shape=attention_rows.attention_shape(model, _micro_rows(settings, length), length),
+            shape=attention_rows.attention_shape(
+                model, attention_rows.micro_rows(settings, length), length
+            ),
             dtype=autocast_dtype or torch.float32,
-            doc_len=_typical_document(settings, length, getattr(loader, "lengths", None)),
+            doc_len=attention_rows.typical_document(
+                settings, length, getattr(loader, "lengths", None)
+            ),
             run_s=run_s,
             layers=int(getattr(model.config, "num_hidden_layers", 1) or 1),
             available_bytes=int(psutil.virtual_memory().available),
@@ -411,46 +413,8 @@ def decide_attention_rows(
         choice = attention_rows.decide_rows(request, cache_root(cfg.cache_dir))
     attention_rows.apply_rows(model, bool(choice.value))
     if choice.value:
-        choice = _rows_checked(model, m, autocast_dtype, choice)
+        choice = attention_rows.checked_rows(model, m.device, autocast_dtype, m.precision, choice)
     return choice
-
-
-def _rows_checked(
-    model: Any, m: _Machine, autocast_dtype: torch.dtype | None, choice: Choice
-) -> Choice:
-    """The start-up self-check again with the rows applied (the per-document path was
-    checked at load): rows that do not give the model's eager attention, or fail, are not
-    used, and the choice says why."""
-    try:
-        check = attention_check.check_kernel(
-            model, m.device, DOC_ATTENTION, autocast_dtype, m.precision
-        )
-        problem = None if check.ok else check.summary()
-    except Exception as e:  # an optimisation that cannot run here: the checked path stays
-        problem = f"{type(e).__name__}: {e}"
-    if problem is None:
-        return choice
-    attention_rows.apply_rows(model, False)
-    return Choice(
-        False, f"a call per document: the rows failed the start-up self-check ({problem})"
-    )
-
-
-def _typical_document(settings: BatchSettings | None, length: int, lengths: Any | None) -> int:
-    """The documents' median length within a row where rows are packed, else the row length
-    (bucket and pad: one document a row)."""
-    if settings is None or not settings.strategy.packed or lengths is None or not len(lengths):
-        return length
-    return int(min(length, max(1, int(np.median(np.minimum(lengths, length))))))
-
-
-def _micro_rows(settings: BatchSettings | None, length: int) -> int:
-    """Rows of a micro-batch: the split's rows, or its positions over the row length."""
-    if settings is None:
-        return 1
-    if settings.micro_batch_size:
-        return settings.micro_batch_size
-    return max(1, (settings.tokens_per_micro_batch or length) // length)
 
 
 def _seconds_per_position(cfg: RunConfig, m: _Machine, model: Any) -> float | None:
