@@ -148,6 +148,13 @@ def test_rows_whose_scores_would_crowd_the_memory_are_not_timed(tmp_path, monkey
     assert decide_rows(roomy, tmp_path).value is True
 
 
+def test_a_run_of_several_processes_does_not_time(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(attention_rows, "measure_rows_speed", lambda *a: pytest.fail("timed"))
+    req = RowsRequest("cpu", "sdpa_docs", False, (8, 4, 4, 128, 64), torch.bfloat16, 128, 3600.0)
+    two = decide_rows(RowsRequest(**{**req.__dict__, "processes": 2}), tmp_path)
+    assert two.value is False and "2 processes share this CPU" in two.reason
+
+
 def test_the_real_timing_times_both_paths() -> None:
     speed = cpu_rows_speed(None, (2, 2, 2, 32, 8), torch.float32, 8)
     assert speed.documents_s > 0 and speed.rows_s > 0

@@ -28,6 +28,8 @@ The choice, `attention_rows` in the banner and summary:
   layouts than the median's cannot turn the choice around;
 - never where the rows' scores, kept for the backward, would take over a quarter of the
   host memory available (`ROWS_MEMORY_SHARE`);
+- not timed in a run of several processes (each would time through the others' load,
+  and ranks could decide apart), as for the CPU precision;
 - timed only where the planned run repays the timing (~0.5 s; the rule of
   batching/payoff.py, as for every first-run measurement): a short run keeps the
   per-document call and says so;
@@ -295,6 +297,7 @@ class RowsRequest:
     run_s: float | None  # the planned run's estimated seconds (None: no estimate)
     layers: int = 1  # attention layers, each keeping its scores for the backward
     available_bytes: int | None = None  # host memory available (None: not known)
+    processes: int = 1  # training processes on this machine (torchrun, --nproc)
 
 
 def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
@@ -310,6 +313,14 @@ def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
     }
     if ruled_rows(**what) is not None or req.shape is None:
         return choose_rows(**what, measured=None, unmeasured="the model's heads are unknown")
+    if req.processes > 1:
+        # As for the CPU precision: processes timing side by side on one CPU read each
+        # other's load, and ranks that decided apart would round apart.
+        return Choice(
+            False,
+            f"a call per document (not timed: {req.processes} processes share this CPU, and "
+            "each would time the paths through the others' load)",
+        )
     kept, free = scores_bytes(req.shape, req.layers), req.available_bytes
     if free is not None and kept > ROWS_MEMORY_SHARE * free:
         return Choice(

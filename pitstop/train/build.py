@@ -409,6 +409,7 @@ def decide_attention_rows(
             run_s=run_s,
             layers=int(getattr(model.config, "num_hidden_layers", 1) or 1),
             available_bytes=int(psutil.virtual_memory().available),
+            processes=m.env.world_size,
         )
         choice = attention_rows.decide_rows(request, cache_root(cfg.cache_dir))
     attention_rows.apply_rows(model, bool(choice.value))
