@@ -5,14 +5,15 @@ shape.
 `sdpa_docs` (train/doc_attention.py) runs each document's causal attention alone with
 SDPA's fused CPU kernel (`_scaled_dot_product_flash_attention_for_cpu`). In bf16 that
 kernel pays a large fixed cost per call and per block: on the AMD EPYC development machine
-a forward and backward of 8 rows of 128 positions (4 heads of 64) took 5.1 ms as a call per
-document and 1.7 ms as `doc_kernel.row_matmul_attention`, which computes every query-key
+a forward and backward of 8 rows of 128 positions (4 heads of 64) took 5.2 ms as a call per
+document and 1.6 ms as `doc_kernel.row_matmul_attention`, which computes every query-key
 score of a row in one matrix product, masks what the documents rule out, and multiplies by
 the values (transformers' eager attention, under the documents' mask). At rows of 512 the
-rows were still 1.7x faster there; at 1,024 the two were even in bf16 (a whole run 1.00x,
-bench/results/attention_rows-1024.md), and in fp32 the call per document was as fast or
-faster at every length (`python -m bench.attention_rows`, bench/results/attention_rows.md). So which one is faster depends on the row length, the
-precision and the CPU: it is timed, not ruled.
+rows were still 1.7x faster there; in fp32 the call per document was as fast or faster at
+every length (`python -m bench.attention_rows`, bench/results/attention_rows.md); at 1,024
+the two were even in bf16 (a whole run 1.00x, bench/results/attention_rows-1024.md). So
+which one is faster depends on the row length, the precision and the CPU: it is timed, not
+ruled.
 
 The choice, `attention_rows` in the banner and summary:
 
@@ -39,10 +40,11 @@ The choice, `attention_rows` in the banner and summary:
   be bit-identical.
 
 Where rows are taken, `pitstop train` runs its start-up self-check again with them
-(`checked_rows`); rows that do not give the model's eager attention are
-not used. Both compute the same attention (each document's causal attention, within the
-layer's sliding window), up to float rounding: tests/test_attention_rows.py checks both against
-transformers' eager attention on packed rows.
+(`checked_rows`); rows that do not give the model's eager attention are not used. Both
+compute the same attention (each document's causal attention, within the layer's sliding
+window), up to float rounding: tests/test_attention_families.py runs every family's model
+both ways against its eager attention, tests/test_attention_rows.py the two paths against
+each other in bf16.
 """
 
 from __future__ import annotations
@@ -92,11 +94,11 @@ ROWS_MIN_GAIN = 1.1
 # and the smallest gain on the run it could act on: attention is about a third of a CPU step
 # (bench/results/op_shares-bf16.md) and rows are taken at ROWS_MIN_GAIN.
 TIMING_COST_S = 0.5
+TIMING_GAIN = 0.03
 # The row products keep each layer's scores for the backward: never more than this share of
 # the host memory available at start-up.
 ROWS_MEMORY_SHARE = 0.25
 _SCORE_BYTES = 4 + 2 + 1  # fp32 softmax output, its bf16 copy, the bool mask
-TIMING_GAIN = 0.03
 _REPEATS = 5
 _SAMPLE_S = 0.03  # each timed sample lasts at least this long
 
