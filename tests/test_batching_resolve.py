@@ -183,3 +183,9 @@ def test_a_cpu_run_splits_short_rows_in_larger_micro_batches(
         assert shape.settings.tokens_per_micro_batch == 16 * 64
         assert shape.choices["micro_batch"].value == "16 rows"
         assert "short rows run small, slow kernels" in shape.choices["micro_batch"].reason
+
+
+def test_a_micro_batch_in_rows_or_in_positions_reads_as_rows() -> None:
+    rows = BatchSettings("pack", 256, 4096, micro_batch_size=8)
+    positions = BatchSettings("bucket", 256, 4096, tokens_per_micro_batch=1024)
+    assert (rows.micro_rows, positions.micro_rows) == (8, 4)

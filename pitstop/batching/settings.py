@@ -54,6 +54,14 @@ class BatchSettings:
         whole = self.strategy.step_in_whole_rows
         return self.tokens_per_step // self.max_seq_len if whole else None
 
+    @property
+    def micro_rows(self) -> int:
+        """Rows of a micro-batch: `micro_batch_size`, else its positions over the row length
+        (at least one)."""
+        if self.micro_batch_size:
+            return self.micro_batch_size
+        return max(1, (self.tokens_per_micro_batch or self.max_seq_len) // self.max_seq_len)
+
     @classmethod
     def from_config(
         cls, cfg: RunConfig, *, world_size: int = 1, strategy: Layout | str | None = None

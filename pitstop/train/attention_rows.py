@@ -81,7 +81,6 @@ __all__ = [
     "cpu_rows_speed",
     "decide_rows",
     "measure_rows_speed",
-    "micro_rows",
     "packed_offsets",
     "ruled_rows",
     "scores_bytes",
@@ -253,24 +252,9 @@ def ruled_rows(*, device_type: str, attention: str, compiled: bool, length: int)
     return None
 
 
-def choose_rows(
-    *,
-    device_type: str,
-    attention: str,
-    compiled: bool,
-    length: int,
-    measured: RowsSpeed | None,
-    unmeasured: str = "",
-) -> Choice:
+def choose_rows(measured: RowsSpeed) -> Choice:
     """Whether `sdpa_docs` computes each row as matrix products (True) or calls its fused
-    kernel per document (False), and why (`unmeasured`: why nothing was timed)."""
-    ruled = ruled_rows(
-        device_type=device_type, attention=attention, compiled=compiled, length=length
-    )
-    if ruled is not None:
-        return ruled
-    if measured is None:
-        return Choice(False, f"a call per document ({unmeasured or 'not timed'})")
+    kernel per document (False), from the two paths' timing, and why."""
     if measured.gain >= ROWS_MIN_GAIN:
         return Choice(
             True,
@@ -306,15 +290,16 @@ def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
     """The choice for a run: by rule where nothing needs timing, else from the cache, else
     timed where the planned run repays the timing (batching/payoff.py's rule), else the
     per-document call, with the reason."""
-    length = req.shape[3] if req.shape is not None else 0
-    what = {
-        "device_type": req.device_type,
-        "attention": req.attention,
-        "compiled": req.compiled,
-        "length": length,
-    }
-    if ruled_rows(**what) is not None or req.shape is None:
-        return choose_rows(**what, measured=None, unmeasured="the model's heads are unknown")
+    ruled = ruled_rows(
+        device_type=req.device_type,
+        attention=req.attention,
+        compiled=req.compiled,
+        length=req.shape[3] if req.shape is not None else 0,
+    )
+    if ruled is not None:
+        return ruled
+    if req.shape is None:
+        return Choice(False, "a call per document (not timed: the model's heads are unknown)")
     if req.processes > 1:
         # As for the CPU precision: processes timing side by side on one CPU read each
         # other's load, and ranks that decided apart would round apart.
@@ -338,7 +323,7 @@ def decide_rows(req: RowsRequest, cache_dir: str | Path | None) -> Choice:
         # even once a longer run has cached a timing that would decide otherwise.
         why = "not timed: " + weighed.describe("timing the two paths")
         return Choice(False, f"a call per document ({why})", {"timing": weighed.to_dict()})
-    return choose_rows(**what, measured=measured)
+    return choose_rows(measured)
 
 
 def scores_bytes(shape: Shape, layers: int) -> int:
@@ -386,12 +371,3 @@ def typical_document(settings: BatchSettings | None, length: int, lengths: Any |
     if settings is None or not settings.strategy.packed or lengths is None or not len(lengths):
         return length
     return int(min(length, max(1, int(np.median(np.minimum(lengths, length))))))
-
-
-def micro_rows(settings: BatchSettings | None, length: int) -> int:
-    """Rows of a micro-batch: the split's rows, or its positions over the row length."""
-    if settings is None:
-        return 1
-    if settings.micro_batch_size:
-        return settings.micro_batch_size
-    return max(1, (settings.tokens_per_micro_batch or length) // length)

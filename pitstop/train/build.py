@@ -156,8 +156,9 @@ def build_run(
     flops, peak_flops, peak_source, wrapped, forward_model, compile_timing = plan_compute(
         cfg, m, model, geometry, total_steps, choices, faults, loader.settings
     )
+    run_s = estimated_run_s(total_steps, geometry, flops, peak_flops)
     choices["attention_rows"] = decide_attention_rows(
-        cfg, m, model, loader, choices, out, autocast_dtype, total_steps, flops, peak_flops
+        cfg, m, model, loader, choices, out, autocast_dtype, run_s
     )
     geometry.measured = _with_run_choices(geometry.measured, choices, m.dev)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -380,27 +381,21 @@ def decide_attention_rows(
     choices: dict[str, Choice],
     out: Path | None,
     autocast_dtype: torch.dtype | None,
-    total_steps: int,
-    flops: cost_model.FlopsModel,
-    peak_flops: float | None,
+    run_s: float | None,
 ) -> Choice:
     """How `sdpa_docs` computes on this CPU (train/attention_rows.py): kept by a resumed run,
-    else decided at the run's micro-batch, weighed against the estimated run; applied to
-    the model."""
+    else decided at the run's micro-batch, weighed against the estimated run (`run_s`);
+    applied to the model."""
     choice = precision_record.kept_choice(cfg, out, "attention_rows")
     if choice is None:
         settings = loader.settings
         length = settings.max_seq_len if settings is not None else cfg.max_seq_len
-        tokens = settings.tokens_per_step if settings is not None else 0
-        run_s = probe.estimated_run_seconds(
-            total_steps, tokens, flops.per_token(length), peak_flops
-        )
         request = attention_rows.RowsRequest(
             device_type=m.device.type,
             attention=str(choices["attention"].value),
             compiled=bool(choices["compile"].value),
             shape=attention_rows.attention_shape(
-                model, attention_rows.micro_rows(settings, length), length
+                model, settings.micro_rows if settings is not None else 1, length
             ),
             dtype=autocast_dtype or torch.float32,
             doc_len=attention_rows.typical_document(
@@ -426,6 +421,15 @@ def _seconds_per_position(cfg: RunConfig, m: _Machine, model: Any) -> float | No
     return seconds_per_position(flops, peak, probe.ASSUMED_MFU_FOR_ESTIMATE)
 
 
+def estimated_run_s(
+    total_steps: int, geometry: data.Geometry, flops: cost_model.FlopsModel, peak: float | None
+) -> float | None:
+    """The planned run's estimated seconds (`probe.estimated_run_seconds`) that compile and
+    the attention rows' timing are weighed against."""
+    per_token = flops.per_token(geometry.flops_seq_len)
+    return probe.estimated_run_seconds(total_steps, geometry.tokens_per_step, per_token, peak)
+
+
 def plan_compute(
     cfg: RunConfig,
     m: _Machine,
@@ -443,13 +447,10 @@ def plan_compute(
     (train/compile_record.py)."""
     device = m.dev
     flops = cost_model.flops_model(model)
-    flops_per_token = flops.per_token(geometry.flops_seq_len)
     peak_flops, peak_source = device_peak(
         device, m.precision, bool(m.tf32.value), cache_root(cfg.cache_dir)
     )
-    est = probe.estimated_run_seconds(
-        total_steps, geometry.tokens_per_step, flops_per_token, peak_flops
-    )
+    est = estimated_run_s(total_steps, geometry, flops, peak_flops)
     wrapped, choices["strategy"] = distributed.wrap(model, cfg, m.env, precision=m.precision)
     key = compile_record.speed_key(
         cfg,

@@ -298,7 +298,7 @@ def row_matmul_attention(
     It computes T x T scores a row where the per-document path computes the sum of each
     document's squared length, but as two large matrix products instead of a fused-kernel
     call per document: on a CPU in bf16 at short rows that is several times faster
-    (train/attention_path.py measures it per run and shape)."""
+    (train/attention_rows.py times it per run and shape)."""
     B, H, T, D = query.shape
     spans = doc_spans(cu_seqlens, B, T, window)
     allowed = _document_mask(spans, B, T, window, query.device)[:, None]  # [B, 1, T, T]

@@ -153,8 +153,9 @@ def settings_from_choices(cfg: RunConfig, choices: dict[str, Any]) -> Settings:
     elif decided.endswith(" rows") and decided.split()[0].isdigit():
         rows = int(decided.split()[0])
     else:
-        bs = BatchSettings.from_config(cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE)
-        rows = max(1, (bs.tokens_per_micro_batch or msl) // msl)
+        rows = BatchSettings.from_config(
+            cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE
+        ).micro_rows
     return Settings(
         batching=str(val("batching", cfg.batching)),
         micro_rows=int(rows),
