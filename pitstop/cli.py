@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from pitstop.commands import (
     compare,
@@ -111,7 +112,12 @@ def entry() -> None:
     while it writes the report. Everything a rank writes is closed or flushed before
     `main` returns; garbage is collected first so loader workers are shut down as usual.
     """
-    rc = main()
+    leave(main())
+
+
+def leave(rc: int) -> NoReturn:
+    """Exit with `rc`; a torchrun worker without the interpreter's teardown (`entry`'s
+    docstring says why), once garbage is collected and its streams are flushed."""
     if "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         import gc
         import logging
