@@ -189,3 +189,16 @@ def test_a_micro_batch_in_rows_or_in_positions_reads_as_rows() -> None:
     rows = BatchSettings("pack", 256, 4096, micro_batch_size=8)
     positions = BatchSettings("bucket", 256, 4096, tokens_per_micro_batch=1024)
     assert (rows.micro_rows, positions.micro_rows) == (8, 4)
+
+
+def test_a_recorded_micro_batch_value_reads_back_as_its_rows() -> None:
+    """The "micro_batch" choice's value is written in one place and read by the tuner's
+    baseline and `estimate --from-profile`: what is written reads back; nothing else does."""
+    from pitstop.batching.resolve import halve
+    from pitstop.batching.settings import rows_value, value_rows
+
+    assert value_rows(rows_value(16)) == 16
+    halved = halve(BatchSettings("pack", 256, 4096, tokens_per_micro_batch=2048))
+    assert halved is not None and value_rows(halved[1]) == 4
+    for other in ("default", "0 rows", "-2 rows", "8 rows of 256", "eight rows", None, 8, ""):
+        assert value_rows(other) is None

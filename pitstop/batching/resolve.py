@@ -30,7 +30,7 @@ from pitstop.batching.choices import NOT_MEASURED, MeasureResult
 from pitstop.batching.loader import LoaderOptions, MicroBatchLoader
 from pitstop.batching.microsize import largest_predicted, modelled_rows, sizing_payoff
 from pitstop.batching.records import MicroBatch
-from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings
+from pitstop.batching.settings import DEFAULT_MICRO_ROWS, BatchSettings, rows_value
 from pitstop.catalog.layouts import ANY_STEP_SIZE, Layout
 from pitstop.core import log
 from pitstop.core.cache_layout import cache_root
@@ -160,14 +160,14 @@ def resolve_batch_shape(req: BatchRequest) -> BatchShape:
             rows, micro_mc = None, None
             why = f"sizing to the device failed ({type(e).__name__}: {e}); the default split"
             log.warning(f"pitstop: warning: {why}")
-        choices["micro_batch"] = Choice(f"{rows} rows" if rows else "default", why)
+        choices["micro_batch"] = Choice(rows_value(rows) if rows else "default", why)
     elif sizer is not None and not_sized != "set":
         choices["micro_batch"] = Choice("default", f"not sized to the device: {not_sized}")
     elif req.device_type == "cpu" and micro_sizing_applies(cfg, world_size) is None:
         rows = cpu_micro_rows(max_rows_per_rank(cfg, world_size), cfg.max_seq_len)
         if rows is not None:
             choices["micro_batch"] = Choice(
-                f"{rows} rows",
+                rows_value(rows),
                 f"CPU: {rows} rows of {cfg.max_seq_len} ({rows * cfg.max_seq_len:,} positions) a "
                 f"micro-batch, not {DEFAULT_MICRO_ROWS}: short rows run small, slow kernels",
             )
@@ -213,12 +213,12 @@ def halve(settings: BatchSettings) -> tuple[BatchSettings, str] | None:
         if settings.micro_batch_size <= 1:
             return None
         rows = settings.micro_batch_size // 2
-        return dataclasses.replace(settings, micro_batch_size=rows), f"{rows} rows"
+        return dataclasses.replace(settings, micro_batch_size=rows), rows_value(rows)
     budget = settings.tokens_per_micro_batch or msl
     if budget // 2 < msl:
         return None
     half = budget // 2 // msl * msl  # whole rows of max_seq_len
-    return dataclasses.replace(settings, tokens_per_micro_batch=half), f"{half // msl} rows"
+    return dataclasses.replace(settings, tokens_per_micro_batch=half), rows_value(half // msl)
 
 
 def loader_options(cfg: RunConfig) -> LoaderOptions:

@@ -22,6 +22,21 @@ DEFAULT_ROWS_PER_STEP = 8
 DEFAULT_MICRO_ROWS = 2
 
 
+def rows_value(rows: int) -> str:
+    """The recorded value of a decided micro-batch ("8 rows"): summary.json's
+    `choices.micro_batch.value`, which `value_rows` reads back."""
+    return f"{rows} rows"
+
+
+def value_rows(value: object) -> int | None:
+    """The rows a recorded `micro_batch` value names ("8 rows" -> 8); None for "default",
+    an absent value or anything else."""
+    words = str(value).split() if isinstance(value, str) else []
+    if len(words) == 2 and words[1] == "rows" and words[0].isdigit() and int(words[0]) > 0:
+        return int(words[0])
+    return None
+
+
 @dataclass(frozen=True)
 class BatchSettings:
     """Plan-defining numbers (strategy, max_seq_len, tokens_per_step) plus the micro-batch split.

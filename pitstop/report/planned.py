@@ -9,12 +9,12 @@ data default to the run's own, read from its summary.json (`run_defaults`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict
 
+from pitstop.batching.settings import value_rows
 from pitstop.core import run_record
 from pitstop.core.errors import ConfigError, DataError
 from pitstop.core.hub import model_dir
@@ -139,8 +139,7 @@ def profile_settings(profile: Measured | None) -> PlanSettings:
         rows = max(1, int(cfg["tokens_per_micro_batch"]) // int(seq))
     if not rows:  # pitstop's auto micro-batch: the choice the run recorded ("2 rows")
         got = (profile.choices if profile else {}).get("micro_batch") or {}
-        m = re.match(r"(\d+) rows", str(got.get("value", "")) if isinstance(got, dict) else "")
-        rows = int(m.group(1)) if m else None
+        rows = value_rows(got.get("value")) if isinstance(got, dict) else None
     if isinstance(rows, int) and rows > 0:
         out["micro_batch_size"] = rows
     if isinstance(cfg.get("lora_r"), int):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop import probe
-from pitstop.batching.settings import BatchSettings
+from pitstop.batching.settings import BatchSettings, value_rows
 from pitstop.catalog.layouts import ANY_STEP_SIZE, worth_timing
 from pitstop.core.config import RunConfig
 
@@ -145,13 +145,13 @@ def settings_from_choices(cfg: RunConfig, choices: dict[str, Any]) -> Settings:
     # The split the run decided (sized to a GPU, or a CPU's larger default for short rows:
     # batching/resolve.py) is its "micro_batch" choice, "N rows"; "default" or absent: the
     # config's own.
-    decided = str(val("micro_batch", ""))
+    decided = value_rows(val("micro_batch", None))
     if cfg.tokens_per_micro_batch is not None:
         rows = max(1, cfg.tokens_per_micro_batch // msl)
     elif cfg.micro_batch_size is not None:
         rows = cfg.micro_batch_size
-    elif decided.endswith(" rows") and decided.split()[0].isdigit():
-        rows = int(decided.split()[0])
+    elif decided is not None:
+        rows = decided
     else:
         rows = BatchSettings.from_config(
             cfg, world_size=cfg.nproc, strategy=ANY_STEP_SIZE
