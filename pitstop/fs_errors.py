@@ -1,7 +1,7 @@
 """File-system faults as errors a user can act on: the path, the errno, and what is safe.
 
-A full disk, a file-size limit, a read-only or vanished directory, or a permission
-problem can strike anywhere in `prepare`, `train` or `report`; without this each
+A full disk, a file-size limit, a read-only or vanished directory, a permission
+problem, or a file where a directory must be (a `--cache-dir` naming a file) can strike anywhere in `prepare`, `train` or `report`; without this each
 surfaced as a traceback (or several chained ones) naming a Python function.
 `file_errors()` wraps a command: an `OSError` of that kind becomes a `FileSystemError`
 that names the path (or, where the OS gives none, as for a `write()` on a full disk,
@@ -33,6 +33,10 @@ HANDLED = {
     # A file-size limit (`ulimit -f`; Python ignores the SIGXFSZ that would kill the
     # process) or the file system's largest file: the disk is not full, the file is.
     errno.EFBIG: "the file is larger than this process may write",
+    # A file where a directory must be made (`--cache-dir FILE`, $PITSTOP_CACHE_DIR set to
+    # a file), or a file standing in a path's middle (`--cache-dir FILE/sub`).
+    errno.EEXIST: "a file stands where a directory is needed",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
 }
 FIXES = {
     errno.ENOSPC: "free space on that disk (or point the command elsewhere)",
@@ -45,6 +49,8 @@ FIXES = {
         "raise the file-size limit (`ulimit -f`; `ulimit -f unlimited` lifts it) or write "
         "to a file system that holds larger files"
     ),
+    errno.EEXIST: "give a directory there (move the file away, or point the flag elsewhere)",
+    errno.ENOTDIR: "give a path whose every part is a directory (or move the file away)",
 }
 
 
@@ -165,6 +171,6 @@ def safe_note(command: str, output: str | None, cache: str | None) -> str:
         if ckpts:
             return f"The newest complete checkpoint is {ckpts[-1][1]}: rerun with --resume to continue from it"
         if not os.path.isdir(output):
-            return f"The run directory {output} is gone: nothing of this run survives; start again"
+            return f"No run directory {output} exists: nothing of this run survives; start again"
         return f"No complete checkpoint exists in {output}: a rerun starts from the beginning"
     return ""

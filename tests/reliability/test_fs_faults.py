@@ -113,6 +113,23 @@ def test_run_directory_deleted_mid_run(tiny_model_dir, rel_store, tmp_path):
     assert "ENOENT" in err and "nothing of this run survives" in err, err
 
 
+@pytest.mark.parametrize("under", [False, True])
+def test_a_cache_dir_that_is_a_file(tiny_model_dir, tmp_path, under):
+    """`--cache-dir FILE` (or FILE/sub): one error naming the file, the file untouched."""
+    afile = tmp_path / "afile.txt"
+    afile.write_text("mine")
+    data = _dataset(tmp_path / "d.jsonl", 4)
+    cache = afile / "sub" if under else afile
+    r = subprocess.run(_prepare(tiny_model_dir, data, cache), env=env(), capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stderr[-3000:]
+    no_traceback(r.stderr)
+    err = " ".join(r.stderr.split())
+    what = "a part of the path is a file, not a directory (ENOTDIR" if under else "(EEXIST"
+    assert f"{cache}: " in err and what in err, err
+    assert "Nothing was added to the cache" in err and afile.read_text() == "mine"
+
+
 def test_handler_names_path_errno_and_what_is_safe(tmp_path):
     with pytest.raises(FileSystemError) as e, file_errors(tmp_path, lambda: "Nothing was lost"):
         raise OSError(errno.ENOSPC, "No space left on device")  # write() gives no path
