@@ -20,8 +20,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pitstop.advise.setup import UNKNOWN, Setup
 from pitstop.catalog.layouts import Layout
 from pitstop.core.config_ranges import MAX_COUNT
@@ -164,9 +162,8 @@ def load_hf_args(path: str | Path) -> dict[str, Any]:
         else:
             # YAML is a superset of JSON, so .yaml/.yml/other; bounded against alias bombs
             data = parse_yaml(text, f"--hf-args {p}")
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
-        raise ConfigError(f"--hf-args {p}: not valid {kind} ({e}); fix the syntax") from None
+    except json.JSONDecodeError as e:  # parse_yaml raises a ConfigError of its own
+        raise ConfigError(f"--hf-args {p}: not valid JSON ({e}); fix the syntax") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

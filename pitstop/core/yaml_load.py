@@ -74,7 +74,16 @@ def parse_yaml(text: str, where: str) -> Any:
             f"{where}: {'; '.join(twice)}; YAML would keep only the last value silently: "
             "delete the one you did not mean"
         )
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:  # composed, but not constructed: a tag (`!custom`, `!!python/…`)
+        mark = getattr(e, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or " ".join(str(e).split())[:300]
+        raise ConfigError(
+            f"{where}{line}: {problem}; a file of options holds plain values (numbers, "
+            "strings, lists, mappings): remove the tag"
+        ) from None
 
 
 def duplicate_keys(root: yaml.Node) -> list[str]:
