@@ -498,6 +498,29 @@ def test_model_dir_with_only_pickled_weights_is_refused(tiny_model_dir, tmp_path
         check_model_dir(d, trust_remote_code=False)
 
 
+@pytest.mark.parametrize("size", [0, 1000, 200_000])
+def test_a_damaged_weights_file_in_model_is_named(tiny_model_dir, tmp_path, size):
+    """model.safetensors cut short (a failed download or copy): one ConfigError naming
+    --model and what to do, not safetensors' own exception."""
+    import shutil
+    from types import SimpleNamespace
+
+    from pitstop import probe
+    from pitstop.probe import DeviceInfo
+    from pitstop.train import model_io
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    with open(d / "model.safetensors", "r+b") as f:
+        f.truncate(size)
+    cfg = SimpleNamespace(model=str(d), trust_remote_code=False, lora_r=None,
+                          load_in_4bit=False, gradient_checkpointing=False, attention="sdpa")  # fmt: skip
+    dev = DeviceInfo("cpu", "test cpu", cpu_count=2)
+    with pytest.raises(ConfigError, match=rf"--model {d}: a weights file is damaged") as e:
+        model_io.load_model(cfg, dev, "fp32", probe.choose_attention("sdpa", dev, "fp32"))
+    assert "download or save the model again" in e.value.render()
+
+
 def test_custom_architecture_needs_trust_remote_code(tiny_model_dir, tmp_path):
     import shutil
 

@@ -134,6 +134,7 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
 
 def _from_pretrained(model_dir: Path, attn: str, kwargs: dict[str, Any]) -> Any:
     """AutoModelForCausalLM.from_pretrained, with the errors a user can act on as ConfigError."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     if attn == DOC_ATTENTION:
@@ -148,6 +149,11 @@ def _from_pretrained(model_dir: Path, attn: str, kwargs: dict[str, Any]) -> Any:
         if "safetensors" in str(e):
             raise ConfigError(_no_safetensors_problem(model_dir)) from None
         raise
+    except SafetensorError as e:  # a weights file cut short or overwritten (a failed copy)
+        raise ConfigError(
+            f"--model {model_dir}: a weights file is damaged and cannot be read as safetensors "
+            f"({e}); download or save the model again"
+        ) from None
 
 
 def _four_bit_config(dev: DeviceInfo, precision: str) -> Any:
