@@ -99,8 +99,40 @@ def test_values_that_are_not_sizes_read_as_absent() -> None:
     )
     assert c.hidden_size is None and c.num_hidden_layers is None and c.vocab_size is None
     assert c.head_dim == 16  # a whole float is a size
-    with pytest.raises(DataError, match="no num_hidden_layers, hidden_size, intermediate_size"):
+    # A number that is no size is named with its value, not reported as absent.
+    assert c.size_problems() == ["num_hidden_layers is 0, not a whole number above 0"]
+    with pytest.raises(DataError, match="num_hidden_layers is 0, not a whole number above 0"):
         shape_from_config(c)
+    with pytest.raises(DataError, match="no num_hidden_layers, hidden_size, intermediate_size"):
+        shape_from_config(ModelConfig.from_mapping({"num_attention_heads": 4}))
+    # What real configs hold: a window of 0 or null (none), a size per layer (Gemma 3n).
+    for fine in ({"sliding_window": 0}, {"sliding_window": None}, {"intermediate_size": [8, 8]}):
+        assert ModelConfig.from_mapping({**LLAMA, **fine}).size_problems() == []
+    half = ModelConfig.from_mapping({**LLAMA, "text_config": {"hidden_size": 63.5}})
+    assert half.size_problems() == ["hidden_size is 63.5, not a whole number above 0"]
+
+
+def test_a_config_with_an_impossible_size_is_refused_by_every_command(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """hidden_size -64: train refused it with torch's "negative dimension" RuntimeError,
+    estimate called it absent and the doctor found nothing. Now each names it."""
+    import shutil
+
+    from pitstop.core.errors import ConfigError
+    from pitstop.train.model_io import check_model_dir
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "hidden_size": -64}))
+    said = "hidden_size is -64, not a whole number above 0"
+    with pytest.raises(ConfigError, match=f"--model {d}: its config.json's {said}"):
+        check_model_dir(d, trust_remote_code=False)
+    with pytest.raises(DataError, match=said):
+        shape_from_model_dir(d)
+    with pytest.raises(DataError, match=said):
+        model_facts(d)
 
 
 def test_dtype_and_tie_and_remote_code() -> None:

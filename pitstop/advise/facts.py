@@ -86,6 +86,9 @@ def model_facts(model_dir: str | Path | None) -> ModelFacts | None:
     cfg = ModelConfig.read_optional(d)
     if cfg is None:
         return None
+    bad = cfg.size_problems()
+    if bad:  # the doctor would judge a model that cannot be built: say what is wrong instead
+        raise DataError(f"--model {d}: its config.json's {'; '.join(bad)}; fix config.json")
     layers = cfg.num_hidden_layers or 0
     width = cfg.hidden_size or 0
     vocab = cfg.vocab_size or 0

@@ -182,6 +182,22 @@ class ModelConfig:
             return self.hidden_size // self.num_attention_heads
         return None
 
+    def size_problems(self) -> list[str]:
+        """ "hidden_size is -64" for each size the config gives as a number that is not a
+        whole one above 0: a model built from it fails deep inside torch. Other kinds of
+        value are left to the architecture (Gemma 3n lists a size per layer), and so is a
+        sliding window of 0 (Qwen2-MoE's default: none)."""
+        nested = self.raw.get("text_config")
+        out = []
+        for scope in (nested if isinstance(nested, Mapping) else {}, self.raw):
+            for field_name, names in _SIZE_NAMES.items():
+                for name in names:
+                    value = scope.get(name)
+                    number = isinstance(value, int | float) and not isinstance(value, bool)
+                    if number and field_name != "sliding_window" and _whole(value) is None:
+                        out.append(f"{name} is {json.dumps(value)}")
+        return [f"{p}, not a whole number above 0" for p in dict.fromkeys(out)]
+
     @property
     def learned_positions(self) -> bool:
         """Whether positions are a learned table (a longer row indexes past it)."""

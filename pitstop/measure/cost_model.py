@@ -213,6 +213,9 @@ def shape_from_config(
         "heads": ("num_attention_heads", cfg.num_attention_heads),
         "vocab": ("vocab_size", cfg.vocab_size),
     }
+    bad = cfg.size_problems()
+    if bad:
+        raise DataError(f"{cfg.source}: {'; '.join(bad)}; fix the config")
     missing = [name for name, value in need.values() if value is None]
     if missing:
         raise DataError(

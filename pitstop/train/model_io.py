@@ -116,6 +116,12 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool) -> Path:
         config = ModelConfig.read(model_dir)
     except ModelConfigError as e:
         raise ConfigError(f"--model {model_dir}: {e}") from None
+    bad = config.size_problems()
+    if bad:
+        raise ConfigError(
+            f"--model {model_dir}: its config.json's {'; '.join(bad)}; fix config.json "
+            "(or download the model again)"
+        )
     model_type = config.model_type
     from transformers import CONFIG_MAPPING
 
