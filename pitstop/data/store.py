@@ -225,8 +225,9 @@ class TokenStore:
             p = self.path / name
             actual = p.stat().st_size if p.is_file() else None
             if actual != size:
+                has = "is missing" if actual is None else f"has {actual:,} bytes"
                 raise DataError(
-                    f"{p} has {actual} bytes, the manifest says {size}: the store is incomplete "
+                    f"{p} {has}, the manifest says {size:,} bytes: the store is incomplete "
                     f"or damaged; delete {self.path} and prepare again"
                 )
         self._check: _BackgroundCheck | None = None

@@ -49,6 +49,20 @@ def test_in_range_damage_is_refused_by_name(store, name):
         TokenStore(store)
 
 
+@pytest.mark.parametrize("cut", [None, 3])
+def test_a_missing_or_cut_file_is_refused_by_name(store, cut):
+    """A file gone ("mask.bin has None bytes" before) or cut short: said in words."""
+    p = store / "mask.bin"
+    size = p.stat().st_size
+    if cut is None:
+        p.unlink()
+    else:
+        os.truncate(p, cut)
+    has = "is missing" if cut is None else f"has {cut} bytes"
+    with pytest.raises(DataError, match=rf"mask\.bin {has}, the manifest says {size:,} bytes"):
+        TokenStore(store)
+
+
 def test_old_store_without_the_new_fields_opens_and_is_scanned(store):
     m = json.loads((store / "manifest.json").read_text())
     true_max = m.pop("max_token_id")
