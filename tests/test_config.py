@@ -108,6 +108,8 @@ def test_every_field_is_documented() -> None:
 def test_bad_yaml_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory"):
+        load_yaml(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):

@@ -152,8 +152,9 @@ def load_hf_args(path: str | Path) -> dict[str, Any]:
     """Read a JSON or YAML mapping of TrainingArguments / SFTConfig fields."""
     p = Path(path)
     if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
         raise ConfigError(
-            f"--hf-args {p} does not exist; give a JSON or YAML file of TrainingArguments fields"
+            f"--hf-args {p} {what}; give a JSON or YAML file of TrainingArguments fields"
         )
     text = p.read_text(encoding="utf-8", errors="replace")
     try:

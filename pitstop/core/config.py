@@ -330,7 +330,8 @@ def _key_hint(key: str) -> str:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist; give the path of a YAML file")
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"config file {p} {what}; give the path of a YAML file")
     data = read_yaml(p, str(p))  # bounded: an alias bomb is refused, never expanded
     if data is None:
         return {}

@@ -9,6 +9,7 @@ loader workers on 2 CPU cores"); they are refused with every field named. Real
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -75,3 +76,10 @@ def test_real_to_dict_output_reads() -> None:
         args = TrainingArguments("/tmp/pitstop-unused", logging_steps=0.1, save_strategy="steps",
                                  save_steps=100, dataloader_num_workers=4)  # fmt: skip
     assert declared_problems(json.loads(json.dumps(args.to_dict()))) == []
+
+
+def test_a_directory_or_a_missing_path_is_called_what_it_is(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"--hf-args {tmp_path} is a directory; give")):
+        load_hf_args(tmp_path)
+    with pytest.raises(ConfigError, match=r"no\.json does not exist; give a JSON"):
+        load_hf_args(tmp_path / "no.json")
