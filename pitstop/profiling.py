@@ -41,6 +41,7 @@ from pitstop.measure.sampler import Sampler, SamplerSummary
 from pitstop.measure.schema import make_profile
 from pitstop.measure.timeline import PHASES
 from pitstop.measure.verdict import Verdict, format_verdict, verdict
+from pitstop.train.signals import RunInterrupted
 
 if TYPE_CHECKING:  # the trainer imports torch; this module is read without it
     from pitstop.train.trainer import Trainer
@@ -273,7 +274,15 @@ def _run_steps(
         ctx: AbstractContextManager[Any] = prof if prof is not None else nullcontext()
         t_sampler0 = time.perf_counter()  # the sampler's samples count from (about) here
         with sampler, ctx:
-            summary = trainer.fit()
+            try:
+                summary = trainer.fit()
+            except RunInterrupted as e:
+                # Its checkpoint is in the scratch directory removed below: no resume hint.
+                raise RunInterrupted(
+                    f"{str(e).split(';')[0]}, before the profile was complete: nothing was "
+                    "written (a profile is written only once its steps are measured)",
+                    e.exit_code,
+                ) from None
         peak = peak_memory(trainer.run.device.type)
         lines = read_steps(tmp / "run" / run_record.METRICS)
     finally:

@@ -247,3 +247,31 @@ def test_tune_signal_inside_a_trial_then_rerun(sig, tiny_model_dir, rel_store, t
     assert again.returncode == 0, again.stderr[-3000:]
     assert (tmp_path / "tuned.yaml").is_file()
     assert not list(tmp.glob("pitstop-tune-*")), "a dead tune's trial directory was kept"
+
+
+# --- profile ---------------------------------------------------------------------------
+
+
+def test_profile_signal_inside_a_step_names_no_checkpoint(tiny_model_dir, rel_store, tmp_path):
+    """SIGINT in `pitstop profile`: the run's checkpoint lived in the scratch directory the
+    profile removes, so no "Resume with" pointing at it (before: it named a deleted one)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    gate = tmp_path / "gate"
+    cmd = train_cmd(tiny_model_dir, rel_store, tmp_path / "unused", steps=4)
+    cmd[3] = "profile"
+    cmd[cmd.index("--output") + 1] = str(tmp_path / "p.json")
+    i = cmd.index("--max-steps")
+    del cmd[i : i + 2]
+    proc = start([*cmd, "--steps", "3", "--warmup", "1"], TMPDIR=str(tmp),
+                 **hold_at("step:2", gate))  # fmt: skip
+    try:
+        assert wait_until(lambda: held(gate), proc, "the profile's step 2")
+        err = _stop(proc, signal.SIGINT, gate)
+    finally:
+        sigkill(proc)
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    no_traceback(err)
+    assert "before the profile was complete: nothing was written" in err, err[-2000:]
+    assert "Resume with" not in err and "checkpoint saved" not in err, err[-2000:]
+    assert not (tmp_path / "p.json").exists() and not list(tmp.iterdir())
