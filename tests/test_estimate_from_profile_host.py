@@ -196,6 +196,11 @@ def test_a_profile_without_phases_says_its_host_time_is_unknown(
                                gpu="RTX 4090")  # fmt: skip
     assert est.split is None and est.optimizer_steps == 100
     assert any("host time" in a and "not known" in a for a in est.assumptions)
+    # `pitstop profile --output FILE` records its config: its model is the default.
+    p.write_text(json.dumps({**prof, "config": {"model": str(model_dir)}}))
+    est = estimate_planned_run(tokens=255 * 100, from_profile=str(p), gpu="RTX 4090")
+    kept = next(a for a in est.assumptions if a.startswith("kept from the measured run"))
+    assert f"model {model_dir}" in kept
 
 
 @pytest.mark.slow

@@ -206,6 +206,14 @@ def run_step(profile: Measured, summary: RunSummary | None) -> StepShape | None:
     return replace(step, seq_len=seq, rows=mbs, accumulation=accum)
 
 
+def _config_model(cfg: object) -> str | None:
+    """The model a run's config names: pitstop's `model`, a Trainer's `model_name_or_path`."""
+    if not isinstance(cfg, dict):
+        return None
+    names = ("model", "model_name_or_path", "_name_or_path")
+    return next((str(cfg[k]) for k in names if cfg.get(k)), None)
+
+
 def run_defaults(
     profile: Measured, summary: RunSummary | None
 ) -> tuple[str | None, DataTokens | None]:
@@ -216,13 +224,9 @@ def run_defaults(
     that is a model directory (holds config.json). The data: the trained tokens the run
     trained, so without --tokens/--data the estimate is the same run on the target device.
     """
-    if summary is None:
-        return None, None
-    cfg = summary.config or {}
-    model = next(
-        (str(cfg[k]) for k in ("model", "model_name_or_path", "_name_or_path") if cfg.get(k)),
-        None,
-    )
+    if summary is None:  # a profile.json of its own (`pitstop profile --output FILE`)
+        return _config_model(profile.config), None
+    model = _config_model(summary.config)
     if model is None and summary.command:
         cwd = Path(summary.command_cwd or ".")
         for arg in summary.command[1:]:
@@ -441,7 +445,7 @@ def _measured_run(ask: _PlannedRun) -> _MeasuredRun:
     missing = []
     if not model and ask.params is None and shape is None:
         missing.append(
-            f"--from-profile {ask.from_profile}: the run's summary names no model directory; "
+            f"--from-profile {ask.from_profile}: the run names no model directory; "
             "give --model DIR (exact) or --params N (a rough Llama-shaped guess)"
         )
     if not ask.data and ask.tokens is None and run_tokens is None:
