@@ -18,7 +18,7 @@ from typing import Any
 
 from pitstop.commands.paths import require_outputs
 from pitstop.core import run_record, runlock
-from pitstop.core.errors import ConfigError
+from pitstop.core.errors import ConfigError, PitstopError
 from pitstop.core.stopping import stop_on_signals
 
 
@@ -52,6 +52,11 @@ def check_source(path: Path) -> None:
         raise ConfigError(f"{path} is a file; give a run directory or an adapter directory")
     if not _is_run_dir(path):
         return  # an adapter directory, or nothing pitstop knows: train/export.py says which
+    if _full_fine_tune(path):
+        raise ConfigError(
+            f"{path} holds a full fine-tuned model, not a LoRA adapter: there is nothing to "
+            f"merge; {_full_model_place(path)}"
+        )
     who = runlock.holder(path)
     if who is not None:
         raise ConfigError(
@@ -75,6 +80,31 @@ def check_source(path: Path) -> None:
     )
     raise ConfigError(
         f"{path} has no final/ (the run {status}), so there is no finished adapter to merge; {hint}"
+    )
+
+
+def _full_fine_tune(path: Path) -> bool:
+    """Whether the run's config.yaml sets no LoRA rank. A config that cannot be read is not
+    taken for one: the export then says what it finds, as before."""
+    from pitstop.core.config import load_yaml
+
+    try:
+        rank = load_yaml(path / run_record.CONFIG).get("lora_r")
+    except PitstopError:
+        return False
+    return not (isinstance(rank, int) and rank > 0)
+
+
+def _full_model_place(path: Path) -> str:
+    """Where a full fine-tune's plain model is, or will be."""
+    if (path / run_record.FINAL).is_dir():
+        return "its final/ already is a plain Hugging Face model directory"
+    who = runlock.holder(path)
+    if who is not None:
+        return f"it is still training ({who}); its final/ will be a plain model directory"
+    return (
+        f"it has no final/ yet (the run {_status(path)}): resume it to get one (pitstop train "
+        f"--config {path / run_record.CONFIG} --resume)"
     )
 
 

@@ -39,12 +39,15 @@ def adapter_dir(run_or_adapter: Path) -> Path:
     for d in (run_or_adapter, run_or_adapter / "final"):
         if (d / "adapter_config.json").is_file():
             return d
-    if (run_or_adapter / "final" / "config.json").is_file() or (
-        run_or_adapter / "config.json"
-    ).is_file():
+    if (run_or_adapter / "final" / "config.json").is_file():
         raise ConfigError(
             f"{run_or_adapter} holds a full fine-tuned model, not a LoRA adapter: its final/ "
             "already is a plain Hugging Face model directory, there is nothing to merge"
+        )
+    if (run_or_adapter / "config.json").is_file():  # a full fine-tune's checkpoint, a model
+        raise ConfigError(
+            f"{run_or_adapter} holds a full model's weights (config.json, no "
+            "adapter_config.json), not a LoRA adapter: there is nothing to merge"
         )
     raise ConfigError(
         f"{run_or_adapter} is neither a pitstop run directory with a LoRA adapter in final/ "

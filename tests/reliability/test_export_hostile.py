@@ -75,6 +75,24 @@ def test_a_full_fine_tune_is_refused(reference, capsys):
     assert not (reference / "merged").exists()
 
 
+def test_an_unfinished_full_fine_tune_and_its_checkpoint_are_refused(reference, tmp_path, capsys):
+    """Before: the run's refusal suggested exporting its checkpoint, which was then refused
+    as "its final/ already is a plain model" (it has none). Now both say what they hold."""
+    from pitstop.cli import main
+
+    part = _copy_run(reference, tmp_path / "part")
+    shutil.rmtree(part / "final")
+    assert main(["export", str(part), "--merge"]) == 2
+    msg = _one_paragraph(capsys.readouterr().err)
+    assert "a full fine-tuned model, not a LoRA adapter: there is nothing to merge" in msg, msg
+    assert "has no final/ yet" in msg and "--resume" in msg and "step-" not in msg, msg
+    ckpt = sorted((part / "checkpoints").glob("step-*"))[-1]
+    assert main(["export", str(ckpt), "--merge"]) == 2
+    msg = _one_paragraph(capsys.readouterr().err)
+    assert "holds a full model's weights (config.json, no adapter_config.json)" in msg, msg
+    assert "final/" not in msg and not _debris(part)
+
+
 def test_a_missing_run_is_named(tmp_path, capsys):
     from pitstop.cli import main
 
