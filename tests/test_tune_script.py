@@ -284,7 +284,9 @@ def _fake_runner(speed: dict[int, float], fail: set[int] = frozenset()) -> objec
     """A runner whose step time depends on the trial's num_workers (base 1.0 s)."""
     calls: list[TrialSettings] = []
 
-    def run(command: list[str], run_dir: Path, settings: TrialSettings, warmup: int) -> int:
+    def run(
+        command: list[str], run_dir: Path, settings: TrialSettings, warmup: int, seconds: float
+    ) -> int:
         calls.append(settings)
         k = int(settings.loader.get("num_workers") or 0)
         if k in fail:

@@ -70,9 +70,11 @@ def trials(monkeypatch: pytest.MonkeyPatch) -> list[TrialSettings]:
     real = tune_command._runner
     ran: list[TrialSettings] = []
 
-    def runner(command: list[str], run_dir: Path, settings: TrialSettings, warmup: int) -> int:
+    def runner(
+        command: list[str], run_dir: Path, settings: TrialSettings, warmup: int, seconds: float
+    ) -> int:
         ran.append(settings)
-        rc = real(command, run_dir, settings, warmup)
+        rc = real(command, run_dir, settings, warmup, seconds)
         clock.now += TRIAL_S
         return rc
 

@@ -24,6 +24,7 @@ from pitstop.advise.profile_text import format_profile
 from pitstop.anyloop.timer import Watch, install_excepthook
 from pitstop.core import run_record
 from pitstop.core.errors import ConfigError, DataError
+from pitstop.core.process_group import run_with_limit
 from pitstop.measure.schema import load_profile
 
 ENV_OUTPUT = "PITSTOP_WATCH_OUTPUT"
@@ -83,8 +84,12 @@ def run_command(
     warmup_steps: int = 1,
     cache_dir: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    seconds: float | None = None,
 ) -> int:
-    """Run `command` with the timer attached (rank 0 writes `output`); its exit status."""
+    """Run `command` with the timer attached (rank 0 writes `output`); its exit status.
+
+    With `seconds`, the command runs in a process group of its own, ended with everything
+    it started once that time is spent (`TimeLimitReached`, pitstop.core.process_group)."""
     out = Path(output)
     check_command(command, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,6 +103,8 @@ def run_command(
         [str(BOOT_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     try:
+        if seconds is not None:
+            return run_with_limit(command, env=env, cwd=cwd, seconds=seconds)
         return subprocess.run(command, env=env, cwd=cwd, check=False).returncode
     except OSError as e:
         raise ConfigError(f"could not start {command[0]!r}: {e}") from None
@@ -108,12 +115,7 @@ def load_results(output: str | os.PathLike[str]) -> tuple[dict, dict | None]:
     out = Path(output)
     prof = out / run_record.HF_PROFILE
     if not (out / run_record.SUMMARY).is_file() or not prof.is_file():
-        raise DataError(
-            f"the command ran no optimizer step that pitstop could see, so {out} holds no run. "
-            "pitstop times `optimizer.step()` of torch optimizers and the model's forward in "
-            "the Python processes the command starts; a loop without a torch optimizer, or a "
-            "process that ends with os._exit or a signal, cannot be timed"
-        )
+        raise DataError(run_record.no_step_seen("the command", out))
     report = None
     findings = out / run_record.FINDINGS
     if findings.is_file():

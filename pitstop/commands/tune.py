@@ -299,15 +299,16 @@ def run_script(args: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
-def _runner(command: list[str], run_dir: Any, settings: Any, warmup: int) -> int:
-    """Run one trial: the launcher with the trial's settings in the boot hook's environment."""
+def _runner(command: list[str], run_dir: Any, settings: Any, warmup: int, seconds: float) -> int:
+    """Run one trial: the launcher with the trial's settings in the boot hook's environment;
+    past `seconds` (the budget left) the trial and what it started are stopped."""
     from pitstop.anyloop.launch import run_command
     from pitstop.tune.script_settings import ENV_SETTINGS
 
     before = os.environ.get(ENV_SETTINGS)
     os.environ[ENV_SETTINGS] = settings.to_json()
     try:
-        return run_command(command, run_dir, warmup_steps=warmup)
+        return run_command(command, run_dir, warmup_steps=warmup, seconds=seconds)
     finally:
         if before is None:
             os.environ.pop(ENV_SETTINGS, None)

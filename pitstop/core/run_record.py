@@ -62,6 +62,19 @@ SOURCES = (SOURCE_PITSTOP, SOURCE_HF, SOURCE_SCRIPT)
 NOT_MEASURED = "not_measured"
 SCHEMA_VERSION = 1
 
+
+def no_step_seen(what: str, out: str | Path) -> str:
+    """Why `out` holds no run after `what` (e.g. "the command") ran: no optimizer step was
+    seen. One wording for `profile -- CMD` and `tune -- CMD`: a command that exited 0
+    without one did not fail, it trained nothing pitstop could time."""
+    return (
+        f"{what} ran no optimizer step that pitstop could see, so {out} holds no run. "
+        "pitstop times `optimizer.step()` of torch optimizers and the model's forward in "
+        "the Python processes the command starts; a loop without a torch optimizer, or a "
+        "process that ends with os._exit or a signal, cannot be timed"
+    )
+
+
 # --- shape checks --------------------------------------------------------------------------
 
 _KINDS: dict[str, tuple[str, Any]] = {

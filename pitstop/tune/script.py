@@ -40,7 +40,8 @@ from typing import Any
 from pitstop.advise.finding import Finding
 from pitstop.core.atomic import write_json_atomic
 from pitstop.core.errors import DataError
-from pitstop.core.run_record import FINDINGS, HF_PROFILE, SUMMARY
+from pitstop.core.process_group import TimeLimitReached
+from pitstop.core.run_record import FINDINGS, HF_PROFILE, SUMMARY, no_step_seen
 from pitstop.probe import DeviceInfo
 from pitstop.tune.script_plan import (
     BATCH,
@@ -65,8 +66,28 @@ TUNED = "tuned_settings.json"
 FASTER, SLOWER, SAME_SPEED = "faster", "slower", "no measurable difference"
 FAILED, NOT_MEASURED = "failed", "not measured (budget)"
 
-# Runner(command, run_dir, settings, warmup_steps) -> exit status; writes a run to run_dir.
-Runner = Callable[[list[str], Path, TrialSettings, int], int]
+# Runner(command, run_dir, settings, warmup_steps, seconds) -> exit status; writes a run to
+# run_dir. Past `seconds` it ends the trial with every process it started and raises
+# TimeLimitReached: a script stuck before its first step would otherwise hold tune forever.
+Runner = Callable[[list[str], Path, TrialSettings, int, float], int]
+
+
+class BudgetSpent(Exception):
+    """A trial was still running when the budget was spent; the runner stopped it."""
+
+    def __init__(self, trial: str, run_dir: Path, stop: TimeLimitReached, first_step: bool):
+        super().__init__(f"{trial}: {stop}")
+        self.trial, self.run_dir, self.stop, self.first_step = trial, run_dir, stop, first_step
+
+    def describe(self) -> str:
+        """What the trial had done and how it was stopped, e.g. "the baseline ran 20 s
+        without an optimizer step (the budget); stopped it (SIGTERM to its process group)"."""
+        seconds = f"{self.stop.seconds:.0f} s"
+        if self.first_step:
+            did = f"was still running after {seconds} (the budget), past its first optimizer step"
+        else:
+            did = f"ran {seconds} without an optimizer step (the budget)"
+        return f"the {self.trial} {did}; {self.stop.how}"
 
 
 @dataclass
@@ -214,7 +235,8 @@ class _Search:
         self.trial_seconds: list[float] = []
 
     def run(self, name: str, cand: Candidate | None) -> tuple[Path, int, Applied]:
-        """One trial: its run directory, exit status and applied.json."""
+        """One trial: its run directory, exit status and applied.json. BudgetSpent when the
+        budget ran out while it ran (the runner stopped it)."""
         self.n += 1
         slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)[:60]
         run_dir = self.output / f"{self.n:02d}-{slug}"
@@ -228,12 +250,13 @@ class _Search:
         )
         self.log(f"trial {self.n}: {name} -> {run_dir}")
         t = time.monotonic()
-        rc = self.runner(self.command, run_dir, settings, self.warmup)
+        try:
+            rc = self.runner(self.command, run_dir, settings, self.warmup, self.deadline - t)
+        except TimeLimitReached as e:
+            what = "baseline" if cand is None else f"trial {name}"
+            raise BudgetSpent(what, run_dir, e, _applied(run_dir).first_step) from None
         self.trial_seconds.append(time.monotonic() - t)
-        applied = Applied()
-        if (run_dir / APPLIED).is_file():
-            applied = Applied(**json.loads((run_dir / APPLIED).read_text(encoding="utf-8")))
-        return run_dir, rc, applied
+        return run_dir, rc, _applied(run_dir)
 
     def fits(self, trials: int) -> bool:
         per = max(self.trial_seconds) if self.trial_seconds else 0.0
@@ -242,14 +265,22 @@ class _Search:
     def measure(self, cand: Candidate, base_dir: Path | None, floor: float) -> Result:
         """Alternate baseline and candidate until judged apart, MAX_ROUNDS, or the budget."""
         res = Result(cand)
+        try:
+            self._pairs(res, base_dir, floor)
+        except BudgetSpent as e:  # what was measured before stands, as at a budget's end
+            self.log(f"{e.describe()}; the budget is spent")
+        return res
+
+    def _pairs(self, res: Result, base_dir: Path | None, floor: float) -> None:
+        cand = res.candidate
         while len(res.rounds) < self.max_pairs:
             if base_dir is None:
                 if not self.fits(2):
                     break
                 base_dir, rc, _ = self.run("baseline", None)
-                if rc != 0:
-                    res.error = f"the baseline rerun exited with status {rc}"
-                    return res
+                if rc != 0 or not (base_dir / SUMMARY).is_file():
+                    res.error = _failed("the baseline rerun", rc, base_dir)
+                    return
             elif not self.fits(1):
                 break
             cand_dir, rc, applied = self.run(cand.name, cand)
@@ -257,21 +288,35 @@ class _Search:
             res.refused = dict(applied.refused)
             res.applied = _user_fields(applied, cand)
             if rc != 0 or not (cand_dir / SUMMARY).is_file():
-                res.error = f"the trial exited with status {rc} (see {cand_dir})"
-                return res
+                res.error = _failed("the trial", rc, cand_dir)
+                return
             if res.refused and not res.applied:
                 res.error = "not applied: " + "; ".join(f"{k}: {v}" for k, v in res.refused.items())
-                return res
+                return
             try:
                 res.rounds.append(pair(base_dir, cand_dir))
             except Exception as e:  # a run too short or damaged: reported, the search goes on
                 res.error = str(e)
-                return res
+                return
             base_dir = None
             res.judgement = judge(res.rounds, floor)
             if res.judgement.verdict != SAME_SPEED:
                 break
-        return res
+
+
+def _applied(run_dir: Path) -> Applied:
+    """The trial's applied.json (empty when the trial wrote none)."""
+    if not (run_dir / APPLIED).is_file():
+        return Applied()
+    return Applied(**json.loads((run_dir / APPLIED).read_text(encoding="utf-8")))
+
+
+def _failed(what: str, rc: int, run_dir: Path) -> str:
+    """Why a trial left no run: its exit status, or, when it exited 0, that it took no
+    optimizer step pitstop could see (it did not fail: it trained nothing timed)."""
+    if rc == 0:
+        return no_step_seen(what, run_dir)
+    return f"{what} exited with status {rc} (see {run_dir})"
 
 
 def _finding(d: dict[str, object]) -> Finding:
@@ -328,7 +373,17 @@ def tune_script(
         log=log,
         max_pairs=max_pairs,
     )
-    base_dir, rc, applied = search.run("baseline", None)
+    try:
+        base_dir, rc, applied = search.run("baseline", None)
+    except BudgetSpent as e:
+        raise DataError(
+            f"{e.describe()}; nothing to compare against (nothing written but {e.run_dir}). "
+            + _why_stopped(e.first_step, steps + warmup)
+        ) from None
+    if rc == 0 and not (base_dir / SUMMARY).is_file():
+        raise DataError(
+            f"{no_step_seen('the baseline (exit status 0)', base_dir)}; nothing to compare against"
+        )
     if rc != 0 or not (base_dir / SUMMARY).is_file():
         raise DataError(
             f"the baseline run failed (exit status {rc}); nothing to compare against: run "
@@ -365,6 +420,17 @@ def tune_script(
     )
     write_json_atomic(out / TUNED, report_json(rep))
     return rep
+
+
+def _why_stopped(first_step: bool, steps: int) -> str:
+    """What to do about a baseline the budget stopped."""
+    if first_step:
+        return f"Its {steps} steps take longer than the budget: give more --budget-seconds"
+    return (
+        "A script stuck before its first step waits on something (data loading, a lock, the "
+        "network); run the command alone to see where, or give more --budget-seconds if its "
+        "start-up is that slow"
+    )
 
 
 def _winners(results: list[Result], allow_batch_changes: bool) -> tuple[list[Result], list[Result]]:

@@ -85,6 +85,9 @@ class Applied:
     training_args: dict[str, Value] = field(default_factory=dict)  # the fields set
     refused: dict[str, str] = field(default_factory=dict)  # field -> why it was not applied
     stopped_after_steps: int | None = None
+    # Written once, after the first optimizer step: a trial stopped at the budget's end
+    # (which writes no run) says whether it was stuck before its first step or just slow.
+    first_step: bool = False
     autocast: str | None = None  # the autocast dtype the model's forwards ran under
 
     def write(self, trial_dir: str) -> None:
@@ -327,6 +330,9 @@ def _stop_after(settings: TrialSettings, applied: Applied) -> None:
         if id(optimizer) != state["optimizer"]:
             return
         state["steps"] += 1
+        if state["steps"] == 1:
+            applied.first_step = True
+            applied.write(settings.trial_dir)
         if state["steps"] >= settings.stop_after_steps:
             applied.stopped_after_steps = state["steps"]
             applied.write(settings.trial_dir)

@@ -34,7 +34,7 @@ ONLY_THE_AUTHOR = Finding(
 def _runner(findings: list[Finding]):
     calls: list[Path] = []
 
-    def run(command, run_dir: Path, settings, warmup: int) -> int:
+    def run(command, run_dir: Path, settings, warmup: int, seconds: float) -> int:
         calls.append(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         lines = [{"step": i, "warmup": i <= 2, "trained_tokens": 100 * i,
