@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from pitstop.advise.finding import Finding
+from pitstop.core.errors import DataError
+from pitstop.core.process_group import TimeLimitReached
 from pitstop.probe import DeviceInfo, cpu_has_bf16
 from pitstop.tune import script_settings
 from pitstop.tune.script import (
     BATCH,
     FAILED,
     FASTER,
+    NOT_MEASURED,
     PRECISION,
     SAME,
     SAME_SPEED,
@@ -352,6 +355,51 @@ def test_budget_stops_the_search(tmp_path: Path) -> None:
     )
     assert len(runner.calls) <= 2  # the baseline and at most the trial that reuses it
     assert any(r.verdict.startswith("not measured") for r in rep.results)
+
+
+def test_a_baseline_stopped_by_the_budget_names_the_stall(tmp_path: Path) -> None:
+    # The runner stops a trial still running when the budget is spent (commands/tune.py:
+    # launch.run_command with the budget left); the baseline had no optimizer step.
+    def stalled(command: list[str], run_dir: Path, settings, warmup: int, seconds: float) -> int:
+        run_dir.mkdir(parents=True)
+        raise TimeLimitReached(seconds, "stopped it (SIGTERM to its process group)")
+
+    with pytest.raises(DataError) as e:
+        tune_script(["python", "train.py"], tmp_path / "t", stalled, budget_seconds=20)
+    msg = str(e.value)
+    assert "the baseline ran 20 s without an optimizer step (the budget)" in msg
+    assert "stopped it (SIGTERM to its process group)" in msg and "--budget-seconds" in msg
+    assert not (tmp_path / "t" / TUNED).exists()  # as for a failed baseline: no results
+
+
+def test_a_trial_stopped_by_the_budget_keeps_what_was_measured(tmp_path: Path) -> None:
+    runner = _fake_runner({0: 1.0, 1: 0.5, 3: 0.4})
+
+    def stalls_on_three(
+        command: list[str], run_dir: Path, settings: TrialSettings, warmup: int, seconds: float
+    ) -> int:
+        if settings.loader.get("num_workers") == 3:
+            (run_dir).mkdir(parents=True)
+            raise TimeLimitReached(seconds, "stopped it (SIGTERM to its process group)")
+        return runner(command, run_dir, settings, warmup, seconds)
+
+    rep = tune_script(["python", "train.py"], tmp_path / "t", stalls_on_three, device=CPU)
+    by = {r.candidate.name: r for r in rep.results}
+    assert by["num_workers=1"].verdict == FASTER and not by["num_workers=3"].error
+    assert by["num_workers=3"].verdict == NOT_MEASURED
+    saved = json.loads((tmp_path / "t" / TUNED).read_text())  # the best so far, written
+    assert saved["dataloader_kwargs"] == {"num_workers": 1, "persistent_workers": True}
+
+
+def test_a_baseline_that_exits_0_without_a_step_says_so(tmp_path: Path) -> None:
+    def no_step(command: list[str], run_dir: Path, settings, warmup: int, seconds: float) -> int:
+        run_dir.mkdir(parents=True)
+        return 0  # `ls -la`, or a script that never trains
+
+    with pytest.raises(DataError) as e:
+        tune_script(["ls", "-la"], tmp_path / "t", no_step)
+    assert "ran no optimizer step that pitstop could see" in str(e.value)
+    assert "failed" not in str(e.value) and "exit status 0)" in str(e.value)
 
 
 def test_cli_dry_run_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:

@@ -175,3 +175,60 @@ def test_trainer_trials_leave_the_users_files_alone(
         assert "bf16=True" not in fixes
         assert any(n["fix"] == "bf16" for n in res["not_tried"])
     assert "measured (band)" in out and "no change beats the noise" in out
+
+
+# --- a script that never steps ------------------------------------------------------------
+
+# Starts a child (as a loader starts its workers), then waits forever before any step: data
+# loading that never ends, a lock, the network.
+HANG = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", sys.argv[1]])
+while True:
+    time.sleep(1)
+"""
+
+
+def _live_processes_naming(marker: str) -> list[int]:
+    """Live processes (zombies left out) whose command line holds `marker`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmd and state not in ("Z", "X"):
+            found.append(int(d.name))
+    return found
+
+
+@pytest.mark.timeout(90)  # a regression fails here instead of hanging the suite
+def test_a_stalled_script_is_stopped_at_the_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    budget = 4
+    argv = ["tune", "--output", str(tmp_path / "t"), "--budget-seconds", str(budget)]
+    t = time.monotonic()
+    rc = cli.main([*argv, "--", sys.executable, str(script), str(tmp_path / "marker")])
+    assert time.monotonic() - t < budget + 8  # the budget, the SIGTERM wait, start-up
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert f"the baseline ran {budget} s without an optimizer step (the budget)" in err, err
+    assert "stopped it (SIGTERM to its process group" in err
+    assert not (tmp_path / "t" / TUNED).exists()
+    assert _live_processes_naming(str(tmp_path)) == []  # the script and its child
+
+
+def test_a_script_that_exits_0_without_a_step_is_not_called_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("print('nothing to train')\n")
+    argv = ["tune", "--output", str(tmp_path / "t"), "--budget-seconds", "60"]
+    assert cli.main([*argv, "--", sys.executable, str(script)]) != 0
+    err = capsys.readouterr().err
+    assert "ran no optimizer step that pitstop could see" in err, err
+    assert "failed (exit status 0)" not in err

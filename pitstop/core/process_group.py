@@ -38,18 +38,19 @@ def run_with_limit(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     seconds: float,
+    wait: float = TERMINATE_WAIT_SECONDS,
 ) -> int:
     """Run `argv` in a new session; its exit status. Past `seconds` its process group is
-    ended (`end_group`) and TimeLimitReached raised. An exception in the wait (Ctrl-C, a
+    ended (`end_group`, SIGKILL after `wait` s) and TimeLimitReached raised. An exception in the wait (Ctrl-C, a
     stop signal's handler) ends the group too: the session no longer shares the terminal's
     process group, so the terminal's Ctrl-C would not reach it."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True)
     try:
         return proc.wait(timeout=max(0.0, seconds))
     except subprocess.TimeoutExpired:
-        raise TimeLimitReached(seconds, end_group(proc)) from None
+        raise TimeLimitReached(seconds, end_group(proc, wait)) from None
     except BaseException:
-        end_group(proc)
+        end_group(proc, wait)
         raise
 
 
@@ -65,6 +66,11 @@ def end_group(proc: subprocess.Popen[bytes], wait: float = TERMINATE_WAIT_SECOND
         time.sleep(POLL_SECONDS)
     _signal_group(pgid, signal.SIGKILL)
     proc.wait()
+    # SIGKILL is delivered at once but a process takes a moment to go: returned before,
+    # the caller could still see the child that ignored SIGTERM.
+    end = time.monotonic() + wait
+    while group_alive(pgid) and time.monotonic() < end:
+        time.sleep(POLL_SECONDS)
     return f"stopped it (SIGTERM to its process group, SIGKILL after {wait:.0f} s)"
 
 
