@@ -41,9 +41,9 @@ def run_with_limit(
     wait: float = TERMINATE_WAIT_SECONDS,
 ) -> int:
     """Run `argv` in a new session; its exit status. Past `seconds` its process group is
-    ended (`end_group`, SIGKILL after `wait` s) and TimeLimitReached raised. An exception in the wait (Ctrl-C, a
-    stop signal's handler) ends the group too: the session no longer shares the terminal's
-    process group, so the terminal's Ctrl-C would not reach it."""
+    ended (`end_group`, SIGKILL after `wait` s) and TimeLimitReached raised. An exception
+    in the wait (Ctrl-C, a stop signal's handler) ends the group too: the session no longer
+    shares the terminal's process group, so the terminal's Ctrl-C would not reach it."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True)
     try:
         return proc.wait(timeout=max(0.0, seconds))

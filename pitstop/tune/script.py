@@ -75,7 +75,7 @@ Runner = Callable[[list[str], Path, TrialSettings, int, float], int]
 class BudgetSpent(Exception):
     """A trial was still running when the budget was spent; the runner stopped it."""
 
-    def __init__(self, trial: str, run_dir: Path, stop: TimeLimitReached, first_step: bool):
+    def __init__(self, trial: str, run_dir: Path, stop: TimeLimitReached, first_step: bool) -> None:
         super().__init__(f"{trial}: {stop}")
         self.trial, self.run_dir, self.stop, self.first_step = trial, run_dir, stop, first_step
 
@@ -373,22 +373,7 @@ def tune_script(
         log=log,
         max_pairs=max_pairs,
     )
-    try:
-        base_dir, rc, applied = search.run("baseline", None)
-    except BudgetSpent as e:
-        raise DataError(
-            f"{e.describe()}; nothing to compare against (nothing written but {e.run_dir}). "
-            + _why_stopped(e.first_step, steps + warmup)
-        ) from None
-    if rc == 0 and not (base_dir / SUMMARY).is_file():
-        raise DataError(
-            f"{no_step_seen('the baseline (exit status 0)', base_dir)}; nothing to compare against"
-        )
-    if rc != 0 or not (base_dir / SUMMARY).is_file():
-        raise DataError(
-            f"the baseline run failed (exit status {rc}); nothing to compare against: run "
-            f"`pitstop profile -- {' '.join(command)}` to see why"
-        )
+    base_dir, applied = _baseline(search, steps + warmup)
     profile = json.loads((base_dir / HF_PROFILE).read_text(encoding="utf-8"))
     findings_path = base_dir / FINDINGS
     report = (
@@ -420,6 +405,28 @@ def tune_script(
     )
     write_json_atomic(out / TUNED, report_json(rep))
     return rep
+
+
+def _baseline(search: _Search, steps: int) -> tuple[Path, Applied]:
+    """The baseline trial's run directory and applied.json; DataError when it left no run
+    (stopped at the budget's end, exited 0 without a step, or failed)."""
+    try:
+        base_dir, rc, applied = search.run("baseline", None)
+    except BudgetSpent as e:
+        raise DataError(
+            f"{e.describe()}; nothing to compare against (nothing written but {e.run_dir}). "
+            + _why_stopped(e.first_step, steps)
+        ) from None
+    if (base_dir / SUMMARY).is_file() and rc == 0:
+        return base_dir, applied
+    if rc == 0:
+        raise DataError(
+            f"{no_step_seen('the baseline (exit status 0)', base_dir)}; nothing to compare against"
+        )
+    raise DataError(
+        f"the baseline run failed (exit status {rc}); nothing to compare against: run "
+        f"`pitstop profile -- {' '.join(search.command)}` to see why"
+    )
 
 
 def _why_stopped(first_step: bool, steps: int) -> str:
