@@ -39,6 +39,8 @@ def range_problems(cfg: Any) -> list[str]:
         elif isinstance(v, float) and f.name in FLAG_RANGES and v > FLAG_RANGES[f.name].hi:
             p.append(parse_flag(f.name, v)[1] or "")  # 1e30: finite and absurd
         elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_COUNT:
+            if f.name == "seed":  # not a count: its own range (int64) is checked below
+                continue
             p.append(f"{_flag(f.name)} is {short_repr(v)}; it must be at most {MAX_COUNT:,}")
 
     def finite(name: str) -> float | None:

@@ -39,6 +39,7 @@ CASES = [
     ({"min_lr_ratio": "nan"}, "--min-lr-ratio must be between 0 and 1, got nan"),
     ({"max_steps": "1e30"}, "--max-steps is an integer of 100 bits; it must be at most"),
     ({"seed": "-1"}, "--seed must be between 0 and 2**63 - 1"),
+    ({"seed": str(2**77)}, "--seed must be between 0 and 2**63 - 1"),  # once, not twice
 ]
 
 
@@ -58,6 +59,7 @@ def test_valid_numbers_still_pass():
         command="tune",
     )  # fmt: skip
     assert cfg.lr == 1e-5 and cfg.warmup_steps == 0 and cfg.lora_dropout == 0.05
+    assert build_config({}, {**BASE, "seed": str(2**60)}, command="tune").seed == 2**60
 
 
 def test_train_cli_refuses_nan_lr_without_traceback(tiny_model_dir, rel_store, tmp_path, capsys):
