@@ -46,6 +46,14 @@ def test_recommended_max_len_never_exceeds_the_model() -> None:
     assert rec["value"] == 1024 and "the longest the model takes (1024 positions" in rec["reason"]
     odd = compute_stats(docs, docs, max_seq_len=128, counts={}, model_max_len=200)
     assert odd["recommended_max_len"]["value"] == 200  # below every candidate: the model's own
+    # Short documents and a short length given: that length, not the next candidate (256).
+    short = np.array([5] * 50 + [3] * 50, dtype=np.int64)
+    rec = compute_stats(short, short, max_seq_len=64, counts={})["recommended_max_len"]
+    assert rec["value"] == 64 and rec["reason"].startswith("64: the length given, which holds")
+    assert (
+        compute_stats(short, short, max_seq_len=2048, counts={})["recommended_max_len"]["value"]
+        == 256
+    )  # a longer one given: the shortest candidate still holds them
 
 
 def test_train_refuses_before_loading_the_model(tmp_path: Path) -> None:

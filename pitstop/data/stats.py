@@ -162,7 +162,7 @@ def compute_stats(
             "method": "best-fit decreasing",
         },
     }
-    stats["recommended_max_len"] = recommend(d, dist["p99"], waste, model_max_len)
+    stats["recommended_max_len"] = recommend(d, dist["p99"], waste, model_max_len, max_seq_len)
     return stats
 
 
@@ -171,16 +171,20 @@ def recommend(
     p99: int,
     waste: list[PaddingWaste],
     model_max_len: int | None = None,
+    current: int | None = None,
 ) -> Recommendation:
-    """The max length to use: the smallest candidate holding 99% of documents whole.
+    """The max length to use: the smallest candidate holding 99% of documents whole, the
+    run's own `current` length among the candidates (a shorter one that holds them is not
+    lengthened to 256).
 
     Never above `model_max_len` (the positions the model was built for): past it a
     learned position table crashes and rotary positions are untrained.
     """
     by_len = {w["max_len"]: w for w in waste}
-    allowed = [c for c in CANDIDATES if model_max_len is None or c <= model_max_len]
-    if not allowed and model_max_len is not None:
-        allowed = [model_max_len]
+    # The model's own limit is a candidate too: the longest row it takes.
+    given = [x for x in (current, model_max_len) if x]
+    candidates = sorted({*CANDIDATES, *given})
+    allowed = [c for c in candidates if model_max_len is None or c <= model_max_len]
     fits = [c for c in allowed if c >= p99]
     value = fits[0] if fits else allowed[-1]
     d = LengthCounts.of(d)
@@ -191,9 +195,11 @@ def recommend(
         if value in by_len
         else padding_waste(d, value)["padding_fraction"]
     )
-    if fits:
+    if fits and value == current:
+        why = f"the length given, which holds 99% of documents whole (p99 = {p99} tokens)"
+    elif fits:
         why = f"the smallest candidate that holds 99% of documents whole (p99 = {p99} tokens)"
-    elif model_max_len is not None and allowed[-1] < CANDIDATES[-1]:
+    elif model_max_len is not None and allowed[-1] < candidates[-1]:
         why = (
             f"the longest the model takes ({model_max_len} positions in its config.json); p99 is "
             f"{p99} tokens, so long documents will be split"
