@@ -469,7 +469,8 @@ def _count_problems(cfg: RunConfig) -> list[str]:
     for name in _POSITIVE_COUNTS:
         v = getattr(cfg, name)
         if v is not None and (v < 0 or (v == 0 and name != "loader_workers")):
-            p.append(f"--{name.replace('_', '-')} must be positive, got {v}")
+            least = "0 (the main process loads) or more" if name == "loader_workers" else "positive"
+            p.append(f"--{name.replace('_', '-')} must be {least}, got {v}")
     if cfg.epochs is not None and cfg.epochs <= 0:
         p.append(f"--epochs must be positive, got {cfg.epochs}")
     if cfg.epochs is not None and cfg.max_steps is not None:

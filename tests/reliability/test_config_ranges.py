@@ -39,6 +39,7 @@ CASES = [
     ({"min_lr_ratio": "nan"}, "--min-lr-ratio must be between 0 and 1, got nan"),
     ({"max_steps": "1e30"}, "--max-steps is an integer of 100 bits; it must be at most"),
     ({"seed": "-1"}, "--seed must be between 0 and 2**63 - 1"),
+    ({"loader_workers": "-2"}, "--loader-workers must be 0 (the main process loads) or more"),
     ({"seed": str(2**77)}, "--seed must be between 0 and 2**63 - 1"),  # once, not twice
 ]
 
