@@ -45,7 +45,7 @@ def test_every_problem_reported_at_once() -> None:
         ),
         ({"micro_batch_size": 2, "tokens_per_micro_batch": 4096}, "not both"),
         ({"tokens_per_step": 4096, "grad_accum": 4}, "not both"),
-        ({"eval_steps": 10}, "--eval-steps needs --eval-data"),
+        ({"eval_steps": 10}, "config: eval_steps needs --eval-data"),  # said of the file
         ({"resume": True, "overwrite": True}, "--resume or --overwrite"),
         ({"lora_alpha": 16.0}, "without --lora-r"),
         ({"load_in_4bit": True}, "add --lora-r"),
@@ -151,3 +151,13 @@ def test_cli_reports_all_problems_with_exit_2(
     assert "--precision is 'fp8'" in err
     assert "Traceback" not in err
     assert not out.exists(), "nothing may be written when the configuration is invalid"
+
+
+def test_a_problem_is_said_of_where_the_value_came_from() -> None:
+    """A value from the YAML file is named as the file's key, one from a flag as the flag
+    (before, `lr: -1` in run.yaml was reported as "--lr must be positive")."""
+    with pytest.raises(ConfigError) as e:
+        build_config({**BASE, "lr": -1, "max_steps": 5}, {"max_steps": "0"}, source="run.yaml")
+    text = e.value.render()
+    assert "run.yaml: lr must be positive, got -1" in text and "--lr" not in text
+    assert "--max-steps must be positive, got 0" in text and "run.yaml: max_steps" not in text

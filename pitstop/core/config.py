@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -371,8 +372,20 @@ def collect_config(
     for key in ("model", "tokenizer"):  # a Hub id becomes its snapshot in the local Hub cache
         if getattr(cfg, key):
             setattr(cfg, key, resolve_model(getattr(cfg, key)))
-    problems += required_problems(cfg, command) + validate(cfg)
+    from_file = set(yaml_values or {}) - set(cli_values or {})
+    problems += required_problems(cfg, command)
+    problems += [_where_given(p, from_file, source) for p in validate(cfg)]
     return cfg, problems
+
+
+def _where_given(problem: str, from_file: set[str], source: str) -> str:
+    """`problem` about the option it starts with ("--lr must be positive"), said of the
+    file that gave the value ("run.yaml: lr must be positive") when no flag did."""
+    m = re.match(r"--([a-z0-9][a-z0-9-]*)", problem)
+    key = m.group(1).replace("-", "_") if m else None
+    if m is None or key not in from_file:
+        return problem
+    return f"{source}: {key}{problem[m.end() :]}"
 
 
 def build_config(
