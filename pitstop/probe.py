@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pitstop.core import host_malloc, run_record, runlock
+from pitstop.core import host_malloc, run_files, run_record, runlock
 from pitstop.core.config import RunConfig
 from pitstop.core.errors import ConfigError
 from pitstop.core.versions import parse_version
@@ -373,8 +373,9 @@ def four_bit_problem(dev: DeviceInfo) -> str | None:
 
 
 def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> str | None:
-    """Why `--output` cannot be written to as asked (a file, or another run without
-    --resume/--overwrite), or None. Reads only."""
+    """Why `--output` cannot be written to as asked (a file, another run without
+    --resume/--overwrite, or a user's files at names the run writes without --overwrite),
+    or None. Reads only."""
     if not output:
         return None
     out = Path(output)
@@ -392,6 +393,52 @@ def output_dir_problem(output: str | None, *, resume: bool, overwrite: bool) -> 
         return (
             f"--output {out} already holds a run; add --resume to continue it from its newest "
             "checkpoint, --overwrite to replace it, or choose another directory"
+        )
+    foreign = run_files.foreign_files(out) if out.is_dir() and not has_run else []
+    if foreign and not overwrite:  # --resume has no run here to continue: refused too
+        names = ", ".join(foreign)
+        return (
+            f"--output {out} is not a pitstop run but holds {names}, which pitstop train "
+            f"writes and would replace; choose another --output, move them away, or add "
+            f"--overwrite to let the run replace {'it' if len(foreign) == 1 else 'them'} "
+            "(your other files there stay)"
+        )
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either one missing: the same path, or not the same file
+        return a.resolve() == b.resolve()
+
+
+def config_file_problem(config: str | None, cfg: RunConfig) -> str | None:
+    """Why the `--config` file would be lost by training `cfg` (it is a file the run writes
+    in --output: removed by --overwrite, or rewritten), or None. Reads only.
+
+    `--config OUT/config.yaml --resume` stays allowed: a resumed run keeps a differing
+    previous config.yaml beside it (train/run_dir.py), and an identical one is not changed.
+    """
+    if not config or not cfg.output:
+        return None
+    out, given = Path(cfg.output), Path(config)
+    name = next((n for n in run_files.TRAIN_WRITES if _same_file(given, out / n)), None)
+    if name is None:
+        return None
+    fix = f"copy it out of {out} and pass the copy to --config, or choose another --output"
+    if cfg.overwrite:
+        return f"--config {given} is {out / name}, which --overwrite removes; {fix}"
+    if name != run_record.CONFIG:
+        return f"--config {given} is {out / name}, which the run writes; {fix}"
+    try:
+        same = given.read_text(encoding="utf-8") == cfg.saved_yaml()
+    except (OSError, UnicodeDecodeError):
+        same = False
+    if not (same or cfg.resume):
+        return (
+            f"--config {given} is {out / name}, which the run replaces with its own "
+            f"configuration; {fix} (with --resume, a differing one is kept beside it)"
         )
     return None
 

@@ -27,7 +27,7 @@ from pitstop.core.config import (
 )
 from pitstop.core.config_ranges import flag_problems
 from pitstop.core.errors import ConfigError
-from pitstop.probe import DeviceInfo, output_dir_problem, preflight
+from pitstop.probe import DeviceInfo, config_file_problem, output_dir_problem, preflight
 
 # `--help` shows the flags in these groups, in this order (docs/configuration.md). Every
 # RunConfig field is in exactly one group (tests/test_commands.py checks it).
@@ -143,7 +143,8 @@ def config_from_args(
         problems += preflight(cfg, device)
     if command == TRAIN:
         out = output_dir_problem(cfg.output, resume=cfg.resume, overwrite=cfg.overwrite)
-        problems += [out] if out else []
+        own = config_file_problem(path, cfg)  # the run must never remove or rewrite it
+        problems += [p for p in (out, own) if p]
     if problems:
         raise ConfigError(problems, header=f"invalid configuration ({len(problems)} problem(s)):")
     return cfg

@@ -226,6 +226,12 @@ class RunConfig:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def saved_yaml(self) -> str:
+        """What OUT/config.yaml holds, and `--config OUT/config.yaml --resume` reads back:
+        the run, not this start of it (so the start-up flags are written false)."""
+        off = {"resume": False, "overwrite": False, "resume_with_changes": False}
+        return RunConfig(**{**self.to_dict(), **off}).to_yaml()
+
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 _HINTS = typing.get_type_hints(RunConfig)

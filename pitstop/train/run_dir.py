@@ -18,7 +18,6 @@ from pathlib import Path
 from pitstop.batching.choices import write_run_choices
 from pitstop.core import log, run_record
 from pitstop.core.atomic import write_text_atomic
-from pitstop.core.config import RunConfig
 from pitstop.train import checkpoint, distributed, model_io, resume
 from pitstop.train.build import Run
 from pitstop.train.state import RunState
@@ -70,10 +69,10 @@ def prepare_output(run: Run, *, total_steps: int) -> Restored | None:
     step = restored.state.step if restored is not None else 0
     if is_main:
         truncate_metrics(out / run_record.METRICS, step)
-        # What `--config OUT/config.yaml --resume` reads back: the run, not this start of it.
-        fresh = {**cfg.to_dict(), "resume": False, "overwrite": False, "resume_with_changes": False}
-        saved = RunConfig(**fresh).to_yaml()
-        kept = resume.keep_previous_config(out, saved, step) if latest else None
+        saved = cfg.saved_yaml()
+        # A resumed run keeps a differing previous config.yaml beside it, checkpoint or not:
+        # it may be the --config file this run was started with (never lost).
+        kept = resume.keep_previous_config(out, saved, step) if cfg.resume else None
         if kept is not None:
             log.info(
                 f"pitstop: the configuration differs from the run's; the previous one is "

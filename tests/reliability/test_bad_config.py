@@ -116,3 +116,49 @@ def test_output_holding_another_run_is_refused_untouched(
     assert rc == 2
     assert "already holds a run; add --resume" in err and "--overwrite" in err
     assert _tree(out) == before
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+USER_FILES = {
+    "config.yaml": "# my commented config\nlr: 0.001  # tuned by hand\n",
+    "metrics.jsonl": '{"my":"notes"}\n',
+    "report.html": "<html>my own report</html>\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(USER_FILES))
+@pytest.mark.parametrize("flags", [[], ["--resume"]], ids=["plain", "resume"])
+def test_users_file_at_a_name_the_run_writes_is_refused_untouched(
+    name, flags, tiny_model_dir, rel_store, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text(USER_FILES[name])
+    (out / "notes.txt").write_text("the user's own file")
+    before = _files(out)
+    rc, err = _train(tiny_model_dir, rel_store, out, *flags, capsys=capsys)
+    assert rc == 2, err[-2000:]
+    assert f"is not a pitstop run but holds {name}" in err, err[-2000:]
+    assert "another --output" in err and "--overwrite" in err
+    assert _files(out) == before  # byte-identical, and nothing else written (no .lock)
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+
+
+def test_config_inside_output_is_never_replaced(tiny_model_dir, rel_store, tmp_path, capsys):
+    out = tmp_path / "ud6"
+    out.mkdir()
+    conf = out / "config.yaml"
+    conf.write_text(USER_FILES["config.yaml"])
+    (out / "metrics.jsonl").write_text(USER_FILES["metrics.jsonl"])
+    before = _files(out)
+    rc, err = _train(tiny_model_dir, rel_store, out, "--config", str(conf), capsys=capsys)
+    assert rc == 2 and "holds config.yaml, metrics.jsonl" in err, err[-2000:]
+    assert f"--config {conf} is {conf}, which the run replaces" in err
+    # --overwrite lets the run replace a user's files at its names, but never --config's.
+    rc, err = _train(tiny_model_dir, rel_store, out, "--config", str(conf), "--overwrite",
+                     capsys=capsys)  # fmt: skip
+    assert rc == 2 and f"--config {conf} is {conf}, which --overwrite removes" in err, err
+    assert _files(out) == before

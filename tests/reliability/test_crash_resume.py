@@ -237,3 +237,23 @@ def test_soak_many_sigkills_then_resume(tiny_model_dir, rel_store, tmp_path):
     )
     kills = sum(not e["finished_before_kill"] for e in events)
     assert kills >= SOAK_KILLS, f"the run finished after {kills} kills; raise SOAK_STEPS"
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes(
+    tiny_model_dir, rel_store, tmp_path, reference
+):
+    """A run killed in its second step leaves pitstop's own config.yaml, metrics.jsonl and
+    lock but no run marker: they are told from a user's files by their content
+    (pitstop/core/run_files.py), so `--resume` goes on as before instead of refusing."""
+    from pitstop.core import run_files, run_record
+
+    out = tmp_path / "out"
+    killed = run(train_cmd(tiny_model_dir, rel_store, out), **die_at("step:2"))
+    assert killed.returncode == KILLED, killed.stderr[-3000:]
+    left = {p.name for p in out.iterdir()}
+    assert not left & set(run_record.RUN_MARKERS), left
+    assert {run_record.CONFIG, ".lock"} <= left, left
+    assert run_files.foreign_files(out) == []
+    done = run(train_cmd(tiny_model_dir, rel_store, out, "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_as(out, reference)
