@@ -120,5 +120,5 @@ def test_merge_lora_at_the_end_of_training_and_hub_id_base(
         merged.config.vocab_size
         == AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
     )
-    with pytest.raises(ConfigError, match="--merge-lora merges a LoRA adapter"):
+    with pytest.raises(ConfigError, match="merge_lora merges a LoRA adapter"):
         _cfg(tiny_model_dir, store, tmp_path / "x", merge_lora=True)
