@@ -50,7 +50,7 @@ def test_static_problems_are_reported_together(tiny_model_dir, rel_store, tmp_pa
         "unknown option 'warmup_step' (did you mean 'warmup_steps'?)",
         "run.yaml: lr must be a number, got 'fast'",
         "run.yaml: seed must be an integer, got [1]",
-        "--max-grad-norm must be 0 (off) or positive",
+        "run.yaml: max_grad_norm must be 0 (off) or positive",  # the file gave it, not a flag
         "unknown option --sav-steps (did you mean --save-steps?)",
         "--micro-batch-size must be an integer, got 'two'",
         "--tokens-per-step 100 is not a whole number of packed rows of 64 tokens",
