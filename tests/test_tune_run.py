@@ -60,3 +60,15 @@ def test_tune_end_to_end_writes_a_train_config(tiny_model_dir, store, cache_dir,
     # budget can run out after the start and its confirmation: no search trial, no entry)
     if any(t["role"] == "search" for t in out["trials"]):
         assert list((cache_dir / "tune" / "trials").glob("*.json"))
+
+
+@pytest.mark.parametrize("knobs", [",", " , ", "nope"])
+def test_knobs_that_name_nothing_to_try_are_refused(tiny_model_dir, store, knobs, capsys):
+    """`--knobs ,` ran a search that could change nothing; an unknown knob is named."""
+    from pitstop.cli import main
+
+    rc = main(["tune", "--model", str(tiny_model_dir), "--data", str(store), "--knobs", knobs])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    said = "unknown knob 'nope'" if knobs == "nope" else "--knobs names no knob; give one or more"
+    assert said in err, err

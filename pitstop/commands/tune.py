@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         for k in knobs
         if k not in KNOBS
     ]
+    if not knobs:  # "--knobs ," or "--knobs ''": a search that could change nothing
+        problems.append(f"--knobs names no knob; give one or more of {', '.join(KNOBS)}")
     problems += check_outputs(
         files={"--output": (args.tuned_output, "tuned.yaml")},
         dirs={"--run-output": args.run_output},
