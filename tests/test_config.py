@@ -161,3 +161,10 @@ def test_a_problem_is_said_of_where_the_value_came_from() -> None:
     text = e.value.render()
     assert "run.yaml: lr must be positive, got -1" in text and "--lr" not in text
     assert "--max-steps must be positive, got 0" in text and "run.yaml: max_steps" not in text
+
+
+def test_an_empty_record_field_name_is_refused() -> None:
+    """`--text-field ''` matched no record, and every record was then refused naming ''."""
+    with pytest.raises(ConfigError, match=r"--text-field is empty; give a record field's name"):
+        build_config(BASE, {"text_field": ""})
+    assert build_config(BASE, {"input_field": ""}).input_field == ""  # optional: just absent

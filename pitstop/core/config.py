@@ -564,6 +564,12 @@ def _run_problems(cfg: RunConfig) -> list[str]:
         )
     if cfg.nproc < 1:
         p.append("--nproc must be at least 1")
+    # A record field named "" matches no record: every record would be refused later,
+    # with the empty name in the message (the optional input field is merely absent).
+    for name in [f for f in FIELDS if f.endswith("_field") and getattr(cfg, f) == ""]:
+        if name != "input_field":
+            flag, default = name.replace("_", "-"), FIELDS[name].default
+            p.append(f"--{flag} is empty; give a record field's name (default: {default})")
     bad_reporters = [r for r in cfg.report_to if r not in ("tensorboard", "wandb", "none")]
     if bad_reporters:
         p.append(f"--report-to {','.join(bad_reporters)}: choose from tensorboard, wandb, none")
