@@ -144,3 +144,24 @@ def test_tokens_per_second_is_what_the_recorded_seconds_say():
     assert p["tokens_per_second"] == pytest.approx(
         p["tokens_per_step"] * p["steps"] / training, rel=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"step_seconds": [0.5, -0.2]}, "step_seconds holds a negative or non-finite time"),
+        ({"step_seconds": [0.5, float("inf")]}, "step_seconds holds a negative or non-finite"),
+        ({"phases": {"forward": -1.0}}, "phases forward: a negative or non-finite time"),
+        ({"schema": "pitstop.profile/99"}, "schema 'pitstop.profile/99'; this pitstop reads"),
+    ],
+)
+def test_a_profile_with_impossible_values_is_refused(tmp_path: Path, edit: dict, said: str) -> None:
+    """A hand-edited profile with negative seconds gave estimate a time of -226,466 s and
+    the doctor "0.0% of step time"; another schema was read as if it were this one."""
+    from pitstop.core.errors import DataError
+    from pitstop.measure.schema import check_profile
+
+    good = make_profile([{"forward": 0.1}] * 2, [0.5, 0.5], warmup=1, source="pitstop")
+    assert check_profile(json.loads(json.dumps(good))) is not None
+    with pytest.raises(DataError, match=said.replace("(", r"\(")):
+        check_profile({**good, **edit})

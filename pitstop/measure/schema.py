@@ -43,6 +43,7 @@ either. Keys (units in the names where a user reads them)::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,31 @@ FIELD_KINDS = {
 }  # fmt: skip
 
 
+def _value_problems(profile: dict[str, Any], where: str) -> list[str]:
+    """Values of the right kind that no measurement gives: another schema, a negative or
+    non-finite second (a hand-edited file once priced a run at -226,466 s)."""
+    out = []
+    schema = profile.get("schema")
+    if isinstance(schema, str) and schema != SCHEMA:
+        out.append(f"{where}: schema {schema!r}; this pitstop reads {SCHEMA!r}")
+    seconds = profile.get("step_seconds")
+    if isinstance(seconds, list) and not all(_seconds_ok(x) for x in seconds):
+        out.append(f"{where}: step_seconds holds a negative or non-finite time")
+    phases = profile.get("phases")
+    if isinstance(phases, dict):
+        bad = sorted(str(k) for k, v in phases.items() if not _seconds_ok(v))
+        if bad:
+            out.append(f"{where}: phases {', '.join(bad)}: a negative or non-finite time")
+    return out
+
+
+def _seconds_ok(value: Any) -> bool:
+    """A time a clock could give: a finite number, not below 0 (other kinds are
+    check_fields' to name)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return not number or (math.isfinite(value) and value >= 0)
+
+
 def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
     """Validate the shape of a profile (every field the verdict and the doctor read); return it."""
     if not isinstance(profile, dict):
@@ -129,6 +155,7 @@ def check_profile(profile: Any, where: str = "profile") -> dict[str, Any]:
         check_fields(profile, FIELD_KINDS, where)
     except DataError as e:
         problems += e.problems
+    problems += _value_problems(profile, where)
     if problems:
         raise DataError(
             [*problems, "write profiles with `pitstop profile` or pitstop.hf.PitstopCallback"],
