@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ FIELD_KINDS = {
 }  # fmt: skip
 
 
-def _value_problems(profile: dict[str, Any], where: str) -> list[str]:
+def _value_problems(profile: Mapping[str, object], where: str) -> list[str]:
     """Values of the right kind that no measurement gives: another schema, a negative or
     non-finite second (a hand-edited file once priced a run at -226,466 s)."""
     out = []
