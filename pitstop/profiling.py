@@ -279,7 +279,7 @@ def _run_steps(
             except RunInterrupted as e:
                 # Its checkpoint is in the scratch directory removed below: no resume hint.
                 raise RunInterrupted(
-                    f"{str(e).split(';')[0]}, before the profile was complete: nothing was "
+                    f"{e.stopped}, before the profile was complete: nothing was "
                     "written (a profile is written only once its steps are measured)",
                     e.exit_code,
                 ) from None

@@ -21,9 +21,10 @@ from pitstop.train.cadence import Cadence
 class RunInterrupted(PitstopError):
     """SIGTERM/SIGINT: the run saved a checkpoint and stopped; the message says how to resume."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, stopped: str = "") -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.stopped = stopped or message  # "stopped by SIGINT after step 3 of 100"
 
 
 class StopSignals:
@@ -63,8 +64,9 @@ def interrupted(
     """The error of a run stopped after `step` (no signal: a test's stop, as SIGTERM)."""
     signum = signum or signal.SIGTERM
     cmd = f"pitstop train --config {out / run_record.CONFIG} --resume"
+    stopped = f"stopped by {signal.Signals(signum).name} after step {step} of {total_steps}"
     return RunInterrupted(
-        f"stopped by {signal.Signals(signum).name} after step {step} of {total_steps}; "
-        f"checkpoint saved in {checkpoint}. Resume with:\n  {cmd}",
+        f"{stopped}; checkpoint saved in {checkpoint}. Resume with:\n  {cmd}",
         exit_code=128 + int(signum),
+        stopped=stopped,
     )

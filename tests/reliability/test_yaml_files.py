@@ -41,13 +41,17 @@ def test_a_bom_and_crlf_lines_read_as_the_same_config(tmp_path: Path) -> None:
     assert (a.lr, a.max_steps, a.data) == (b.lr, b.max_steps, b.data) == (0.002, 7, ["d.jsonl"])
 
 
-@pytest.mark.parametrize("value", ["!custom 0.1", "!!python/object/apply:os.system ['true']"])
-def test_a_tag_is_refused_by_name_and_never_constructed(tmp_path: Path, value: str) -> None:
+@pytest.mark.parametrize("value", ["!custom 0.1", "!!python/object/apply:os.system ['touch ran']"])
+def test_a_tag_is_refused_by_name_and_never_constructed(
+    tmp_path: Path, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A tag YAML's safe loader cannot build: one error naming the file and the tag (it was a
     ConstructorError traceback from `pitstop train --config`); nothing is run."""
+    monkeypatch.chdir(tmp_path)  # where `touch ran` would leave its file
     p = tmp_path / "tag.yaml"
     p.write_text(f"model: m\nlr: {value}\n", encoding="utf-8")
     refused = r"tag\.yaml, line 2: could not determine a constructor"
     with pytest.raises(ConfigError, match=refused) as e:
         load_yaml(str(p))
     assert value.split()[0].lstrip("!") in e.value.render() and "remove the tag" in e.value.render()
+    assert not (tmp_path / "ran").exists()
